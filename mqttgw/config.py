@@ -1,0 +1,185 @@
+"""
+Settings: the TOML configuration file and the command-line flags, checked
+against one schema.  Every flag has a key; flags win over the file; an
+unknown or ill-typed key is an error that names it.
+"""
+
+import tomllib
+
+import attr
+
+
+class ConfigError(Exception):
+    """Configuration that cannot be used; the message names the key."""
+
+
+@attr.s(frozen=True, slots=True)
+class Key:
+    section = attr.ib()
+    name = attr.ib()
+    type = attr.ib()
+    default = attr.ib()
+    help = attr.ib()
+    minimum = attr.ib(default=None)
+    maximum = attr.ib(default=None)
+
+    @property
+    def path(self):
+        return f"{self.section}.{self.name}"
+
+    @property
+    def flag(self):
+        return self.name.replace("_", "-")
+
+
+# The schema; deploy/mqttgw.toml documents each key.
+KEYS = [
+    Key("listeners", "tcp", list, ["1883"], "TCP listeners: ports or endpoint strings"),
+    Key(
+        "limits",
+        "max_packet_size",
+        int,
+        1024 * 1024,
+        "largest packet accepted, in bytes",
+        1,
+        268_435_460,
+    ),
+    Key("limits", "connect_timeout", float, 10.0, "seconds to wait for CONNECT", 0.001),
+    Key(
+        "limits",
+        "max_connections",
+        int,
+        100_000,
+        "connections held at once",
+        1,
+    ),
+    Key(
+        "limits",
+        "max_inflight_messages",
+        int,
+        20,
+        "unacknowledged QoS 1/2 messages per client",
+        1,
+        65535,
+    ),
+    Key(
+        "limits",
+        "max_queued_messages",
+        int,
+        1000,
+        "messages queued per client beyond the in-flight window",
+        0,
+    ),
+    Key(
+        "limits",
+        "max_queued_bytes",
+        int,
+        16 * 1024 * 1024,
+        "payload bytes queued per client",
+        0,
+    ),
+    Key(
+        "mqtt",
+        "queue_qos0_messages",
+        bool,
+        False,
+        "queue QoS 0 messages for offline persistent sessions",
+    ),
+    Key("mqtt", "max_qos", int, 2, "highest QoS granted to subscriptions", 0, 2),
+    Key(
+        "mqtt",
+        "retry_interval",
+        float,
+        20.0,
+        "seconds before an unacknowledged message is re-sent (0: only on reconnect)",
+        0.0,
+    ),
+    Key(
+        "mqtt",
+        "retry_max_interval",
+        float,
+        300.0,
+        "longest interval between re-sends",
+        0.001,
+    ),
+]
+
+KEYS_BY_PATH = {k.path: k for k in KEYS}
+SECTIONS = sorted({k.section for k in KEYS})
+
+
+def _type_name(t):
+    return {list: "a list of strings", float: "a number", int: "an integer"}.get(
+        t, t.__name__
+    )
+
+
+def check_value(key, value, where):
+    """``value`` converted to the key's type, or ConfigError naming it."""
+    if key.type is bool:
+        ok = isinstance(value, bool)
+    elif key.type is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif key.type is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if ok:
+            value = float(value)
+    elif key.type is list:
+        ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
+    else:
+        ok = isinstance(value, key.type)
+    if not ok:
+        raise ConfigError(
+            f"{where}: {key.path} must be {_type_name(key.type)}, not {value!r}"
+        )
+    if key.minimum is not None and value < key.minimum:
+        raise ConfigError(f"{where}: {key.path} must be at least {key.minimum}")
+    if key.maximum is not None and value > key.maximum:
+        raise ConfigError(f"{where}: {key.path} must be at most {key.maximum}")
+    return value
+
+
+def load_file(path):
+    """``{key path: value}`` from a TOML file, every key checked."""
+    try:
+        with open(path, "rb") as f:
+            document = tomllib.load(f)
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read: {e.strerror}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML: {e}") from None
+    values = {}
+    for section, table in document.items():
+        if section not in SECTIONS:
+            raise ConfigError(f"{path}: unknown section [{section}]")
+        if not isinstance(table, dict):
+            raise ConfigError(f"{path}: {section} must be a table")
+        for name, value in table.items():
+            key = KEYS_BY_PATH.get(f"{section}.{name}")
+            if key is None:
+                raise ConfigError(f"{path}: unknown key {section}.{name}")
+            values[key.path] = check_value(key, value, path)
+    return values
+
+
+@attr.s(frozen=True)
+class Settings:
+    """Every key's value, by section, after file and flags are merged."""
+
+    values = attr.ib()
+
+    def __getitem__(self, path):
+        return self.values[path]
+
+    def section(self, name):
+        return {
+            k.name: self.values[k.path] for k in KEYS if k.section == name
+        }
+
+
+def build(file_values, flag_values):
+    """Defaults, then the file, then the flags."""
+    values = {k.path: k.default for k in KEYS}
+    values.update(file_values)
+    values.update(flag_values)
+    return Settings(values)

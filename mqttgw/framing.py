@@ -1,0 +1,262 @@
+"""
+Incremental MQTT framing: bytes in, packet objects out.  Pure: no I/O, no
+clock.  Anything that is not a well-formed packet raises
+:class:`ProtocolViolation`, and nothing else.
+"""
+
+import struct
+
+from mqttgw import packets as P
+
+_unpack_u16 = struct.Struct(">H").unpack_from
+
+
+class ProtocolViolation(Exception):
+    """The peer sent bytes that are not a valid MQTT packet stream."""
+
+
+def _u16(data, offset, end):
+    if offset + 2 > end:
+        raise ProtocolViolation("packet truncated")
+    return _unpack_u16(data, offset)[0]
+
+
+def _bytes_field(data, offset, end):
+    """A length-prefixed field; returns (bytes, new offset)."""
+    n = _u16(data, offset, end)
+    offset += 2
+    if offset + n > end:
+        raise ProtocolViolation("string runs past end of packet")
+    return data[offset : offset + n], offset + n
+
+
+def _string(data, offset, end, strict):
+    raw, offset = _bytes_field(data, offset, end)
+    try:
+        s = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ProtocolViolation("string is not valid UTF-8") from None
+    if strict and "\x00" in s:
+        raise ProtocolViolation("string contains U+0000")
+    return s, offset
+
+
+def _message_id(data, offset, end):
+    mid = _u16(data, offset, end)
+    if mid == 0:
+        raise ProtocolViolation("message id 0 is reserved")
+    return mid
+
+
+def _decode_connect(flags, data, start, end, strict):
+    name, o = _string(data, start, end, False)
+    if o + 4 > end:
+        raise ProtocolViolation("CONNECT variable header truncated")
+    level = data[o]
+    cflags = data[o + 1]
+    keepalive = _unpack_u16(data, o + 2)[0]
+    o += 4
+    connect = P.Connect(
+        protocol_name=name,
+        protocol_level=level,
+        clean_session=bool(cflags & 0x02),
+        keepalive=keepalive,
+        flags=cflags,
+    )
+    if (name, level) not in (("MQIsdp", P.MQTT_31), ("MQTT", P.MQTT_311)):
+        # The caller answers CONNACK 1; the rest of the packet may not parse.
+        return connect
+    strict = level == P.MQTT_311
+    if strict and cflags & 0x01:
+        raise ProtocolViolation("CONNECT reserved flag is set")
+    connect.client_id, o = _string(data, o, end, strict)
+    if cflags & 0x04:
+        connect.will_qos = (cflags >> 3) & 0x03
+        if connect.will_qos == 3:
+            raise ProtocolViolation("will QoS 3 is reserved")
+        connect.will_retain = bool(cflags & 0x20)
+        connect.will_topic, o = _string(data, o, end, strict)
+        connect.will_message, o = _bytes_field(data, o, end)
+    elif strict and cflags & 0x38:
+        raise ProtocolViolation("will QoS or retain set without will flag")
+    if strict and cflags & 0x40 and not cflags & 0x80:
+        raise ProtocolViolation("password flag set without user name flag")
+    # MQTT 3.1 tolerates a set flag with its string missing: treat as absent.
+    if cflags & 0x80 and (strict or o < end):
+        connect.username, o = _string(data, o, end, strict)
+    if cflags & 0x40 and (strict or o < end):
+        connect.password, o = _bytes_field(data, o, end)
+    return connect
+
+
+def _decode_connack(flags, data, start, end, strict):
+    if end - start != 2:
+        raise ProtocolViolation("CONNACK must be 2 bytes")
+    return P.Connack(return_code=data[start + 1], session_present=bool(data[start] & 1))
+
+
+def _decode_publish(flags, data, start, end, strict):
+    qos = (flags >> 1) & 0x03
+    if qos == 3:
+        raise ProtocolViolation("PUBLISH with QoS 3")
+    topic, o = _string(data, start, end, strict)
+    if qos:
+        mid = _message_id(data, o, end)
+        o += 2
+    else:
+        if strict and flags & 0x08:
+            raise ProtocolViolation("DUP set on a QoS 0 PUBLISH")
+        mid = None
+    return P.Publish(
+        topic, data[o:end], qos, bool(flags & 1), bool(flags & 8), mid
+    )
+
+
+def _id_only(cls):
+    def decode(flags, data, start, end, strict):
+        if end - start != 2 and strict:
+            raise ProtocolViolation(f"{cls.__name__.upper()} must be 2 bytes")
+        return cls(_message_id(data, start, end))
+
+    return decode
+
+
+def _decode_subscribe(flags, data, start, end, strict):
+    mid = _message_id(data, start, end)
+    o = start + 2
+    topics = []
+    while o < end:
+        topic, o = _string(data, o, end, strict)
+        if o >= end:
+            raise ProtocolViolation("SUBSCRIBE topic without requested QoS")
+        qos = data[o]
+        o += 1
+        if (qos > 2) if strict else (qos & 0x03) == 3:
+            raise ProtocolViolation("SUBSCRIBE requested QoS is invalid")
+        topics.append((topic, qos & 0x03))
+    if not topics:
+        raise ProtocolViolation("SUBSCRIBE with no topics")
+    return P.Subscribe(mid, topics)
+
+
+def _decode_suback(flags, data, start, end, strict):
+    return P.Suback(_message_id(data, start, end), list(data[start + 2 : end]))
+
+
+def _decode_unsubscribe(flags, data, start, end, strict):
+    mid = _message_id(data, start, end)
+    o = start + 2
+    topics = []
+    while o < end:
+        topic, o = _string(data, o, end, strict)
+        topics.append(topic)
+    if not topics:
+        raise ProtocolViolation("UNSUBSCRIBE with no topics")
+    return P.Unsubscribe(mid, topics)
+
+
+def _empty(cls):
+    def decode(flags, data, start, end, strict):
+        if end != start:
+            raise ProtocolViolation(f"{cls.__name__.upper()} must be empty")
+        return cls()
+
+    return decode
+
+
+_DECODERS = {
+    P.CONNECT: _decode_connect,
+    P.CONNACK: _decode_connack,
+    P.PUBLISH: _decode_publish,
+    P.PUBACK: _id_only(P.Puback),
+    P.PUBREC: _id_only(P.Pubrec),
+    P.PUBREL: _id_only(P.Pubrel),
+    P.PUBCOMP: _id_only(P.Pubcomp),
+    P.SUBSCRIBE: _decode_subscribe,
+    P.SUBACK: _decode_suback,
+    P.UNSUBSCRIBE: _decode_unsubscribe,
+    P.UNSUBACK: _id_only(P.Unsuback),
+    P.PINGREQ: _empty(P.Pingreq),
+    P.PINGRESP: _empty(P.Pingresp),
+    P.DISCONNECT: _empty(P.Disconnect),
+}
+
+# MQTT 3.1.1 fixes the low four bits of every fixed header but PUBLISH's.
+_REQUIRED_FLAGS = {t: 0 for t in _DECODERS}
+_REQUIRED_FLAGS.update({P.PUBREL: 2, P.SUBSCRIBE: 2, P.UNSUBSCRIBE: 2})
+del _REQUIRED_FLAGS[P.PUBLISH]
+
+
+class Framer:
+    """
+    Splits a byte stream into packets.  ``feed(data)`` buffers the bytes and
+    returns an iterator of the complete packets; iterate it before feeding
+    more.  ``strict`` turns on the MQTT 3.1.1 reserved-bit checks and may be
+    changed between packets (the CONNECT decides it).
+    """
+
+    def __init__(self, max_packet_size=1024 * 1024, strict=False):
+        if not 0 < max_packet_size <= P.MAX_REMAINING_LENGTH + 5:
+            raise ValueError("max_packet_size out of range")
+        self.max_packet_size = max_packet_size
+        self.strict = strict
+        self._buffer = b""
+
+    def feed(self, data):
+        self._buffer = self._buffer + data if self._buffer else data
+        return self._packets()
+
+    def _packets(self):
+        data = self._buffer
+        offset = 0
+        size = len(data)
+        max_packet_size = self.max_packet_size
+        decoders = _DECODERS
+        try:
+            while size - offset >= 2:
+                first = data[offset]
+                # Remaining Length, least significant group first.
+                length = data[offset + 1]
+                pos = offset + 2
+                if length & 0x80:
+                    length &= 0x7F
+                    shift = 7
+                    while True:
+                        if pos >= size:
+                            return
+                        byte = data[pos]
+                        pos += 1
+                        length |= (byte & 0x7F) << shift
+                        if not byte & 0x80:
+                            break
+                        shift += 7
+                        if shift > 21:
+                            raise ProtocolViolation(
+                                "remaining length longer than 4 bytes"
+                            )
+                if pos - offset + length > max_packet_size:
+                    raise ProtocolViolation(
+                        f"packet of {pos - offset + length} bytes exceeds"
+                        f" maximum packet size {max_packet_size}"
+                    )
+                end = pos + length
+                if end > size:
+                    return
+                packet_type = first >> 4
+                flags = first & 0x0F
+                decode = decoders.get(packet_type)
+                if decode is None:
+                    raise ProtocolViolation(f"reserved packet type {packet_type}")
+                if self.strict and packet_type != P.PUBLISH:
+                    if flags != _REQUIRED_FLAGS[packet_type]:
+                        raise ProtocolViolation(
+                            f"{P.PACKET_NAMES[packet_type]} fixed header flags"
+                            f" {flags:#x} are reserved"
+                        )
+                packet = decode(flags, data, pos, end, self.strict)
+                offset = end
+                yield packet
+        except (IndexError, ValueError, struct.error) as e:
+            raise ProtocolViolation(f"malformed packet: {e}") from None
+        finally:
+            self._buffer = data[offset:] if offset else data

@@ -1,0 +1,277 @@
+"""
+MQTT 3.1 / 3.1.1 control packets: one class per packet type, each able to
+encode itself to wire bytes.  Decoding lives in :mod:`mqttgw.framing`.
+"""
+
+import struct
+
+import attr
+
+CONNECT = 1
+CONNACK = 2
+PUBLISH = 3
+PUBACK = 4
+PUBREC = 5
+PUBREL = 6
+PUBCOMP = 7
+SUBSCRIBE = 8
+SUBACK = 9
+UNSUBSCRIBE = 10
+UNSUBACK = 11
+PINGREQ = 12
+PINGRESP = 13
+DISCONNECT = 14
+
+PACKET_NAMES = {
+    CONNECT: "CONNECT",
+    CONNACK: "CONNACK",
+    PUBLISH: "PUBLISH",
+    PUBACK: "PUBACK",
+    PUBREC: "PUBREC",
+    PUBREL: "PUBREL",
+    PUBCOMP: "PUBCOMP",
+    SUBSCRIBE: "SUBSCRIBE",
+    SUBACK: "SUBACK",
+    UNSUBSCRIBE: "UNSUBSCRIBE",
+    UNSUBACK: "UNSUBACK",
+    PINGREQ: "PINGREQ",
+    PINGRESP: "PINGRESP",
+    DISCONNECT: "DISCONNECT",
+}
+
+# Protocol (name, level) pairs this broker speaks.
+MQTT_31 = 3  # "MQIsdp"
+MQTT_311 = 4  # "MQTT"
+PROTOCOL_NAMES = {MQTT_31: "MQIsdp", MQTT_311: "MQTT"}
+
+# CONNACK return codes (the same numbers in 3.1 and 3.1.1).
+CONNACK_ACCEPTED = 0
+CONNACK_UNACCEPTABLE_PROTOCOL = 1
+CONNACK_IDENTIFIER_REJECTED = 2
+CONNACK_SERVER_UNAVAILABLE = 3
+CONNACK_BAD_CREDENTIALS = 4
+CONNACK_NOT_AUTHORIZED = 5
+
+SUBACK_FAILURE = 0x80
+
+MAX_REMAINING_LENGTH = 268_435_455
+
+_pack_u16 = struct.Struct(">H").pack
+
+_SMALL_LENGTHS = [bytes((n,)) for n in range(128)]
+
+
+def encode_remaining_length(n):
+    """Encode a Remaining Length: 7 bits per byte, least significant first."""
+    if n < 128:
+        return _SMALL_LENGTHS[n]
+    if n > MAX_REMAINING_LENGTH:
+        raise ValueError(f"remaining length {n} exceeds {MAX_REMAINING_LENGTH}")
+    out = bytearray()
+    while n:
+        digit = n & 0x7F
+        n >>= 7
+        out.append(digit | 0x80 if n else digit)
+    return bytes(out)
+
+
+def encode_string(s):
+    """A UTF-8 string (or raw bytes) with its 16-bit big-endian length."""
+    if isinstance(s, str):
+        s = s.encode("utf-8")
+    if len(s) > 0xFFFF:
+        raise ValueError("string longer than 65535 bytes")
+    return _pack_u16(len(s)) + s
+
+
+def _frame(first_byte, body):
+    return bytes((first_byte,)) + encode_remaining_length(len(body)) + body
+
+
+@attr.s(slots=True)
+class Connect:
+    client_id = attr.ib(default="")
+    protocol_level = attr.ib(default=MQTT_311)
+    protocol_name = attr.ib(default=None)
+    clean_session = attr.ib(default=True)
+    keepalive = attr.ib(default=60)
+    will_topic = attr.ib(default=None)
+    will_message = attr.ib(default=None)
+    will_qos = attr.ib(default=0)
+    will_retain = attr.ib(default=False)
+    username = attr.ib(default=None)
+    password = attr.ib(default=None)
+    # The raw flags byte, kept for the 3.1.1 reserved-bit check.
+    flags = attr.ib(default=None, eq=False, repr=False)
+
+    packet_type = CONNECT
+
+    def encode(self):
+        name = self.protocol_name or PROTOCOL_NAMES[self.protocol_level]
+        flags = 0
+        payload = [encode_string(self.client_id)]
+        if self.clean_session:
+            flags |= 0x02
+        if self.will_topic is not None:
+            flags |= 0x04 | (self.will_qos << 3) | (0x20 if self.will_retain else 0)
+            payload.append(encode_string(self.will_topic))
+            payload.append(encode_string(self.will_message or b""))
+        if self.username is not None:
+            flags |= 0x80
+            payload.append(encode_string(self.username))
+        if self.password is not None:
+            flags |= 0x40
+            payload.append(encode_string(self.password))
+        body = (
+            encode_string(name)
+            + bytes((self.protocol_level, flags))
+            + _pack_u16(self.keepalive)
+            + b"".join(payload)
+        )
+        return _frame(0x10, body)
+
+
+@attr.s(slots=True)
+class Connack:
+    return_code = attr.ib(default=CONNACK_ACCEPTED)
+    session_present = attr.ib(default=False)
+
+    packet_type = CONNACK
+
+    def encode(self):
+        return bytes((0x20, 2, 1 if self.session_present else 0, self.return_code))
+
+
+@attr.s(slots=True)
+class Publish:
+    """
+    A PUBLISH packet, which is also the application message the router
+    carries: ``topic`` (str), ``payload`` (bytes), ``qos``, ``retain``.
+    """
+
+    topic = attr.ib()
+    payload = attr.ib(default=b"")
+    qos = attr.ib(default=0)
+    retain = attr.ib(default=False)
+    dup = attr.ib(default=False)
+    message_id = attr.ib(default=None)
+    # Encoded topic string, cached so a fan-out encodes it once.
+    _topic_wire = attr.ib(default=None, eq=False, repr=False)
+
+    packet_type = PUBLISH
+
+    def frame(self, qos, message_id=None, retain=False, dup=False):
+        """
+        Wire bytes of this message delivered at ``qos``.  The fixed header
+        and topic are encoded once per message and reused for every
+        subscriber; only the message id differs between deliveries.
+        """
+        topic_wire = self._topic_wire
+        if topic_wire is None:
+            topic_wire = self._topic_wire = encode_string(self.topic)
+        first = 0x30 | (qos << 1) | (1 if retain else 0) | (8 if dup else 0)
+        payload = self.payload
+        if qos:
+            length = len(topic_wire) + 2 + len(payload)
+            return b"".join(
+                (
+                    bytes((first,)),
+                    encode_remaining_length(length),
+                    topic_wire,
+                    _pack_u16(message_id),
+                    payload,
+                )
+            )
+        length = len(topic_wire) + len(payload)
+        return b"".join(
+            (bytes((first,)), encode_remaining_length(length), topic_wire, payload)
+        )
+
+    def encode(self):
+        return self.frame(self.qos, self.message_id, self.retain, self.dup)
+
+
+def _id_only(name, type_, first_byte):
+    """A packet whose body is just a message id (PUBACK, PUBREC, ...)."""
+
+    def encode(self):
+        return bytes((first_byte, 2)) + _pack_u16(self.message_id)
+
+    cls = type(
+        name,
+        (),
+        {
+            "message_id": attr.ib(),
+            "packet_type": type_,
+            "encode": encode,
+            "__doc__": f"{name}: acknowledges or releases one message id.",
+        },
+    )
+    return attr.s(slots=True)(cls)
+
+
+Puback = _id_only("Puback", PUBACK, 0x40)
+Pubrec = _id_only("Pubrec", PUBREC, 0x50)
+# PUBREL, SUBSCRIBE and UNSUBSCRIBE carry QoS 1 in their fixed header.
+Pubrel = _id_only("Pubrel", PUBREL, 0x62)
+Pubcomp = _id_only("Pubcomp", PUBCOMP, 0x70)
+Unsuback = _id_only("Unsuback", UNSUBACK, 0xB0)
+
+
+@attr.s(slots=True)
+class Subscribe:
+    message_id = attr.ib()
+    # [(topic_filter, requested_qos), ...]
+    topics = attr.ib(factory=list)
+
+    packet_type = SUBSCRIBE
+
+    def encode(self):
+        body = _pack_u16(self.message_id) + b"".join(
+            encode_string(f) + bytes((q,)) for f, q in self.topics
+        )
+        return _frame(0x82, body)
+
+
+@attr.s(slots=True)
+class Suback:
+    message_id = attr.ib()
+    # Granted QoS per requested filter, or SUBACK_FAILURE.
+    granted_qos = attr.ib(factory=list)
+
+    packet_type = SUBACK
+
+    def encode(self):
+        return _frame(0x90, _pack_u16(self.message_id) + bytes(self.granted_qos))
+
+
+@attr.s(slots=True)
+class Unsubscribe:
+    message_id = attr.ib()
+    topics = attr.ib(factory=list)
+
+    packet_type = UNSUBSCRIBE
+
+    def encode(self):
+        body = _pack_u16(self.message_id) + b"".join(
+            encode_string(f) for f in self.topics
+        )
+        return _frame(0xA2, body)
+
+
+def _empty(name, type_, first_byte):
+    """A packet with no variable header or payload (PINGREQ, ...)."""
+    wire = bytes((first_byte, 0))
+    cls = type(
+        name,
+        (),
+        {"packet_type": type_, "encode": lambda self: wire, "__doc__": f"{name}."},
+    )
+    return attr.s(slots=True)(cls)
+
+
+Pingreq = _empty("Pingreq", PINGREQ, 0xC0)
+Pingresp = _empty("Pingresp", PINGRESP, 0xD0)
+Disconnect = _empty("Disconnect", DISCONNECT, 0xE0)
+
+PINGRESP_WIRE = Pingresp().encode()

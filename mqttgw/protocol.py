@@ -1,0 +1,378 @@
+"""
+The server side of one MQTT connection: CONNECT first, then packets
+dispatched to ``handle_<TYPE>`` and on to the router.  Bad input closes this
+connection with a log line and nothing else.
+"""
+
+import uuid
+
+import attr
+from twisted.internet.interfaces import IPushProducer
+from twisted.internet.protocol import Factory, Protocol
+from twisted.logger import Logger
+from zope.interface import implementer
+
+from mqttgw import packets as P
+from mqttgw.framing import Framer, ProtocolViolation
+from mqttgw.topics import InvalidTopic, validate_topic_filter, validate_topic_name
+
+log = Logger()
+
+AWAITING_CONNECT = "AWAITING_CONNECT"
+CONNECTED = "CONNECTED"
+CLOSED = "CLOSED"
+
+
+@attr.s(frozen=True, slots=True)
+class ConnectionLimits:
+    """Per-connection bounds; see ``[limits]`` in the configuration."""
+
+    max_packet_size = attr.ib(default=1024 * 1024)
+    connect_timeout = attr.ib(default=10.0)
+    max_connections = attr.ib(default=100_000)
+
+
+_PUBACK = P.Puback
+_PUBREC = P.Pubrec
+_PUBCOMP = P.Pubcomp
+
+
+@implementer(IPushProducer)
+class MQTTServerProtocol(Protocol):
+    state = AWAITING_CONNECT
+    session = None
+    client_id = None
+    protocol_level = None
+    keepalive = 0
+
+    def __init__(self, router, limits, clock):
+        self.router = router
+        self.limits = limits
+        self.clock = clock
+        self.framer = Framer(limits.max_packet_size)
+        self.peer = "?"
+        self._last_received = 0.0
+        self._timer = None
+
+    # Connection life
+
+    def connectionMade(self):
+        peer = self.transport.getPeer()
+        host = getattr(peer, "host", None)
+        self.peer = f"{host}:{peer.port}" if host else str(peer)
+        self.router.stats.connections += 1
+        # We are the producer of the bytes the transport sends: it tells us
+        # when its buffer is full so a slow reader can't grow it without end.
+        self.transport.registerProducer(self, True)
+        self._timer = self.clock.callLater(
+            self.limits.connect_timeout, self._connect_timed_out
+        )
+
+    def connectionLost(self, reason):
+        self.router.stats.connections -= 1
+        self._cancel_timer()
+        if self.session is not None:
+            log.info(
+                "client {client_id} connection lost: {reason}",
+                client_id=self.client_id,
+                reason=reason.getErrorMessage(),
+            )
+            self._end_session(publish_will=True)
+        self.state = CLOSED
+
+    def dataReceived(self, data):
+        self._last_received = self.clock.seconds()
+        handlers = self._handlers
+        try:
+            for packet in self.framer.feed(data):
+                if self.state is CLOSED:
+                    break
+                handlers[packet.packet_type](self, packet)
+        except ProtocolViolation as e:
+            self.protocol_error(str(e))
+        except Exception:
+            log.failure(
+                "internal error handling data from {client_id} at {peer}",
+                client_id=self.client_id,
+                peer=self.peer,
+            )
+            self._close(publish_will=True)
+
+    def write(self, data):
+        self.transport.write(data)
+
+    def protocol_error(self, reason):
+        """Log, count and close: the peer broke the protocol."""
+        log.warn(
+            "closing connection of client {client_id} from {peer}: {reason}",
+            client_id=self.client_id,
+            peer=self.peer,
+            reason=reason,
+        )
+        self.router.stats.protocol_errors += 1
+        self._close(publish_will=True)
+
+    def taken_over(self):
+        """Another connection claims our client id: make way for it now."""
+        self._close(publish_will=True)
+
+    def _close(self, publish_will):
+        if self.state is CLOSED:
+            return
+        self.state = CLOSED
+        self._cancel_timer()
+        if self.session is not None:
+            self._end_session(publish_will)
+        self.transport.abortConnection()
+
+    def _end_session(self, publish_will):
+        session, self.session = self.session, None
+        self.router.disconnect(session, publish_will)
+
+    def _refuse(self, return_code, reason):
+        log.info(
+            "refusing CONNECT from {peer} (client {client_id}): {reason}",
+            peer=self.peer,
+            client_id=self.client_id,
+            reason=reason,
+        )
+        self.router.stats.connections_refused += 1
+        self.state = CLOSED
+        self._cancel_timer()
+        self.transport.write(P.Connack(return_code).encode())
+        self.transport.loseConnection()
+
+    # Timers
+
+    def _cancel_timer(self):
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self._timer = None
+
+    def _connect_timed_out(self):
+        self._timer = None
+        log.info("no CONNECT from {peer} in time: closing", peer=self.peer)
+        self._close(publish_will=False)
+
+    def _check_keepalive(self):
+        # Rather than re-arming a timer per packet, check on expiry how long
+        # it has really been since the client was last heard from.
+        limit = self.keepalive * 1.5
+        idle = self.clock.seconds() - self._last_received
+        if idle >= limit:
+            self._timer = None
+            log.info(
+                "client {client_id} keepalive expired ({idle:.1f}s silent)",
+                client_id=self.client_id,
+                idle=idle,
+            )
+            self._close(publish_will=True)
+        else:
+            self._timer = self.clock.callLater(limit - idle, self._check_keepalive)
+
+    # Flow control from the transport (IPushProducer)
+
+    def pauseProducing(self):
+        if self.session is not None:
+            self.session.pause()
+
+    def resumeProducing(self):
+        if self.session is not None:
+            self.session.resume()
+
+    def stopProducing(self):
+        pass
+
+    # Packet handlers
+
+    def handle_CONNECT(self, packet):
+        if self.state is not AWAITING_CONNECT:
+            return self.protocol_error("second CONNECT")
+        self._cancel_timer()
+        level = packet.protocol_level
+        if (packet.protocol_name, level) not in (
+            ("MQIsdp", P.MQTT_31),
+            ("MQTT", P.MQTT_311),
+        ):
+            return self._refuse(
+                P.CONNACK_UNACCEPTABLE_PROTOCOL,
+                f"unsupported protocol {packet.protocol_name!r} level {level}",
+            )
+        self.protocol_level = level
+        self.framer.strict = level == P.MQTT_311
+        client_id = self.client_id = packet.client_id
+        if level == P.MQTT_31:
+            if not 1 <= len(client_id) <= 23:
+                return self._refuse(
+                    P.CONNACK_IDENTIFIER_REJECTED,
+                    "MQTT 3.1 client id must be 1 to 23 characters",
+                )
+        elif not client_id:
+            if not packet.clean_session:
+                return self._refuse(
+                    P.CONNACK_IDENTIFIER_REJECTED,
+                    "empty client id needs clean session",
+                )
+            client_id = self.client_id = f"mqttgw-{uuid.uuid4().hex}"
+        will = None
+        if packet.will_topic is not None:
+            try:
+                validate_topic_name(packet.will_topic)
+            except InvalidTopic as e:
+                return self.protocol_error(f"invalid will topic: {e}")
+            will = P.Publish(
+                packet.will_topic,
+                packet.will_message,
+                packet.will_qos,
+                packet.will_retain,
+            )
+        session, present = self.router.connect(
+            client_id, packet.clean_session, will
+        )
+        self.session = session
+        self.state = CONNECTED
+        self.transport.write(
+            P.Connack(
+                P.CONNACK_ACCEPTED, present and level == P.MQTT_311
+            ).encode()
+        )
+        log.info(
+            "client {client_id} connected from {peer} (MQTT {version},"
+            " clean session {clean}, keepalive {keepalive}s)",
+            client_id=client_id,
+            peer=self.peer,
+            version="3.1.1" if level == P.MQTT_311 else "3.1",
+            clean=packet.clean_session,
+            keepalive=packet.keepalive,
+        )
+        session.attach(self)
+        self.keepalive = packet.keepalive
+        if self.keepalive:
+            self._timer = self.clock.callLater(
+                self.keepalive * 1.5, self._check_keepalive
+            )
+
+    def handle_PUBLISH(self, packet):
+        if self.state is not CONNECTED:
+            return self.protocol_error("PUBLISH before CONNECT")
+        topic = packet.topic
+        if not topic or "+" in topic or "#" in topic or "\x00" in topic:
+            return self.protocol_error(f"invalid topic name {topic!r} in PUBLISH")
+        qos = packet.qos
+        router = self.router
+        router.stats.messages_received += 1
+        if qos == 0:
+            router.publish(packet)
+        elif qos == 1:
+            router.publish(packet)
+            self.transport.write(_PUBACK(packet.message_id).encode())
+        else:
+            awaiting = self.session.awaiting_pubrel
+            mid = packet.message_id
+            # Exactly once: a re-sent PUBLISH before PUBREL is not routed again.
+            if mid not in awaiting:
+                router.publish(packet)
+                awaiting.add(mid)
+            self.transport.write(_PUBREC(mid).encode())
+
+    def handle_PUBACK(self, packet):
+        if self.state is not CONNECTED:
+            return self.protocol_error("PUBACK before CONNECT")
+        self.session.puback(packet.message_id)
+
+    def handle_PUBREC(self, packet):
+        if self.state is not CONNECTED:
+            return self.protocol_error("PUBREC before CONNECT")
+        self.session.pubrec(packet.message_id)
+
+    def handle_PUBREL(self, packet):
+        if self.state is not CONNECTED:
+            return self.protocol_error("PUBREL before CONNECT")
+        self.session.awaiting_pubrel.discard(packet.message_id)
+        self.transport.write(_PUBCOMP(packet.message_id).encode())
+
+    def handle_PUBCOMP(self, packet):
+        if self.state is not CONNECTED:
+            return self.protocol_error("PUBCOMP before CONNECT")
+        self.session.pubcomp(packet.message_id)
+
+    def handle_SUBSCRIBE(self, packet):
+        if self.state is not CONNECTED:
+            return self.protocol_error("SUBSCRIBE before CONNECT")
+        accepted = []
+        codes = []
+        for topic_filter, qos in packet.topics:
+            try:
+                validate_topic_filter(topic_filter)
+            except InvalidTopic as e:
+                if self.protocol_level == P.MQTT_31:
+                    return self.protocol_error(f"SUBSCRIBE: {e}")
+                log.info(
+                    "client {client_id} SUBSCRIBE refused: {reason}",
+                    client_id=self.client_id,
+                    reason=str(e),
+                )
+                codes.append(None)
+                continue
+            accepted.append((topic_filter, qos))
+            codes.append(topic_filter)
+        granted = iter(self.router.subscribe(self.session, accepted))
+        suback = [P.SUBACK_FAILURE if c is None else next(granted) for c in codes]
+        self.transport.write(P.Suback(packet.message_id, suback).encode())
+        self.router.send_retained(self.session, [f for f, _ in accepted])
+
+    def handle_UNSUBSCRIBE(self, packet):
+        if self.state is not CONNECTED:
+            return self.protocol_error("UNSUBSCRIBE before CONNECT")
+        self.router.unsubscribe(self.session, packet.topics)
+        self.transport.write(P.Unsuback(packet.message_id).encode())
+
+    def handle_PINGREQ(self, packet):
+        if self.state is not CONNECTED:
+            return self.protocol_error("PINGREQ before CONNECT")
+        self.transport.write(P.PINGRESP_WIRE)
+
+    def handle_DISCONNECT(self, packet):
+        if self.state is not CONNECTED:
+            return self.protocol_error("DISCONNECT before CONNECT")
+        log.info("client {client_id} disconnected", client_id=self.client_id)
+        self.state = CLOSED
+        self._cancel_timer()
+        # A clean DISCONNECT discards the will.
+        self._end_session(publish_will=False)
+        self.transport.loseConnection()
+
+    def _unexpected(self, packet):
+        self.protocol_error(
+            f"unexpected {P.PACKET_NAMES[packet.packet_type]} from a client"
+        )
+
+    handle_CONNACK = handle_SUBACK = handle_UNSUBACK = handle_PINGRESP = _unexpected
+
+
+MQTTServerProtocol._handlers = {
+    t: getattr(MQTTServerProtocol, "handle_" + name)
+    for t, name in P.PACKET_NAMES.items()
+}
+
+
+class MQTTServerFactory(Factory):
+    """One factory, shared by every listener, feeding the one router."""
+
+    def __init__(self, router, limits=ConnectionLimits(), clock=None):
+        if clock is None:
+            from twisted.internet import reactor as clock
+        self.router = router
+        self.limits = limits
+        self.clock = clock
+
+    def buildProtocol(self, addr):
+        if self.router.stats.connections >= self.limits.max_connections:
+            log.warn(
+                "refusing connection from {addr}: {n} connections is the limit",
+                addr=addr,
+                n=self.limits.max_connections,
+            )
+            self.router.stats.connections_refused += 1
+            return None
+        return MQTTServerProtocol(self.router, self.limits, self.clock)

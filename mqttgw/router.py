@@ -1,0 +1,151 @@
+"""
+The router: one per process, shared by every listener (and later every
+bridge).  It owns the sessions by client id, the subscription trie and the
+retained messages, and fans each PUBLISH out to its subscribers.  It never
+learns which transport a session came from.
+"""
+
+from twisted.logger import Logger
+
+from mqttgw.session import Session, SessionLimits
+from mqttgw.topics import SubscriptionTrie, is_wildcard, matches
+
+log = Logger()
+
+
+class Stats:
+    """Counters an operator (and the health endpoint) can read."""
+
+    __slots__ = (
+        "connections",
+        "messages_received",
+        "messages_delivered",
+        "protocol_errors",
+        "connections_refused",
+    )
+
+    def __init__(self):
+        for name in self.__slots__:
+            setattr(self, name, 0)
+
+    def as_dict(self):
+        return {name: getattr(self, name) for name in self.__slots__}
+
+
+class Router:
+    def __init__(self, clock, limits=SessionLimits(), max_qos=2):
+        self.clock = clock
+        self.limits = limits
+        self.max_qos = max_qos
+        self.sessions = {}
+        self.subscriptions = SubscriptionTrie()
+        # topic -> retained Publish
+        self.retained = {}
+        self.stats = Stats()
+
+    # Sessions
+
+    def connect(self, client_id, clean_session, will=None):
+        """
+        Claim the session for ``client_id``, taking it over from any
+        connection that holds it (that connection is closed, and its will
+        published, before this returns).  Returns ``(session,
+        session_present)``; the caller sends CONNACK, then attaches.
+        """
+        session = self.sessions.get(client_id)
+        if session is not None and session.connection is not None:
+            old = session.connection
+            log.info(
+                "client {client_id} taken over by a new connection",
+                client_id=client_id,
+            )
+            old.taken_over()
+            session = self.sessions.get(client_id)
+        present = False
+        if session is not None:
+            if clean_session or session.clean_session:
+                self._discard(session)
+                session = None
+            else:
+                present = True
+        if session is None:
+            session = Session(client_id, clean_session, self.clock, self.limits)
+            self.sessions[client_id] = session
+        session.will = will
+        return session, present
+
+    def disconnect(self, session, publish_will):
+        """The connection holding ``session`` ended."""
+        session.detach()
+        will, session.will = session.will, None
+        if session.clean_session:
+            self._discard(session)
+        if publish_will and will is not None:
+            log.info(
+                "publishing will of {client_id} on {topic}",
+                client_id=session.client_id,
+                topic=will.topic,
+            )
+            self.publish(will)
+
+    def _discard(self, session):
+        for topic_filter in session.subscriptions:
+            self.subscriptions.remove(topic_filter, session)
+        session.subscriptions.clear()
+        if self.sessions.get(session.client_id) is session:
+            del self.sessions[session.client_id]
+
+    # Publish
+
+    def publish(self, message):
+        """Route an application message (a Publish) to every subscriber."""
+        if message.retain:
+            self._retain(message)
+        subscribers = self.subscriptions.match(message.topic)
+        qos = message.qos
+        for session, granted in subscribers:
+            session.deliver(message, qos if qos < granted else granted)
+        self.stats.messages_delivered += len(subscribers)
+
+    def _retain(self, message):
+        if message.payload:
+            self.retained[message.topic] = message
+        else:
+            # A zero-length retained publish clears the topic's value.
+            self.retained.pop(message.topic, None)
+
+    # Subscriptions
+
+    def subscribe(self, session, requests):
+        """
+        Add ``[(valid topic filter, requested QoS)]`` to ``session``;
+        returns the granted QoS for each.
+        """
+        granted = []
+        for topic_filter, qos in requests:
+            qos = min(qos, self.max_qos)
+            session.subscriptions[topic_filter] = qos
+            self.subscriptions.add(topic_filter, session, qos)
+            granted.append(qos)
+        return granted
+
+    def send_retained(self, session, topic_filters):
+        """After SUBACK: the retained messages matching the new filters."""
+        for topic_filter in topic_filters:
+            granted = session.subscriptions.get(topic_filter)
+            if granted is None:
+                continue
+            if is_wildcard(topic_filter):
+                found = [
+                    m for t, m in self.retained.items() if matches(topic_filter, t)
+                ]
+            else:
+                m = self.retained.get(topic_filter)
+                found = [m] if m is not None else []
+            for message in found:
+                session.deliver(message, min(message.qos, granted), retain=True)
+
+    def unsubscribe(self, session, topic_filters):
+        for topic_filter in topic_filters:
+            if session.subscriptions.pop(topic_filter, None) is not None:
+                self.subscriptions.remove(topic_filter, session)

@@ -1,0 +1,254 @@
+"""
+Per-client session state: subscriptions, outbound message ids, the in-flight
+window with its retries, the queue behind it, and inbound QoS 2 ids awaiting
+PUBREL.  Knows nothing of transports: it writes bytes to whatever connection
+is attached, and time comes from an injected clock.
+"""
+
+from collections import deque
+
+import attr
+from twisted.logger import Logger
+
+from mqttgw.packets import Pubrel
+
+log = Logger()
+
+# Outbound in-flight states.
+AWAITING_ACK = 1  # PUBLISH sent; waiting for PUBACK (QoS 1) or PUBREC (QoS 2)
+AWAITING_PUBCOMP = 2  # PUBREL sent; waiting for PUBCOMP
+
+
+@attr.s(frozen=True, slots=True)
+class SessionLimits:
+    """Per-session bounds; see ``[limits]`` in the configuration."""
+
+    max_inflight_messages = attr.ib(default=20)
+    max_queued_messages = attr.ib(default=1000)
+    max_queued_bytes = attr.ib(default=16 * 1024 * 1024)
+    # Whether QoS 0 messages are queued for an offline persistent session.
+    queue_qos0_messages = attr.ib(default=False)
+    # First retry of an unacknowledged message (s); doubles up to the maximum.
+    retry_interval = attr.ib(default=20.0)
+    retry_max_interval = attr.ib(default=300.0)
+
+
+class _InFlight:
+    __slots__ = ("message", "qos", "retain", "state", "due", "attempts")
+
+    def __init__(self, message, qos, retain, due):
+        self.message = message
+        self.qos = qos
+        self.retain = retain
+        self.state = AWAITING_ACK
+        self.due = due
+        self.attempts = 0
+
+
+class Session:
+    """
+    The broker's view of one client id.  A connection attaches to it with
+    :meth:`attach` and leaves with :meth:`detach`; a persistent session
+    outlives its connections.
+    """
+
+    def __init__(self, client_id, clean_session, clock, limits=SessionLimits()):
+        self.client_id = client_id
+        self.clean_session = clean_session
+        self.clock = clock
+        self.limits = limits
+        # topic filter -> granted QoS
+        self.subscriptions = {}
+        self.will = None
+        # Inbound QoS 2 message ids whose PUBREL has not arrived yet.
+        self.awaiting_pubrel = set()
+        self.connection = None
+        self.inflight = {}
+        # QoS 0 messages held while the connection's socket is full.
+        self._queue0 = deque()
+        # QoS 1/2 messages waiting for the in-flight window or the client.
+        self._queue = deque()
+        self.queued_bytes = 0
+        self.dropped = 0
+        self._writable = False
+        self._last_mid = 0
+        self._retry_call = None
+
+    def __repr__(self):
+        return f"<Session {self.client_id!r}>"
+
+    @property
+    def queued(self):
+        return len(self._queue0) + len(self._queue)
+
+    # Connection life
+
+    def attach(self, connection):
+        """
+        A connection takes this session.  Unacknowledged deliveries are sent
+        again, with DUP set, in their original order; then the queue drains.
+        """
+        self.connection = connection
+        self._writable = True
+        now = self.clock.seconds()
+        for mid, flight in self.inflight.items():
+            flight.due = now + self.limits.retry_interval
+            flight.attempts = 0
+            self._resend(mid, flight)
+        self._schedule_retry()
+        self.pump()
+
+    def detach(self):
+        self.connection = None
+        self._writable = False
+        if self._retry_call is not None:
+            if self._retry_call.active():
+                self._retry_call.cancel()
+            self._retry_call = None
+        if not self.limits.queue_qos0_messages:
+            for message, _, _ in self._queue0:
+                self.queued_bytes -= len(message.payload)
+            self._queue0.clear()
+
+    def pause(self):
+        """The connection's socket is full: hold further messages here."""
+        self._writable = False
+
+    def resume(self):
+        if self.connection is not None:
+            self._writable = True
+            self.pump()
+
+    # Outbound delivery
+
+    def deliver(self, message, qos, retain=False):
+        """Send ``message`` at ``qos`` now, or queue it within the limits."""
+        if qos == 0:
+            if self._writable and not self._queue0:
+                self.connection.write(message.frame(0, None, retain))
+                return
+            if self.connection is None and not self.limits.queue_qos0_messages:
+                return
+            self._enqueue(self._queue0, message, qos, retain)
+            return
+        if (
+            self._writable
+            and not self._queue
+            and len(self.inflight) < self.limits.max_inflight_messages
+        ):
+            self._send(message, qos, retain)
+        else:
+            self._enqueue(self._queue, message, qos, retain)
+
+    def _enqueue(self, queue, message, qos, retain):
+        size = len(message.payload)
+        limits = self.limits
+        if (
+            self.queued >= limits.max_queued_messages
+            or self.queued_bytes + size > limits.max_queued_bytes
+        ):
+            self.dropped += 1
+            if self.dropped == 1 or self.dropped % 1000 == 0:
+                log.warn(
+                    "client {client_id} queue full: dropped QoS {qos} message"
+                    " on {topic} ({dropped} dropped so far)",
+                    client_id=self.client_id,
+                    qos=qos,
+                    topic=message.topic,
+                    dropped=self.dropped,
+                )
+            return
+        self.queued_bytes += size
+        queue.append((message, qos, retain))
+
+    def pump(self):
+        """Move queued messages to the wire as the socket and window allow."""
+        queue0 = self._queue0
+        while queue0 and self._writable:
+            message, _, retain = queue0.popleft()
+            self.queued_bytes -= len(message.payload)
+            self.connection.write(message.frame(0, None, retain))
+        queue = self._queue
+        window = self.limits.max_inflight_messages
+        while queue and self._writable and len(self.inflight) < window:
+            message, qos, retain = queue.popleft()
+            self.queued_bytes -= len(message.payload)
+            self._send(message, qos, retain)
+
+    def _next_message_id(self):
+        mid = self._last_mid
+        inflight = self.inflight
+        while True:
+            mid = mid % 65535 + 1
+            if mid not in inflight:
+                self._last_mid = mid
+                return mid
+
+    def _send(self, message, qos, retain):
+        mid = self._next_message_id()
+        self.inflight[mid] = _InFlight(
+            message, qos, retain, self.clock.seconds() + self.limits.retry_interval
+        )
+        self.connection.write(message.frame(qos, mid, retain))
+        if self._retry_call is None:
+            self._schedule_retry()
+
+    def _resend(self, mid, flight):
+        if flight.state == AWAITING_ACK:
+            frame = flight.message.frame(flight.qos, mid, flight.retain, dup=True)
+        else:
+            frame = Pubrel(mid).encode()
+        self.connection.write(frame)
+
+    # Acknowledgements from the client
+
+    def puback(self, mid):
+        flight = self.inflight.get(mid)
+        if flight is not None and flight.qos == 1:
+            del self.inflight[mid]
+            self.pump()
+
+    def pubrec(self, mid):
+        flight = self.inflight.get(mid)
+        if flight is not None and flight.qos == 2:
+            flight.state = AWAITING_PUBCOMP
+            flight.attempts = 0
+            flight.due = self.clock.seconds() + self.limits.retry_interval
+        # Answered even for an id we no longer know, so the client can finish.
+        self.connection.write(Pubrel(mid).encode())
+
+    def pubcomp(self, mid):
+        flight = self.inflight.get(mid)
+        if flight is not None and flight.state == AWAITING_PUBCOMP:
+            del self.inflight[mid]
+            self.pump()
+
+    # Retry of unacknowledged messages
+
+    def _schedule_retry(self):
+        if (
+            not self.inflight
+            or self.connection is None
+            or self.limits.retry_interval <= 0
+        ):
+            self._retry_call = None
+            return
+        due = min(f.due for f in self.inflight.values())
+        delay = max(0.0, due - self.clock.seconds())
+        self._retry_call = self.clock.callLater(delay, self._retry)
+
+    def _retry(self):
+        self._retry_call = None
+        if self.connection is None:
+            return
+        now = self.clock.seconds()
+        limits = self.limits
+        for mid, flight in list(self.inflight.items()):
+            if flight.due <= now:
+                flight.attempts += 1
+                flight.due = now + min(
+                    limits.retry_interval * 2**flight.attempts,
+                    limits.retry_max_interval,
+                )
+                self._resend(mid, flight)
+        self._schedule_retry()
