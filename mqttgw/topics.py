@@ -116,7 +116,7 @@ class SubscriptionTrie:
             return found
         result = {}
         levels = topic.split("/")
-        self._collect(self._root, levels, 0, len(levels), result, topic[0] == "$")
+        self._collect(self._root, levels, 0, len(levels), result, topic[:1] == "$")
         found = tuple(result.items())
         if len(self._cache) >= self._cache_size:
             self._cache.clear()

@@ -1,0 +1,85 @@
+"""
+Fakes for testing code built on mqttgw without sockets or real time: a
+broker on a :class:`~twisted.internet.task.Clock` and clients whose
+connections are :class:`~twisted.internet.testing.StringTransport`.
+"""
+
+from twisted.internet.address import IPv4Address
+from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransport
+
+from mqttgw import packets as P
+from mqttgw.framing import Framer
+from mqttgw.protocol import ConnectionLimits, MQTTServerFactory
+from mqttgw.router import Router
+from mqttgw.session import SessionLimits
+
+
+class FakeBroker:
+    """A router and server factory driven by a fake clock."""
+
+    def __init__(self, session_limits=SessionLimits(), **connection_limits):
+        self.clock = Clock()
+        self.router = Router(self.clock, session_limits)
+        self.factory = MQTTServerFactory(
+            self.router, ConnectionLimits(**connection_limits), self.clock
+        )
+        self._port = 40000
+
+    def client(self, connect=None, **connect_fields):
+        """
+        A new connection; with ``connect`` (a Connect packet) or connect
+        fields given, its CONNECT is sent at once.
+        """
+        self._port += 1
+        client = FakeClient(self, IPv4Address("TCP", "127.0.0.1", self._port))
+        if connect is None and connect_fields:
+            connect = P.Connect(**connect_fields)
+        if connect is not None:
+            client.send(connect)
+        return client
+
+
+class FakeClient:
+    """One connection to a FakeBroker, speaking packets or raw bytes."""
+
+    def __init__(self, broker, peer):
+        self.broker = broker
+        self.transport = StringTransport(peerAddress=peer)
+        self.protocol = broker.factory.buildProtocol(peer)
+        self.protocol.makeConnection(self.transport)
+        self._framer = Framer(P.MAX_REMAINING_LENGTH + 5)
+        self._lost = False
+
+    def send(self, *packets):
+        self.send_bytes(b"".join(p.encode() for p in packets))
+
+    def send_bytes(self, data):
+        self.protocol.dataReceived(data)
+
+    def received(self):
+        """Packets the broker has written since the last call."""
+        data = self.transport.value()
+        self.transport.clear()
+        return list(self._framer.feed(data))
+
+    @property
+    def closed(self):
+        """Whether the broker closed (or aborted) this connection."""
+        return self.transport.disconnecting or getattr(
+            self.transport, "disconnected", False
+        )
+
+    def lose_connection(self):
+        """The network drops: the broker sees connectionLost."""
+        if not self._lost:
+            self._lost = True
+            from twisted.internet.error import ConnectionLost
+            from twisted.python.failure import Failure
+
+            self.protocol.connectionLost(Failure(ConnectionLost()))
+
+    def finish_close(self):
+        """Complete a close the broker started, as the reactor would."""
+        if self.closed:
+            self.lose_connection()

@@ -1,0 +1,35 @@
+import os
+import shutil
+
+import pytest
+from twisted.logger import formatEvent, globalLogPublisher
+
+from mqttgw.testing import FakeBroker
+
+
+@pytest.fixture
+def broker():
+    return FakeBroker()
+
+
+@pytest.fixture
+def logged():
+    """Messages logged through twisted.logger while the test runs."""
+    events = []
+    globalLogPublisher.addObserver(events.append)
+    yield lambda: [formatEvent(e) for e in events]
+    globalLogPublisher.removeObserver(events.append)
+
+
+def require_program(name):
+    """
+    The path of an outside program the test needs.  Missing, it skips the
+    test locally and fails it under CI, so nothing goes silently untested.
+    """
+    path = shutil.which(name)
+    if path is None:
+        message = f"{name} is not installed"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message + " (required under CI)")
+        pytest.skip(message)
+    return path

@@ -1,0 +1,407 @@
+"""
+Wire vectors (the specification's own examples among them) through the
+framer, whole and one byte at a time; random bytes; encode/decode round
+trips for every packet type.
+"""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mqttgw import packets as P
+from mqttgw.framing import Framer, ProtocolViolation
+
+
+def feed_whole(data, strict=False, max_packet_size=P.MAX_REMAINING_LENGTH + 5):
+    return list(Framer(max_packet_size, strict).feed(data))
+
+
+def feed_bytewise(data, strict=False, max_packet_size=P.MAX_REMAINING_LENGTH + 5):
+    framer = Framer(max_packet_size, strict)
+    out = []
+    for i in range(len(data)):
+        out.extend(framer.feed(data[i : i + 1]))
+    return out
+
+
+both_ways = pytest.mark.parametrize("feed", [feed_whole, feed_bytewise])
+
+
+# The spec's CONNECT example: protocol "MQIsdp" version 3, user name,
+# password, clean session, will flag with will QoS 1, keepalive 10.
+SPEC_CONNECT = (
+    b"\x10\x2d"
+    b"\x00\x06MQIsdp\x03\xce\x00\x0a"
+    b"\x00\x07Example"
+    b"\x00\x04will\x00\x04gone"
+    b"\x00\x04user\x00\x04pass"
+)
+
+VECTORS = [
+    (
+        SPEC_CONNECT,
+        P.Connect(
+            client_id="Example",
+            protocol_level=3,
+            protocol_name="MQIsdp",
+            clean_session=True,
+            keepalive=10,
+            will_topic="will",
+            will_message=b"gone",
+            will_qos=1,
+            will_retain=False,
+            username="user",
+            password=b"pass",
+        ),
+    ),
+    (b"\x20\x02\x00\x00", P.Connack(0)),
+    (b"\x20\x02\x01\x00", P.Connack(0, session_present=True)),
+    # The spec's PUBLISH variable header example: topic "a/b", message id 10.
+    (b"\x32\x09\x00\x03a/b\x00\x0ahi", P.Publish("a/b", b"hi", 1, False, False, 10)),
+    (b"\x31\x05\x00\x03a/b", P.Publish("a/b", b"", 0, True)),
+    (b"\x3d\x07\x00\x03a/b\x00\x01", P.Publish("a/b", b"", 2, True, True, 1)),
+    (b"\x40\x02\x00\x0a", P.Puback(10)),
+    (b"\x50\x02\x00\x0a", P.Pubrec(10)),
+    (b"\x62\x02\x00\x0a", P.Pubrel(10)),
+    (b"\x70\x02\x00\x0a", P.Pubcomp(10)),
+    # The spec's SUBSCRIBE example: id 10, "a/b" at QoS 1, "c/d" at QoS 2.
+    (
+        b"\x82\x0e\x00\x0a\x00\x03a/b\x01\x00\x03c/d\x02",
+        P.Subscribe(10, [("a/b", 1), ("c/d", 2)]),
+    ),
+    # The spec's SUBACK example: granted QoS 0 and 2.
+    (b"\x90\x04\x00\x0a\x00\x02", P.Suback(10, [0, 2])),
+    # The spec's UNSUBSCRIBE example: "a/b" and "c/d".
+    (b"\xa2\x0c\x00\x0a\x00\x03a/b\x00\x03c/d", P.Unsubscribe(10, ["a/b", "c/d"])),
+    (b"\xb0\x02\x00\x0a", P.Unsuback(10)),
+    (b"\xc0\x00", P.Pingreq()),
+    (b"\xd0\x00", P.Pingresp()),
+    (b"\xe0\x00", P.Disconnect()),
+]
+
+
+@both_ways
+@pytest.mark.parametrize("wire,packet", VECTORS, ids=[type(p).__name__ for _, p in VECTORS])
+def test_vector_decodes_to_packet(feed, wire, packet):
+    assert feed(wire) == [packet]
+
+
+@pytest.mark.parametrize("wire,packet", VECTORS, ids=[type(p).__name__ for _, p in VECTORS])
+def test_packet_encodes_to_vector(wire, packet):
+    assert packet.encode() == wire
+
+
+@both_ways
+def test_stream_of_all_vectors_yields_every_packet_in_order(feed):
+    wire = b"".join(w for w, _ in VECTORS)
+    assert feed(wire) == [p for _, p in VECTORS]
+
+
+@pytest.mark.parametrize(
+    "n,encoded",
+    [
+        (0, b"\x00"),
+        (64, b"\x40"),
+        (127, b"\x7f"),
+        (128, b"\x80\x01"),
+        (321, b"\xc1\x02"),  # the spec's worked example: 65+128, then 2
+        (16383, b"\xff\x7f"),
+        (16384, b"\x80\x80\x01"),
+        (2097151, b"\xff\xff\x7f"),
+        (2097152, b"\x80\x80\x80\x01"),
+        (268435455, b"\xff\xff\xff\x7f"),
+    ],
+)
+def test_remaining_length_encoding_matches_spec_table(n, encoded):
+    assert P.encode_remaining_length(n) == encoded
+
+
+@both_ways
+def test_remaining_length_321_frames_a_321_byte_body(feed):
+    payload = b"x" * (321 - 5)
+    wire = b"\x30\xc1\x02\x00\x03a/b" + payload
+    assert feed(wire) == [P.Publish("a/b", payload)]
+
+
+def test_remaining_length_above_maximum_cannot_be_encoded():
+    with pytest.raises(ValueError):
+        P.encode_remaining_length(268435456)
+
+
+@both_ways
+def test_fifth_remaining_length_byte_is_a_violation(feed):
+    with pytest.raises(ProtocolViolation, match="longer than 4 bytes"):
+        feed(b"\x30\xff\xff\xff\xff\x01")
+
+
+def test_packet_over_maximum_size_is_refused_before_its_body_arrives():
+    framer = Framer(max_packet_size=100)
+    with pytest.raises(ProtocolViolation, match="exceeds maximum packet size"):
+        list(framer.feed(b"\x30\xe5\x00"))  # announces 101 bytes of body
+
+
+def test_packet_at_maximum_size_is_accepted():
+    body = b"\x00\x01a" + b"p" * 95
+    wire = b"\x30" + P.encode_remaining_length(len(body)) + body
+    assert len(wire) == 100
+    assert list(Framer(max_packet_size=100).feed(wire)) == [P.Publish("a", b"p" * 95)]
+
+
+@both_ways
+@pytest.mark.parametrize("first", [b"\x00", b"\xf0"])
+def test_reserved_packet_types_are_violations(feed, first):
+    with pytest.raises(ProtocolViolation, match="reserved packet type"):
+        feed(first + b"\x00")
+
+
+@both_ways
+def test_publish_with_qos_3_is_a_violation(feed):
+    with pytest.raises(ProtocolViolation, match="QoS 3"):
+        feed(b"\x36\x07\x00\x03a/b\x00\x01")
+
+
+@both_ways
+def test_invalid_utf8_topic_is_a_violation(feed):
+    with pytest.raises(ProtocolViolation, match="UTF-8"):
+        feed(b"\x30\x05\x00\x03a\xff\xfe")
+
+
+@both_ways
+def test_utf16_surrogate_in_string_is_a_violation(feed):
+    # U+D800 encoded as if it were a scalar value is not valid UTF-8.
+    with pytest.raises(ProtocolViolation, match="UTF-8"):
+        feed(b"\x30\x05\x00\x03\xed\xa0\x80")
+
+
+def test_nul_in_topic_is_a_violation_for_311_only():
+    wire = b"\x30\x05\x00\x03a\x00b"
+    with pytest.raises(ProtocolViolation, match="U\\+0000"):
+        feed_whole(wire, strict=True)
+    assert feed_whole(wire, strict=False)[0].topic == "a\x00b"
+
+
+def test_multibyte_utf8_topic_length_counts_bytes():
+    topic = "ŝensor/温度"
+    packet = P.Publish(topic, b"1")
+    assert feed_whole(packet.encode()) == [packet]
+
+
+@both_ways
+def test_message_id_zero_is_a_violation(feed):
+    with pytest.raises(ProtocolViolation, match="message id 0"):
+        feed(b"\x40\x02\x00\x00")
+
+
+@both_ways
+def test_string_running_past_packet_end_is_a_violation(feed):
+    with pytest.raises(ProtocolViolation):
+        feed(b"\x30\x03\x00\x09a")
+
+
+@pytest.mark.parametrize(
+    "wire",
+    [
+        b"\x63\x02\x00\x01",  # PUBREL without its QoS 1 bit pattern
+        b"\x80\x06\x00\x01\x00\x01a\x00",  # SUBSCRIBE flags 0
+        b"\xa0\x05\x00\x01\x00\x01a",  # UNSUBSCRIBE flags 0
+        b"\xc1\x00",  # PINGREQ with a flag set
+        b"\x4a\x02\x00\x01",  # PUBACK with DUP
+        b"\xe8\x00",  # DISCONNECT with DUP
+    ],
+)
+def test_reserved_fixed_header_flags_are_violations_for_311(wire):
+    with pytest.raises(ProtocolViolation, match="reserved"):
+        feed_whole(wire, strict=True)
+    assert len(feed_whole(wire, strict=False)) == 1
+
+
+def test_dup_on_qos0_publish_is_a_violation_for_311():
+    with pytest.raises(ProtocolViolation, match="DUP"):
+        feed_whole(b"\x38\x03\x00\x01a", strict=True)
+
+
+@pytest.mark.parametrize("qos_byte", [b"\x03", b"\x04", b"\x81"])
+def test_subscribe_reserved_qos_bits_are_violations_for_311(qos_byte):
+    wire = b"\x82\x06\x00\x01\x00\x01a" + qos_byte
+    with pytest.raises(ProtocolViolation, match="requested QoS"):
+        feed_whole(wire, strict=True)
+
+
+def test_subscribe_with_no_topics_is_a_violation():
+    with pytest.raises(ProtocolViolation, match="no topics"):
+        feed_whole(b"\x82\x02\x00\x01")
+
+
+def test_unsubscribe_with_no_topics_is_a_violation():
+    with pytest.raises(ProtocolViolation, match="no topics"):
+        feed_whole(b"\xa2\x02\x00\x01")
+
+
+def test_pingreq_with_a_body_is_a_violation():
+    with pytest.raises(ProtocolViolation, match="must be empty"):
+        feed_whole(b"\xc0\x01\x00")
+
+
+def test_connect_reserved_flag_is_a_violation_for_311():
+    wire = P.Connect(client_id="c").encode()
+    wire = wire[:9] + bytes((wire[9] | 1,)) + wire[10:]
+    with pytest.raises(ProtocolViolation, match="reserved flag"):
+        feed_whole(wire)
+
+
+def test_connect_will_qos_3_is_a_violation():
+    wire = P.Connect(client_id="c", will_topic="w", will_message=b"", will_qos=1).encode()
+    wire = wire[:9] + bytes((wire[9] | 0x18,)) + wire[10:]
+    with pytest.raises(ProtocolViolation, match="will QoS 3"):
+        feed_whole(wire)
+
+
+def test_connect_will_retain_without_will_flag_is_a_violation_for_311():
+    wire = P.Connect(client_id="c").encode()
+    wire = wire[:9] + bytes((wire[9] | 0x20,)) + wire[10:]
+    with pytest.raises(ProtocolViolation, match="without will flag"):
+        feed_whole(wire)
+
+
+def test_connect_password_without_user_name_is_a_violation_for_311():
+    wire = P.Connect(client_id="c", password=b"pw").encode()
+    with pytest.raises(ProtocolViolation, match="without user name"):
+        feed_whole(wire)
+
+
+def test_v31_connect_with_user_name_flag_but_no_string_reads_as_absent():
+    # MQTT 3.1 clients exist that set the flags and omit the strings.
+    body = b"\x00\x06MQIsdp\x03\xc2\x00\x3c\x00\x01c"
+    connect = feed_whole(b"\x10" + bytes((len(body),)) + body)[0]
+    assert connect.client_id == "c"
+    assert connect.username is None and connect.password is None
+
+
+def test_v31_connect_with_user_name_but_no_password_string():
+    body = b"\x00\x06MQIsdp\x03\xc2\x00\x3c\x00\x01c\x00\x02me"
+    connect = feed_whole(b"\x10" + bytes((len(body),)) + body)[0]
+    assert connect.username == "me" and connect.password is None
+
+
+def test_unknown_protocol_name_decodes_enough_to_refuse():
+    body = b"\x00\x04ABCD\x07\x02\x00\x3c\xff"  # the rest may be anything
+    connect = feed_whole(b"\x10" + bytes((len(body),)) + body)[0]
+    assert (connect.protocol_name, connect.protocol_level) == ("ABCD", 7)
+
+
+def test_strictness_can_change_between_packets_of_one_chunk():
+    framer = Framer()
+    wire = P.Connect(client_id="c").encode() + b"\xc1\x00"
+    packets = framer.feed(wire)
+    assert isinstance(next(packets), P.Connect)
+    framer.strict = True
+    with pytest.raises(ProtocolViolation):
+        next(packets)
+
+
+def test_partial_packet_is_kept_until_complete():
+    framer = Framer()
+    wire = P.Publish("t", b"payload", 1, message_id=5).encode()
+    assert list(framer.feed(wire[:4])) == []
+    assert list(framer.feed(wire[4:] + wire[:1])) == [
+        P.Publish("t", b"payload", 1, message_id=5)
+    ]
+    assert list(framer.feed(wire[1:])) == [P.Publish("t", b"payload", 1, message_id=5)]
+
+
+# Properties
+
+text = st.text(
+    st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"),
+    max_size=20,
+)
+topic = text.filter(lambda s: len(s.encode()) < 100)
+mid = st.integers(1, 65535)
+qos = st.integers(0, 2)
+
+packet_strategy = st.one_of(
+    st.builds(
+        P.Connect,
+        client_id=text,
+        protocol_level=st.sampled_from([3, 4]),
+        clean_session=st.booleans(),
+        keepalive=st.integers(0, 65535),
+        username=st.none() | text,
+    ).flatmap(
+        lambda c: st.builds(
+            lambda will, password: _with(c, will, password),
+            st.none() | st.tuples(topic, st.binary(max_size=20), qos, st.booleans()),
+            st.none() | st.binary(max_size=20),
+        )
+    ),
+    st.builds(P.Connack, st.integers(0, 5), st.booleans()),
+    st.builds(
+        lambda t, p, q, r, d, m: P.Publish(t, p, q, r, d and q > 0, m if q else None),
+        topic,
+        st.binary(max_size=300),
+        qos,
+        st.booleans(),
+        st.booleans(),
+        mid,
+    ),
+    st.builds(P.Puback, mid),
+    st.builds(P.Pubrec, mid),
+    st.builds(P.Pubrel, mid),
+    st.builds(P.Pubcomp, mid),
+    st.builds(P.Subscribe, mid, st.lists(st.tuples(topic, qos), min_size=1, max_size=5)),
+    st.builds(P.Suback, mid, st.lists(st.sampled_from([0, 1, 2, 0x80]), max_size=5)),
+    st.builds(P.Unsubscribe, mid, st.lists(topic, min_size=1, max_size=5)),
+    st.builds(P.Unsuback, mid),
+    st.just(P.Pingreq()),
+    st.just(P.Pingresp()),
+    st.just(P.Disconnect()),
+)
+
+
+def _with(connect, will, password):
+    if will is not None:
+        (
+            connect.will_topic,
+            connect.will_message,
+            connect.will_qos,
+            connect.will_retain,
+        ) = will
+    if password is not None and connect.username is not None:
+        connect.password = password
+    connect.protocol_name = P.PROTOCOL_NAMES[connect.protocol_level]
+    return connect
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(packet_strategy, min_size=1, max_size=6))
+def test_every_packet_type_round_trips_whole_and_split(packets):
+    wire = b"".join(p.encode() for p in packets)
+    assert feed_whole(wire, strict=True) == packets
+    assert feed_bytewise(wire, strict=True) == packets
+
+
+@settings(max_examples=1000, deadline=None)
+@given(st.binary(max_size=200), st.booleans())
+def test_random_bytes_raise_nothing_but_protocol_violation(data, strict):
+    try:
+        feed_whole(data, strict, max_packet_size=256)
+    except ProtocolViolation:
+        pass
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    st.sampled_from([w for w, _ in VECTORS]),
+    st.integers(0, 60),
+    st.integers(0, 255),
+    st.booleans(),
+)
+def test_mutated_valid_packets_raise_nothing_but_protocol_violation(
+    wire, position, value, strict
+):
+    data = bytearray(wire)
+    data[position % len(data)] = value
+    try:
+        feed_bytewise(bytes(data), strict)
+    except ProtocolViolation:
+        pass

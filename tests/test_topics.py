@@ -1,0 +1,164 @@
+"""Appendix A: topic names, filters, wildcards, and the subscription trie."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mqttgw.topics import (
+    InvalidTopic,
+    SubscriptionTrie,
+    matches,
+    validate_topic_filter,
+    validate_topic_name,
+)
+
+MATCHING = [
+    ("finance/stock/ibm/#", "finance/stock/ibm"),
+    ("finance/stock/ibm/#", "finance/stock/ibm/closingprice"),
+    ("finance/stock/ibm/#", "finance/stock/ibm/currentprice"),
+    ("finance/#", "finance"),
+    ("#", "finance"),
+    ("#", "/finance"),
+    ("finance/stock/+", "finance/stock/ibm"),
+    ("finance/stock/+", "finance/stock/xyz"),
+    ("finance/+/ibm", "finance/stock/ibm"),
+    ("+/+", "/finance"),
+    ("/+", "/finance"),
+    ("+", "finance"),
+    ("+/#", "finance"),
+    ("Accounts payable", "Accounts payable"),
+    ("$SYS/#", "$SYS/broker/load"),
+    ("$SYS/+", "$SYS/uptime"),
+    ("a//b", "a//b"),
+    ("a/+/b", "a//b"),
+]
+
+NOT_MATCHING = [
+    ("finance/stock/+", "finance/stock/ibm/closingprice"),
+    ("finance/+", "finance"),
+    ("+", "/finance"),
+    ("ACCOUNTS", "Accounts"),
+    ("/finance", "finance"),
+    ("finance", "/finance"),
+    ("#", "$SYS/uptime"),
+    ("+/uptime", "$SYS/uptime"),
+    ("+/#", "$SYS"),
+    ("a/b", "a/b/c"),
+    ("a/b/c", "a/b"),
+]
+
+
+@pytest.mark.parametrize("topic_filter,topic", MATCHING)
+def test_filter_matches_topic(topic_filter, topic):
+    assert matches(topic_filter, topic)
+    trie = SubscriptionTrie()
+    trie.add(topic_filter, "s", 1)
+    assert trie.match(topic) == (("s", 1),)
+
+
+@pytest.mark.parametrize("topic_filter,topic", NOT_MATCHING)
+def test_filter_does_not_match_topic(topic_filter, topic):
+    assert not matches(topic_filter, topic)
+    trie = SubscriptionTrie()
+    trie.add(topic_filter, "s", 1)
+    assert trie.match(topic) == ()
+
+
+@pytest.mark.parametrize(
+    "topic_filter",
+    ["#", "finance/#", "+", "finance/+", "finance/+/ibm", "+/+/#", "/", "a//b", "$SYS/#"],
+)
+def test_valid_filters(topic_filter):
+    validate_topic_filter(topic_filter)
+
+
+@pytest.mark.parametrize(
+    "topic_filter",
+    ["", "finance#", "finance/#/closingprice", "finance+", "fin+ance/x", "#/a", "a/b#", "a\x00"],
+)
+def test_invalid_filters(topic_filter):
+    with pytest.raises(InvalidTopic):
+        validate_topic_filter(topic_filter)
+
+
+@pytest.mark.parametrize("name", ["", "a/+", "a/#", "#", "+", "a\x00b"])
+def test_invalid_topic_names(name):
+    with pytest.raises(InvalidTopic):
+        validate_topic_name(name)
+
+
+@pytest.mark.parametrize("name", ["a", "/", "/finance", "Accounts payable", "a//b", "温度"])
+def test_valid_topic_names(name):
+    validate_topic_name(name)
+
+
+def test_overlapping_filters_give_one_entry_at_the_highest_qos():
+    trie = SubscriptionTrie()
+    trie.add("a/#", "s", 0)
+    trie.add("a/+", "s", 2)
+    trie.add("a/b", "s", 1)
+    trie.add("a/b", "t", 0)
+    assert dict(trie.match("a/b")) == {"s": 2, "t": 0}
+
+
+def test_resubscribing_replaces_the_qos():
+    trie = SubscriptionTrie()
+    trie.add("a", "s", 2)
+    trie.add("a", "s", 0)
+    assert trie.match("a") == (("s", 0),)
+    assert trie.count == 1
+
+
+def test_match_cache_is_invalidated_by_changes():
+    trie = SubscriptionTrie()
+    assert trie.match("a/b") == ()
+    trie.add("a/+", "s", 1)
+    assert trie.match("a/b") == (("s", 1),)
+    trie.remove("a/+", "s")
+    assert trie.match("a/b") == ()
+
+
+def test_remove_prunes_empty_branches_and_reports_misses():
+    trie = SubscriptionTrie()
+    trie.add("a/b/c", "s", 0)
+    assert not trie.remove("a/b", "s")
+    assert not trie.remove("a/b/c", "t")
+    assert trie.remove("a/b/c", "s")
+    assert trie._root.children == {}
+    assert trie.count == 0
+
+
+def test_match_cache_is_bounded():
+    trie = SubscriptionTrie(cache_size=10)
+    trie.add("#", "s", 0)
+    for i in range(100):
+        trie.match(f"t/{i}")
+    assert len(trie._cache) <= 10
+
+
+levels = st.lists(st.sampled_from(["a", "b", "", "$x"]), min_size=1, max_size=4)
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    st.lists(
+        st.lists(st.sampled_from(["a", "b", "", "+", "#"]), min_size=1, max_size=4),
+        min_size=1,
+        max_size=6,
+    ),
+    levels,
+)
+def test_trie_agrees_with_matches(filters, topic_levels):
+    topic = "/".join(topic_levels)
+    trie = SubscriptionTrie()
+    expected = set()
+    for i, f in enumerate(filters):
+        topic_filter = "/".join(f)
+        try:
+            validate_topic_filter(topic_filter)
+        except InvalidTopic:
+            continue
+        trie.add(topic_filter, i, 0)
+        if matches(topic_filter, topic):
+            expected.add(i)
+    assert {s for s, _ in trie.match(topic)} == expected
