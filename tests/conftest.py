@@ -33,3 +33,15 @@ def require_program(name):
             pytest.fail(message + " (required under CI)")
         pytest.skip(message)
     return path
+
+
+@pytest.fixture
+def gateway(tmp_path):
+    """The gateway running under twistd on a free loopback port."""
+    from tests.gateway import Gateway
+
+    gw = Gateway(tmp_path)
+    yield gw
+    gw.stop()
+    log = gw.log()
+    assert "Traceback" not in log and "Unhandled" not in log, log

@@ -1,0 +1,69 @@
+"""
+Run the gateway the way a user does, ``twistd -n mqttgw ...``, in a child
+process listening on a free loopback port.
+"""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+TWISTD = Path(sys.executable).parent / "twistd"
+
+_LISTENING = re.compile(r"MQTTServerFactory starting on (\d+)")
+
+
+class Gateway:
+    def __init__(self, workdir, *args, timeout=30):
+        self.workdir = Path(workdir)
+        self.log_path = self.workdir / "gateway.log"
+        env = dict(os.environ, PYTHONPATH=str(REPO))
+        self._log = open(self.log_path, "wb")
+        command = [str(TWISTD), "-n", "--pidfile=", "--logfile=-", "mqttgw"]
+        if "--tcp" not in args:
+            command += ["--tcp", "tcp:0:interface=127.0.0.1"]
+        self.process = subprocess.Popen(
+            command + list(args),
+            cwd=self.workdir,
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+        self.port = self._wait_for_port(timeout)
+
+    def _wait_for_port(self, timeout):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = _LISTENING.search(self.log())
+            if found:
+                return int(found.group(1))
+            if self.process.poll() is not None:
+                raise RuntimeError(f"gateway exited early:\n{self.log()}")
+            time.sleep(0.05)
+        raise RuntimeError(f"gateway did not start listening:\n{self.log()}")
+
+    def log(self):
+        return self.log_path.read_text(errors="replace")
+
+    def wait_for_log(self, text, timeout=10):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if text in self.log():
+                return
+            time.sleep(0.05)
+        raise AssertionError(f"{text!r} not logged within {timeout}s:\n{self.log()}")
+
+    def stop(self, sig=signal.SIGTERM, timeout=15):
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._log.close()
+        return self.process.returncode

@@ -1,0 +1,71 @@
+"""A blocking wrapper around paho-mqtt for interoperability tests."""
+
+import queue
+import threading
+
+import paho.mqtt.client as mqtt
+
+VERSIONS = {"MQTTv31": mqtt.MQTTv31, "MQTTv311": mqtt.MQTTv311}
+TIMEOUT = 10
+
+
+class PahoClient:
+    def __init__(self, port, client_id, version, clean_session=True, will=None, **kwargs):
+        self.client = mqtt.Client(
+            mqtt.CallbackAPIVersion.VERSION2,
+            client_id=client_id,
+            clean_session=clean_session,
+            protocol=VERSIONS[version],
+            **kwargs,
+        )
+        self.messages = queue.Queue()
+        self.connack = queue.Queue()
+        self.subacks = queue.Queue()
+        self.disconnected = threading.Event()
+        c = self.client
+        c.on_connect = lambda c_, u, flags, rc, p: self.connack.put((flags, rc))
+        c.on_message = lambda c_, u, m: self.messages.put(m)
+        c.on_subscribe = lambda c_, u, mid, codes, p: self.subacks.put((mid, codes))
+        c.on_disconnect = lambda c_, u, f, rc, p: self.disconnected.set()
+        if will is not None:
+            c.will_set(*will)
+        self.port = port
+
+    def connect(self, keepalive=60, transport_host="127.0.0.1"):
+        self.client.reconnect_delay_set(60, 120)
+        self.client.connect(transport_host, self.port, keepalive)
+        self.client.loop_start()
+        flags, rc = self.connack.get(timeout=TIMEOUT)
+        assert rc == 0, rc
+        return flags
+
+    def subscribe(self, topic, qos):
+        result, mid = self.client.subscribe(topic, qos)
+        assert result == mqtt.MQTT_ERR_SUCCESS
+        got_mid, codes = self.subacks.get(timeout=TIMEOUT)
+        assert got_mid == mid
+        return [c.value for c in codes]
+
+    def publish(self, topic, payload, qos=0, retain=False):
+        info = self.client.publish(topic, payload, qos, retain)
+        info.wait_for_publish(TIMEOUT)
+        assert info.is_published()
+
+    def receive(self, n=1, timeout=TIMEOUT):
+        return [self.messages.get(timeout=timeout) for _ in range(n)]
+
+    def nothing_more(self, wait=0.5):
+        try:
+            m = self.messages.get(timeout=wait)
+        except queue.Empty:
+            return True
+        raise AssertionError(f"unexpected message on {m.topic}: {m.payload!r}")
+
+    def disconnect(self):
+        self.client.disconnect()
+        self.client.loop_stop()
+
+    def drop(self):
+        """Lose the connection without DISCONNECT, as a crashed device would."""
+        self.client.loop_stop()
+        self.client.socket().close()

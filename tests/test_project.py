@@ -1,0 +1,41 @@
+"""The project's own promises: README commands, CI script, deploy files."""
+
+import re
+
+from mqttgw import config
+from tests.gateway import REPO
+
+
+def readme_commands():
+    text = (REPO / "README.rst").read_text()
+    return re.findall(r"::\n\n    (.+)\n", text)[:2]
+
+
+def test_readme_opens_with_the_run_and_test_commands():
+    run, test = readme_commands()
+    assert "twistd -n mqttgw --tcp 1883" in run
+    assert "pytest" in test
+
+
+def test_ci_runs_exactly_the_readme_test_command():
+    _, test = readme_commands()
+    lines = (REPO / ".ci" / "run").read_text().splitlines()
+    assert test in lines
+
+
+def test_example_config_documents_every_key_with_its_default():
+    path = REPO / "deploy" / "mqttgw.toml"
+    values = config.load_file(str(path))
+    for key in config.KEYS:
+        assert values.get(key.path) == key.default, key.path
+        assert f"\n{key.name} = " in path.read_text()
+
+
+def test_systemd_unit_runs_the_plugin_with_the_config_file():
+    unit = (REPO / "deploy" / "mqttgw.service").read_text()
+    assert re.search(r"^ExecStart=.*twistd .*mqttgw --config /etc/mqttgw/mqttgw.toml$", unit, re.M)
+
+
+def test_no_package_init_hides_twisted_plugins():
+    assert not (REPO / "twisted" / "__init__.py").exists()
+    assert not (REPO / "twisted" / "plugins" / "__init__.py").exists()

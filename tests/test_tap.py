@@ -1,0 +1,183 @@
+"""The twistd plugin: options, the TOML file, and the service it builds."""
+
+import signal
+import subprocess
+import sys
+
+import pytest
+from twisted.internet.testing import MemoryReactor
+from twisted.python import usage
+
+from mqttgw import config
+from mqttgw.tap import Options, makeService
+from tests.gateway import REPO, TWISTD, Gateway
+
+
+def parse(*args):
+    options = Options()
+    options.parseOptions(list(args))
+    return options
+
+
+def write(tmp_path, text):
+    path = tmp_path / "mqttgw.toml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_defaults_listen_on_tcp_1883():
+    options = parse()
+    assert options.settings["listeners.tcp"] == ["1883"]
+    assert options.settings["limits.max_packet_size"] == 1024 * 1024
+    assert options.settings["limits.connect_timeout"] == 10.0
+
+
+def test_tcp_option_repeats_and_takes_endpoint_strings():
+    options = parse("--tcp", "1883", "--tcp", r"tcp6:1884:interface=\:\:1")
+    assert options.settings["listeners.tcp"] == ["1883", r"tcp6:1884:interface=\:\:1"]
+
+
+def test_service_listens_on_every_listener():
+    reactor = MemoryReactor()
+    service = makeService(parse("--tcp", "1883", "--tcp", "tcp:1884:interface=127.0.0.1"), reactor)
+    service.startService()
+    ports = [(port, interface) for port, _, _, interface in reactor.tcpServers]
+    assert ports == [(1883, ""), (1884, "127.0.0.1")]
+    service.stopService()
+
+
+def test_config_file_sets_every_section(tmp_path):
+    path = write(
+        tmp_path,
+        """
+        [listeners]
+        tcp = ["2883"]
+        [limits]
+        max_packet_size = 4096
+        connect_timeout = 3
+        max_inflight_messages = 5
+        [mqtt]
+        retry_interval = 7.5
+        queue_qos0_messages = true
+        max_qos = 1
+        """,
+    )
+    s = parse("--config", path).settings
+    assert s["listeners.tcp"] == ["2883"]
+    assert s["limits.max_packet_size"] == 4096
+    assert s["limits.connect_timeout"] == 3.0
+    assert s["mqtt.retry_interval"] == 7.5
+    assert s["mqtt.queue_qos0_messages"] is True
+    router = makeService(parse("--config", path), MemoryReactor()).router
+    assert router.limits.max_inflight_messages == 5
+    assert router.max_qos == 1
+
+
+def test_flags_win_over_the_file(tmp_path):
+    path = write(tmp_path, '[listeners]\ntcp = ["2883"]\n[limits]\nmax_packet_size = 4096\n')
+    s = parse("--config", path, "--tcp", "3883", "--max-packet-size", "8192").settings
+    assert s["listeners.tcp"] == ["3883"]
+    assert s["limits.max_packet_size"] == 8192
+
+
+def test_every_key_but_listener_lists_has_a_flag():
+    flags = {o[0] for o in Options.optParameters} | {o[0] for o in Options.optFlags}
+    for key in config.KEYS:
+        if key.type is list:
+            assert hasattr(Options, f"opt_{key.name}")
+        else:
+            assert key.flag in flags
+
+
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ("[limits]\nmax_pakcet_size = 10\n", "unknown key limits.max_pakcet_size"),
+        ("[limit]\nmax_packet_size = 10\n", "unknown section [limit]"),
+        ('[limits]\nmax_packet_size = "big"\n', "limits.max_packet_size must be an integer"),
+        ("[limits]\nconnect_timeout = true\n", "limits.connect_timeout must be a number"),
+        ("[listeners]\ntcp = 1883\n", "listeners.tcp must be a list of strings"),
+        ('[listeners]\ntcp = ["nonsense:1"]\n', "listeners.tcp: 'nonsense:1'"),
+        ("[mqtt]\nmax_qos = 3\n", "mqtt.max_qos must be at most 2"),
+        ("[limits]\nmax_inflight_messages = 0\n", "limits.max_inflight_messages must be at least 1"),
+        ("limits = 3\n", "limits must be a table"),
+        ("[limits\n", "not valid TOML"),
+    ],
+)
+def test_bad_config_stops_with_one_line_naming_the_key(tmp_path, text, message):
+    path = write(tmp_path, text)
+    with pytest.raises(SystemExit) as exc:
+        parse("--config", path)
+    line = str(exc.value.code)
+    assert "\n" not in line
+    assert message in line
+    assert path in line or "listeners.tcp" in line
+
+
+def test_missing_config_file_names_the_file(tmp_path):
+    with pytest.raises(SystemExit) as exc:
+        parse("--config", str(tmp_path / "absent.toml"))
+    assert "absent.toml: cannot read" in str(exc.value.code)
+
+
+def test_bad_flag_value_is_a_usage_error():
+    with pytest.raises(usage.UsageError, match="--max-packet-size must be an integer"):
+        parse("--max-packet-size", "lots")
+    with pytest.raises(usage.UsageError, match="at least 1"):
+        parse("--max-packet-size", "0")
+
+
+# The real thing, as an operator runs it
+
+
+def test_twistd_lists_the_plugin():
+    out = subprocess.run(
+        [str(TWISTD), "--help"], capture_output=True, text=True, cwd=REPO, timeout=60
+    )
+    assert "mqttgw" in out.stdout
+
+
+def test_twistd_bad_config_exits_nonzero_with_the_key_named(tmp_path):
+    path = write(tmp_path, "[limits]\nmax_packet_size = -5\n")
+    out = subprocess.run(
+        [str(TWISTD), "-n", "--pidfile=", "mqttgw", "--config", path],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=60,
+    )
+    assert out.returncode != 0
+    assert "limits.max_packet_size must be at least 1" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_sigterm_shuts_down_cleanly(tmp_path):
+    gw = Gateway(tmp_path)
+    # twistd stops the reactor, then re-raises SIGTERM as its exit status.
+    assert gw.stop(signal.SIGTERM) in (0, -signal.SIGTERM)
+    assert "Server Shut Down." in gw.log()
+    assert "Traceback" not in gw.log()
+
+
+def test_port_in_use_fails_start_up_with_a_message(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    first = Gateway(tmp_path / "a")
+    try:
+        out = subprocess.run(
+            [str(TWISTD), "-n", "--pidfile=", "mqttgw", "--tcp", f"tcp:{first.port}:interface=127.0.0.1"],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path / "b",
+            timeout=60,
+            env={"PYTHONPATH": str(REPO), "PATH": str(TWISTD.parent)},
+        )
+        assert out.returncode != 0
+        assert "Address already in use" in out.stdout + out.stderr
+    finally:
+        first.stop()
+
+
+def test_python_is_the_one_running_the_tests():
+    # The gateway helper runs the twistd beside this interpreter.
+    assert TWISTD.parent == type(TWISTD)(sys.executable).parent
