@@ -405,3 +405,18 @@ def test_mutated_valid_packets_raise_nothing_but_protocol_violation(
         feed_bytewise(bytes(data), strict)
     except ProtocolViolation:
         pass
+
+
+def test_subscribe_requested_qos_3_is_a_violation_for_v31_too():
+    with pytest.raises(ProtocolViolation, match="requested QoS"):
+        feed_whole(b"\x82\x06\x00\x01\x00\x01a\x03", strict=False)
+
+
+def test_v31_tolerates_unused_bits_set_in_fixed_headers():
+    # MQTT 3.1 says unused bits "should" be zero; old clients set DUP on acks.
+    assert feed_whole(b"\x4a\x02\x00\x01", strict=False) == [P.Puback(1)]
+
+
+def test_topic_name_over_64k_cannot_be_encoded():
+    with pytest.raises(ValueError, match="65535"):
+        P.Publish("x" * 65536).encode()

@@ -39,3 +39,21 @@ def test_systemd_unit_runs_the_plugin_with_the_config_file():
 def test_no_package_init_hides_twisted_plugins():
     assert not (REPO / "twisted" / "__init__.py").exists()
     assert not (REPO / "twisted" / "plugins" / "__init__.py").exists()
+
+
+CONFORMANCE_FILES = {
+    "tf": "test_framing.py",
+    "tp": "test_protocol.py",
+    "tt": "test_topics.py",
+    "paho": "test_interop_paho.py",
+    "mc": "test_interop_mosquitto_clients.py",
+}
+
+
+def test_conformance_map_names_only_tests_that_exist():
+    text = (REPO / "tests" / "CONFORMANCE.md").read_text()
+    references = re.findall(r"\b(tf|tp|tt|paho|mc)::(test_\w+)", text)
+    assert len(references) > 100
+    for prefix, name in references:
+        source = (REPO / "tests" / CONFORMANCE_FILES[prefix]).read_text()
+        assert f"def {name}(" in source, f"{prefix}::{name}"

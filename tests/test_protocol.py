@@ -779,3 +779,72 @@ def test_max_connections_refuses_beyond_the_limit():
     broker.client()
     assert broker.factory.buildProtocol(None) is None
     assert broker.router.stats.connections_refused == 1
+
+
+# Further statements of the specification
+
+
+def test_qos2_duplicate_is_detected_by_message_id_not_by_dup_flag(broker):
+    # DUP is only a hint: a re-send without it is still the same message.
+    sub = subscribed(broker, "s", ("a", 2))
+    pub = connected(broker, "p")
+    pub.send(P.Publish("a", b"x", 2, message_id=4), P.Publish("a", b"x", 2, message_id=4))
+    assert pub.received() == [P.Pubrec(4), P.Pubrec(4)]
+    assert len(publishes(sub.received())) == 1
+
+
+def test_qos1_duplicate_is_republished_and_acknowledged_again(broker):
+    sub = subscribed(broker, "s", ("a", 1))
+    pub = connected(broker, "p")
+    pub.send(P.Publish("a", b"x", 1, message_id=4), P.Publish("a", b"x", 1, dup=True, message_id=4))
+    assert pub.received() == [P.Puback(4), P.Puback(4)]
+    assert len(publishes(sub.received())) == 2
+
+
+def test_zero_length_payload_is_a_valid_publish(broker):
+    sub = subscribed(broker, "s", ("a", 1))
+    pub = connected(broker, "p")
+    pub.send(P.Publish("a", b"", 1, message_id=1))
+    assert publishes(sub.received()) == [("a", b"", 1)]
+
+
+def test_client_and_server_message_ids_are_independent(broker):
+    client = subscribed(broker, "c", ("a", 1))
+    client.send(P.Publish("a", b"x", 1, message_id=1))
+    packets = client.received()
+    assert P.Puback(1) in packets
+    [delivered] = [p for p in packets if isinstance(p, P.Publish)]
+    assert delivered.message_id == 1
+    client.send(P.Puback(1))
+    assert broker.router.sessions["c"].inflight == {}
+
+
+def test_wildcard_delivery_carries_the_publishers_topic_name(broker):
+    sub = subscribed(broker, "s", ("sensors/+/temp", 0))
+    pub = connected(broker, "p")
+    pub.send(P.Publish("sensors/7/temp", b"21"))
+    assert publishes(sub.received()) == [("sensors/7/temp", b"21", 0)]
+
+
+def test_keepalive_expiry_keeps_a_persistent_sessions_subscriptions(broker):
+    sub = subscribed(broker, "s", ("a", 1), clean_session=False)
+    sub.protocol.keepalive = 0
+    expiring = connected(broker, "e", clean_session=False, keepalive=2)
+    expiring.send(P.Subscribe(1, [("a", 1)]))
+    broker.clock.advance(3.1)
+    assert expiring.closed
+    assert broker.router.sessions["e"].subscriptions == {"a": 1}
+
+
+def test_disconnect_of_a_clean_session_discards_its_state(broker):
+    client = subscribed(broker, "c", ("a", 1))
+    client.send(P.Disconnect())
+    assert client.closed
+    assert "c" not in broker.router.sessions
+    assert broker.router.subscriptions.match("a") == ()
+
+
+def test_unsubscribe_of_an_invalid_filter_is_acknowledged(broker):
+    client = connected(broker, "c")
+    client.send(P.Unsubscribe(2, ["a/#/b"]))
+    assert client.received() == [P.Unsuback(2)]
