@@ -7,6 +7,7 @@ clock.  Anything that is not a well-formed packet raises
 import struct
 
 from mqttgw import packets as P
+from mqttgw.packets import Publish
 
 _unpack_u16 = struct.Struct(">H").unpack_from
 
@@ -253,7 +254,39 @@ class Framer:
                             f"{P.PACKET_NAMES[packet_type]} fixed header flags"
                             f" {flags:#x} are reserved"
                         )
-                packet = decode(flags, data, pos, end, self.strict)
+                if packet_type == 3:
+                    # PUBLISH, the hot path, decoded inline.
+                    qos = (flags >> 1) & 3
+                    tend = pos + 2 + ((data[pos] << 8) | data[pos + 1])
+                    if tend > end:
+                        raise ProtocolViolation("topic runs past end of packet")
+                    try:
+                        topic = data[pos + 2 : tend].decode("utf-8")
+                    except UnicodeDecodeError:
+                        raise ProtocolViolation("string is not valid UTF-8") from None
+                    if qos == 0:
+                        if flags & 8 and self.strict:
+                            raise ProtocolViolation("DUP set on a QoS 0 PUBLISH")
+                        packet = Publish(topic, data[tend:end], 0, flags & 1 == 1)
+                        if flags == 0:
+                            # Forwarded at QoS 0, the packet is these very bytes.
+                            packet._frame0 = data[offset:end]
+                    else:
+                        if qos == 3:
+                            raise ProtocolViolation("PUBLISH with QoS 3")
+                        if tend + 2 > end:
+                            raise ProtocolViolation("packet truncated")
+                        mid = (data[tend] << 8) | data[tend + 1]
+                        if mid == 0:
+                            raise ProtocolViolation("message id 0 is reserved")
+                        packet = Publish(
+                            topic, data[tend + 2 : end], qos, flags & 1 == 1,
+                            flags & 8 == 8, mid,
+                        )
+                    if self.strict and "\x00" in topic:
+                        raise ProtocolViolation("string contains U+0000")
+                else:
+                    packet = decode(flags, data, pos, end, self.strict)
                 offset = end
                 yield packet
         except (IndexError, ValueError, struct.error) as e:

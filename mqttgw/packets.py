@@ -155,17 +155,28 @@ class Publish:
     retain = attr.ib(default=False)
     dup = attr.ib(default=False)
     message_id = attr.ib(default=None)
-    # Encoded topic string, cached so a fan-out encodes it once.
+    # Encoded topic string, and the whole QoS 0 delivery, cached so a
+    # fan-out encodes them once.
     _topic_wire = attr.ib(default=None, eq=False, repr=False)
+    _frame0 = attr.ib(default=None, eq=False, repr=False)
 
     packet_type = PUBLISH
 
     def frame(self, qos, message_id=None, retain=False, dup=False):
         """
-        Wire bytes of this message delivered at ``qos``.  The fixed header
-        and topic are encoded once per message and reused for every
-        subscriber; only the message id differs between deliveries.
+        Wire bytes of this message delivered at ``qos``.  The topic is
+        encoded once per message and a QoS 0 delivery once in all, however
+        many subscribers it goes to; only the message id differs between
+        QoS 1/2 deliveries.
         """
+        if not qos and not retain and not dup:
+            frame = self._frame0
+            if frame is None:
+                frame = self._frame0 = self._encode(0, None, False, False)
+            return frame
+        return self._encode(qos, message_id, retain, dup)
+
+    def _encode(self, qos, message_id, retain, dup):
         topic_wire = self._topic_wire
         if topic_wire is None:
             topic_wire = self._topic_wire = encode_string(self.topic)

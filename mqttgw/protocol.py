@@ -45,10 +45,12 @@ class MQTTServerProtocol(Protocol):
     protocol_level = None
     keepalive = 0
 
-    def __init__(self, router, limits, clock):
+    def __init__(self, router, limits, clock, flusher):
         self.router = router
         self.limits = limits
         self.clock = clock
+        self._flusher = flusher
+        self._out = []
         self.framer = Framer(limits.max_packet_size)
         self.peer = "?"
         self._last_received = 0.0
@@ -57,6 +59,9 @@ class MQTTServerProtocol(Protocol):
     # Connection life
 
     def connectionMade(self):
+        # Writes are already batched per reactor turn; Nagle would only delay.
+        if hasattr(self.transport, "setTcpNoDelay"):
+            self.transport.setTcpNoDelay(True)
         peer = self.transport.getPeer()
         host = getattr(peer, "host", None)
         self.peer = f"{host}:{peer.port}" if host else str(peer)
@@ -97,9 +102,23 @@ class MQTTServerProtocol(Protocol):
                 peer=self.peer,
             )
             self._close(publish_will=True)
+        self._flusher.flush()
 
     def write(self, data):
-        self.transport.write(data)
+        """
+        Queue bytes for this connection.  Everything written while handling
+        one read (or one timer) goes out in a single transport write.
+        """
+        out = self._out
+        if not out:
+            self._flusher.mark(self)
+        out.append(data)
+
+    def flush(self):
+        out = self._out
+        if out:
+            self._out = []
+            self.transport.write(out[0] if len(out) == 1 else b"".join(out))
 
     def protocol_error(self, reason):
         """Log, count and close: the peer broke the protocol."""
@@ -139,7 +158,8 @@ class MQTTServerProtocol(Protocol):
         self.router.stats.connections_refused += 1
         self.state = CLOSED
         self._cancel_timer()
-        self.transport.write(P.Connack(return_code).encode())
+        self.write(P.Connack(return_code).encode())
+        self.flush()
         self.transport.loseConnection()
 
     # Timers
@@ -231,7 +251,7 @@ class MQTTServerProtocol(Protocol):
         )
         self.session = session
         self.state = CONNECTED
-        self.transport.write(
+        self.write(
             P.Connack(
                 P.CONNACK_ACCEPTED, present and level == P.MQTT_311
             ).encode()
@@ -265,7 +285,7 @@ class MQTTServerProtocol(Protocol):
             router.publish(packet)
         elif qos == 1:
             router.publish(packet)
-            self.transport.write(_PUBACK(packet.message_id).encode())
+            self.write(_PUBACK(packet.message_id).encode())
         else:
             awaiting = self.session.awaiting_pubrel
             mid = packet.message_id
@@ -273,7 +293,7 @@ class MQTTServerProtocol(Protocol):
             if mid not in awaiting:
                 router.publish(packet)
                 awaiting.add(mid)
-            self.transport.write(_PUBREC(mid).encode())
+            self.write(_PUBREC(mid).encode())
 
     def handle_PUBACK(self, packet):
         if self.state is not CONNECTED:
@@ -289,7 +309,7 @@ class MQTTServerProtocol(Protocol):
         if self.state is not CONNECTED:
             return self.protocol_error("PUBREL before CONNECT")
         self.session.awaiting_pubrel.discard(packet.message_id)
-        self.transport.write(_PUBCOMP(packet.message_id).encode())
+        self.write(_PUBCOMP(packet.message_id).encode())
 
     def handle_PUBCOMP(self, packet):
         if self.state is not CONNECTED:
@@ -318,19 +338,19 @@ class MQTTServerProtocol(Protocol):
             codes.append(topic_filter)
         granted = iter(self.router.subscribe(self.session, accepted))
         suback = [P.SUBACK_FAILURE if c is None else next(granted) for c in codes]
-        self.transport.write(P.Suback(packet.message_id, suback).encode())
+        self.write(P.Suback(packet.message_id, suback).encode())
         self.router.send_retained(self.session, [f for f, _ in accepted])
 
     def handle_UNSUBSCRIBE(self, packet):
         if self.state is not CONNECTED:
             return self.protocol_error("UNSUBSCRIBE before CONNECT")
         self.router.unsubscribe(self.session, packet.topics)
-        self.transport.write(P.Unsuback(packet.message_id).encode())
+        self.write(P.Unsuback(packet.message_id).encode())
 
     def handle_PINGREQ(self, packet):
         if self.state is not CONNECTED:
             return self.protocol_error("PINGREQ before CONNECT")
-        self.transport.write(P.PINGRESP_WIRE)
+        self.write(P.PINGRESP_WIRE)
 
     def handle_DISCONNECT(self, packet):
         if self.state is not CONNECTED:
@@ -340,6 +360,7 @@ class MQTTServerProtocol(Protocol):
         self._cancel_timer()
         # A clean DISCONNECT discards the will.
         self._end_session(publish_will=False)
+        self.flush()
         self.transport.loseConnection()
 
     def _unexpected(self, packet):
@@ -356,6 +377,35 @@ MQTTServerProtocol._handlers = {
 }
 
 
+class Flusher:
+    """
+    Connections with output waiting.  They are flushed when the read that
+    produced the output has been handled, or on the next reactor turn for
+    output produced by timers, so a fan-in of many packets costs each
+    subscriber one transport write rather than one per message.
+    """
+
+    def __init__(self, clock):
+        self.clock = clock
+        self.pending = []
+        self._call = None
+
+    def mark(self, connection):
+        self.pending.append(connection)
+        if self._call is None:
+            self._call = self.clock.callLater(0, self._run)
+
+    def _run(self):
+        self._call = None
+        self.flush()
+
+    def flush(self):
+        while self.pending:
+            pending, self.pending = self.pending, []
+            for connection in pending:
+                connection.flush()
+
+
 class MQTTServerFactory(Factory):
     """One factory, shared by every listener, feeding the one router."""
 
@@ -365,6 +415,7 @@ class MQTTServerFactory(Factory):
         self.router = router
         self.limits = limits
         self.clock = clock
+        self.flusher = Flusher(clock)
 
     def buildProtocol(self, addr):
         if self.router.stats.connections >= self.limits.max_connections:
@@ -375,4 +426,4 @@ class MQTTServerFactory(Factory):
             )
             self.router.stats.connections_refused += 1
             return None
-        return MQTTServerProtocol(self.router, self.limits, self.clock)
+        return MQTTServerProtocol(self.router, self.limits, self.clock, self.flusher)

@@ -59,6 +59,9 @@ class FakeClient:
 
     def received(self):
         """Packets the broker has written since the last call."""
+        # Output made outside a read (timers, other connections ending) is
+        # flushed on the next reactor turn.
+        self.broker.clock.advance(0)
         data = self.transport.value()
         self.transport.clear()
         return list(self._framer.feed(data))

@@ -1,0 +1,184 @@
+"""
+The brokers under test, each started on a free loopback port with the same
+limits: mqttgw (this repository), mosquitto (Debian package) and amqtt
+(PyPI, in a virtual environment of its own, as its dependencies are pinned
+differently from ours).
+"""
+
+import os
+import resource
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+REPO = BENCH.parent
+AMQTT_VENV = BENCH / ".amqtt-venv"
+
+# The same in-flight window and queue bounds for every broker.
+MAX_INFLIGHT = 20
+MAX_QUEUED = 10_000
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _raise_fd_limit():
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 65536)), hard))
+
+
+def ensure_mosquitto():
+    path = shutil.which("mosquitto") or (
+        "/usr/sbin/mosquitto" if os.path.exists("/usr/sbin/mosquitto") else None
+    )
+    if path:
+        return path
+    if os.geteuid() == 0 and shutil.which("apt-get"):
+        print("installing mosquitto with apt-get ...", flush=True)
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
+        subprocess.run(
+            ["apt-get", "install", "-y", "-qq", "mosquitto"], check=True, env=env
+        )
+        return ensure_mosquitto()
+    raise SystemExit("bench: mosquitto is not installed (apt-get install mosquitto)")
+
+
+def ensure_amqtt():
+    amqtt = AMQTT_VENV / "bin" / "amqtt"
+    if not amqtt.exists():
+        print(f"installing amqtt into {AMQTT_VENV} ...", flush=True)
+        subprocess.run([sys.executable, "-m", "venv", str(AMQTT_VENV)], check=True)
+        subprocess.run(
+            [str(AMQTT_VENV / "bin" / "pip"), "install", "-q", "amqtt"], check=True
+        )
+    return amqtt
+
+
+class Broker:
+    name = None
+    # MQTT 3.1 clients are not accepted by every broker; 3.1.1 is.
+    def __init__(self, workdir, cpu=None):
+        self.workdir = Path(workdir) / self.name
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.cpu = cpu
+        self.process = None
+
+    def command(self):
+        raise NotImplementedError
+
+    def start(self):
+        log = open(self.workdir / "broker.log", "wb")
+        cpu = self.cpu
+
+        def setup():
+            _raise_fd_limit()
+            if cpu is not None:
+                os.sched_setaffinity(0, {cpu})
+
+        self.process = subprocess.Popen(
+            self.command(),
+            cwd=self.workdir,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            preexec_fn=setup,
+            env=dict(os.environ, PYTHONPATH=str(REPO)),
+        )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(
+                    f"{self.name} exited: {(self.workdir / 'broker.log').read_text()}"
+                )
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return self
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError(f"{self.name} did not start listening")
+
+    def rss_kib(self):
+        """Resident memory of the broker process, in KiB."""
+        with open(f"/proc/{self.process.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+        return 0
+
+    def cpu_seconds(self):
+        """User and system CPU time the broker has used so far."""
+        with open(f"/proc/{self.process.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def stop(self):
+        if self.process and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+class Mqttgw(Broker):
+    name = "mqttgw"
+
+    def command(self):
+        twistd = Path(sys.executable).parent / "twistd"
+        return [
+            str(twistd), "-n", "--pidfile=", "--logfile=broker-twistd.log", "mqttgw",
+            "--tcp", f"tcp:{self.port}:interface=127.0.0.1",
+            "--max-inflight-messages", str(MAX_INFLIGHT),
+            "--max-queued-messages", str(MAX_QUEUED),
+            "--max-connections", "50000",
+        ]
+
+
+class Mosquitto(Broker):
+    name = "mosquitto"
+
+    def command(self):
+        conf = self.workdir / "mosquitto.conf"
+        conf.write_text(
+            f"listener {self.port} 127.0.0.1\n"
+            "allow_anonymous true\n"
+            "set_tcp_nodelay true\n"
+            f"max_inflight_messages {MAX_INFLIGHT}\n"
+            f"max_queued_messages {MAX_QUEUED}\n"
+            "persistence false\n"
+            "max_connections -1\n"
+            "log_dest stdout\n"
+            "log_type error\n"
+            "log_type warning\n"
+        )
+        return [ensure_mosquitto(), "-c", str(conf)]
+
+
+class Amqtt(Broker):
+    name = "amqtt"
+
+    def command(self):
+        conf = self.workdir / "amqtt.yaml"
+        conf.write_text(
+            "listeners:\n"
+            "  default:\n"
+            "    type: tcp\n"
+            f"    bind: 127.0.0.1:{self.port}\n"
+            "    max_connections: 50000\n"
+            "plugins:\n"
+            "  amqtt.plugins.authentication.AnonymousAuthPlugin:\n"
+            "    allow_anonymous: true\n"
+        )
+        return [str(ensure_amqtt()), "-c", str(conf)]
+
+
+BROKERS = {b.name: b for b in (Mqttgw, Mosquitto, Amqtt)}

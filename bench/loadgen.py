@@ -1,0 +1,347 @@
+"""
+The load generator: raw blocking sockets, packets encoded in advance, one
+process per MQTT client.  Publishers keep the number of messages sent but
+not yet received by every subscriber under a window (closed loop), so no
+broker is pushed past its queues; subscribers count and acknowledge.
+Counters are shared between the processes through ``multiprocessing``
+arrays.
+"""
+
+import os
+import select
+import socket
+import struct
+import time
+
+from mqttgw import packets as P
+
+_u16 = struct.Struct(">H")
+
+
+def connect(port, client_id, keepalive=0, clean_session=True):
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.sendall(
+        P.Connect(
+            client_id=client_id, keepalive=keepalive, clean_session=clean_session
+        ).encode()
+    )
+    connack = _recv_exact(sock, 4)
+    if connack[:2] != b"\x20\x02" or connack[3] != 0:
+        raise RuntimeError(f"{client_id}: CONNECT refused: {connack!r}")
+    return sock
+
+
+def _recv_exact(sock, n):
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise ConnectionError("broker closed the connection")
+        data += chunk
+    return data
+
+
+def subscribe(sock, topic_filter, qos):
+    sock.sendall(P.Subscribe(1, [(topic_filter, qos)]).encode())
+    suback = _recv_exact(sock, 5)
+    if suback[0] != 0x90 or suback[4] != qos:
+        raise RuntimeError(f"SUBSCRIBE refused: {suback!r}")
+
+
+def packet_size(topic, payload_size, qos):
+    return len(P.Publish(topic, b"x" * payload_size, qos, message_id=1).encode())
+
+
+class Shared:
+    """Counters shared by the clients of one scenario run."""
+
+    def __init__(self, ctx, publishers, subscribers):
+        self.sent = ctx.RawArray("q", publishers)
+        self.received = ctx.RawArray("q", subscribers)
+        # Each subscriber (and the probe) sets its own flag when subscribed;
+        # publishers start when the runner sets ``go``.
+        self.ready = ctx.RawArray("b", subscribers + 1)
+        self.go = ctx.RawValue("i", 0)
+        self.stop = ctx.RawValue("i", 0)
+        # perf_counter_ns of the first and last message each subscriber got
+        self.first = ctx.RawArray("q", subscribers)
+        self.last = ctx.RawArray("q", subscribers)
+        self.errors = ctx.RawValue("i", 0)
+
+    def outstanding(self):
+        received = self.received
+        return sum(self.sent) - min(received[i] for i in range(len(received)))
+
+
+def publisher(port, index, topic, qos, payload_size, shared, window, batch, rate, inflight):
+    """
+    Publish until told to stop; QoS 1/2 flows are completed.  At most
+    ``inflight`` QoS 1/2 messages are unacknowledged at once, as a client
+    library's in-flight window would allow (mosquitto acknowledges and
+    discards what a v3 client sends beyond its own window).
+    """
+    try:
+        sock = connect(port, f"bench-pub-{index}-{os.getpid()}")
+        payload = b"x" * payload_size
+        if qos == 0:
+            block = P.Publish(topic, payload).encode() * batch
+            frames = None
+        else:
+            # Every message id encoded in advance: 1..65535, back to back.
+            frames = b"".join(
+                P.Publish(topic, payload, qos, message_id=m).encode()
+                for m in range(1, 65536)
+            )
+            size = len(frames) // 65535
+        ack_window = inflight
+        sent = acked = 0
+        mid_index = 0
+        pending = b""
+        shared_sent = shared.sent
+        while not shared.go.value:
+            time.sleep(0.001)
+        started = time.perf_counter()
+        while not shared.stop.value:
+            room = window - shared.outstanding()
+            if qos:
+                room = min(room, ack_window - (sent - acked))
+            if rate:
+                room = min(room, int(rate * (time.perf_counter() - started)) - sent)
+            n = min(batch, room)
+            if n <= 0 and not rate and qos == 0:
+                time.sleep(0)
+            if n > 0:
+                if qos == 0:
+                    sock.sendall(block if n == batch else block[: n * (len(block) // batch)])
+                else:
+                    end = mid_index + n
+                    if end <= 65535:
+                        sock.sendall(frames[mid_index * size : end * size])
+                    else:
+                        sock.sendall(
+                            frames[mid_index * size :] + frames[: (end - 65535) * size]
+                        )
+                    mid_index = end % 65535
+                sent += n
+                shared_sent[index] = sent
+            wait = 0 if n > 0 and qos == 0 else 0.0005
+            if qos or n <= 0:
+                readable, _, _ = select.select([sock], [], [], wait)
+                if readable:
+                    data = pending + sock.recv(1 << 20)
+                    whole = len(data) - len(data) % 4
+                    pending = data[whole:]
+                    if qos == 1:
+                        acked += whole // 4
+                    else:
+                        replies = []
+                        for o in range(0, whole, 4):
+                            if data[o] == 0x50:  # PUBREC -> PUBREL
+                                replies.append(b"\x62\x02" + data[o + 2 : o + 4])
+                            elif data[o] == 0x70:  # PUBCOMP
+                                acked += 1
+                        if replies:
+                            sock.sendall(b"".join(replies))
+        # Let the last flows complete before disconnecting.
+        deadline = time.perf_counter() + 10
+        while qos and acked < sent and time.perf_counter() < deadline:
+            readable, _, _ = select.select([sock], [], [], 0.05)
+            if readable:
+                data = pending + sock.recv(1 << 20)
+                whole = len(data) - len(data) % 4
+                pending = data[whole:]
+                replies = []
+                for o in range(0, whole, 4):
+                    if data[o] == 0x40 or data[o] == 0x70:
+                        acked += 1
+                    elif data[o] == 0x50:
+                        replies.append(b"\x62\x02" + data[o + 2 : o + 4])
+                if replies:
+                    sock.sendall(b"".join(replies))
+        sock.sendall(P.Disconnect().encode())
+        sock.close()
+    except Exception as e:
+        shared.errors.value += 1
+        print(f"publisher {index}: {e!r}", flush=True)
+
+
+def subscriber(port, index, topic_filter, qos, psize, shared):
+    """Count (and acknowledge) messages until told to stop and drained."""
+    try:
+        sock = connect(port, f"bench-sub-{index}-{os.getpid()}")
+        subscribe(sock, topic_filter, qos)
+        shared.ready[index] = 1
+        received = 0
+        buffered = b""
+        first = 0
+        recv = sock.recv
+        counts = shared.received
+        last = 0
+        while True:
+            readable, _, _ = select.select([sock], [], [], 0.2)
+            if not readable:
+                if shared.stop.value and received >= sum(shared.sent):
+                    break
+                if shared.stop.value == 2:  # drain timed out
+                    break
+                continue
+            data = recv(1 << 20)
+            if not data:
+                break
+            now = time.perf_counter_ns()
+            if not first:
+                first = now
+                shared.first[index] = now
+            last = now
+            if qos == 0:
+                # Every packet has the same size: count by bytes.
+                data = buffered + data if buffered else data
+                n, rest = divmod(len(data), psize)
+                buffered = data[len(data) - rest :] if rest else b""
+                received += n
+                if len(data) < 16384:
+                    # Let small writes pile up rather than waking per
+                    # segment, so the load generator stays cheap.
+                    time.sleep(0.0002)
+            else:
+                data = buffered + data if buffered else data
+                acks = []
+                o = 0
+                end = len(data)
+                while o + 2 <= end:
+                    first_byte = data[o]
+                    length = data[o + 1]
+                    h = 2
+                    if length & 0x80:
+                        if o + 3 > end:
+                            break
+                        length = (length & 0x7F) | (data[o + 2] << 7)
+                        h = 3
+                    if o + h + length > end:
+                        break
+                    kind = first_byte >> 4
+                    if kind == 3:
+                        tlen = (data[o + h] << 8) | data[o + h + 1]
+                        mid = data[o + h + 2 + tlen : o + h + 4 + tlen]
+                        acks.append((b"\x40\x02" if qos == 1 else b"\x50\x02") + mid)
+                        received += 1
+                    elif kind == 6:  # PUBREL -> PUBCOMP
+                        acks.append(b"\x70\x02" + data[o + 2 : o + 4])
+                    o += h + length
+                buffered = data[o:]
+                if acks:
+                    sock.sendall(b"".join(acks))
+            counts[index] = received
+            shared.last[index] = last
+        sock.close()
+    except Exception as e:
+        shared.errors.value += 1
+        print(f"subscriber {index}: {e!r}", flush=True)
+
+
+def probe(port, topic, interval, shared, results):
+    """
+    A low-rate latency probe: publishes its send time on ``topic`` and
+    records, in ``results``, how long each took to come back.
+    """
+    try:
+        sub = connect(port, f"bench-probe-sub-{os.getpid()}")
+        subscribe(sub, topic, 0)
+        pub = connect(port, f"bench-probe-pub-{os.getpid()}")
+        shared.ready[len(shared.ready) - 1] = 1
+        while not shared.go.value:
+            time.sleep(0.001)
+        count = 0
+        buffered = b""
+        next_send = time.perf_counter()
+        while not shared.stop.value and count < len(results):
+            now = time.perf_counter()
+            if now >= next_send:
+                pub.sendall(P.Publish(topic, struct.pack(">q", time.perf_counter_ns())).encode())
+                next_send += interval
+            readable, _, _ = select.select([sub], [], [], max(0, next_send - time.perf_counter()))
+            if readable:
+                data = buffered + sub.recv(65536)
+                arrived = time.perf_counter_ns()
+                size = 2 + 2 + len(topic) + 8
+                whole = len(data) - len(data) % size
+                for o in range(0, whole, size):
+                    sent_ns = struct.unpack_from(">q", data, o + size - 8)[0]
+                    if count < len(results):
+                        results[count] = arrived - sent_ns
+                        count += 1
+                buffered = data[whole:]
+        pub.close()
+        sub.close()
+    except Exception as e:
+        shared.errors.value += 1
+        print(f"probe: {e!r}", flush=True)
+
+
+def hold_connections(port, count, concurrency, results):
+    """
+    Open ``count`` connections (CONNECT, wait for CONNACK) with at most
+    ``concurrency`` handshakes under way; report the rate in ``results``
+    and keep them open until ``results[1]`` is set, then close them.
+    """
+    import resource
+    import selectors
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, count + 1000)), hard))
+    connect_packet = None
+    selector = selectors.DefaultSelector()
+    open_socks = []
+    pending = 0
+    started = time.perf_counter()
+    made = 0
+    failures = 0
+    while made < count or pending:
+        while made < count and pending < concurrency:
+            s = socket.socket()
+            s.setblocking(False)
+            try:
+                s.connect(("127.0.0.1", port))
+            except BlockingIOError:
+                pass
+            connect_packet = P.Connect(client_id=f"idle-{made}", keepalive=0).encode()
+            selector.register(s, selectors.EVENT_WRITE, (connect_packet, b""))
+            made += 1
+            pending += 1
+        for key, events in selector.select(timeout=5):
+            s = key.fileobj
+            packet, got = key.data
+            if events & selectors.EVENT_WRITE and packet is not None:
+                try:
+                    s.send(packet)
+                except OSError:
+                    failures += 1
+                    selector.unregister(s)
+                    s.close()
+                    pending -= 1
+                    continue
+                selector.modify(s, selectors.EVENT_READ, (None, b""))
+            elif events & selectors.EVENT_READ:
+                try:
+                    got += s.recv(4)
+                except OSError:
+                    got = b""
+                if len(got) >= 4 or not got:
+                    selector.unregister(s)
+                    pending -= 1
+                    if got[:2] == b"\x20\x02" and got[3:4] == b"\x00":
+                        open_socks.append(s)
+                    else:
+                        failures += 1
+                        s.close()
+                else:
+                    selector.modify(s, selectors.EVENT_READ, (None, got))
+    elapsed = time.perf_counter() - started
+    results[0] = len(open_socks) / elapsed if elapsed else 0
+    results[2] = len(open_socks)
+    results[3] = failures
+    while not results[1]:
+        time.sleep(0.05)
+    for s in open_socks:
+        s.close()

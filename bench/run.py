@@ -1,0 +1,281 @@
+"""
+Runs the same scenarios against mqttgw, mosquitto and amqtt in one run and
+prints a table of absolute figures and mqttgw's ratios to the others; the
+figures also go to a JSON file.
+
+    python -m bench                     # everything, 10 s per scenario
+    python -m bench --duration 2 --brokers mqttgw mosquitto
+"""
+
+import argparse
+import json
+import multiprocessing
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench import loadgen
+from bench.brokers import BROKERS, MAX_INFLIGHT, MAX_QUEUED
+
+PAYLOAD = 64
+# Messages sent but not yet received by every subscriber, by QoS.  QoS 1/2
+# windows stay well under every broker's queue bound, batches included
+# (mosquitto drops queued QoS 1/2 messages well before max_queued_messages
+# when bursts arrive); QoS 0 is not queued, and a small window would only
+# measure round trips.
+WINDOW = {0: 1000, 1: 100, 2: 100}
+BATCH = {0: 32, 1: 16, 2: 16}
+
+THROUGHPUT = {
+    # name: (publishers, subscribers, qos)
+    "fan-in qos0": (4, 1, 0),
+    "fan-in qos1": (4, 1, 1),
+    "fan-in qos2": (4, 1, 2),
+    "fan-out qos0": (1, 8, 0),
+    "fan-out qos1": (1, 8, 1),
+}
+ALL_SCENARIOS = list(THROUGHPUT) + ["latency", "connections"]
+
+
+def _ctx():
+    return multiprocessing.get_context("fork")
+
+
+def _pin(cpu):
+    if cpu is not None:
+        os.sched_setaffinity(0, {cpu})
+
+
+def run_throughput(broker, publishers, subscribers, qos, duration, rate=None, probe_count=0, cpu=None):
+    """Deliveries per second, lost messages, and probe latencies (ms)."""
+    ctx = _ctx()
+    shared = loadgen.Shared(ctx, publishers, subscribers)
+    psize = loadgen.packet_size("bench/0", PAYLOAD, qos)
+    subs = [
+        ctx.Process(
+            target=_pinned,
+            args=(cpu, loadgen.subscriber, broker.port, i, "bench/+", qos, psize, shared),
+        )
+        for i in range(subscribers)
+    ]
+    pubs = [
+        ctx.Process(
+            target=_pinned,
+            args=(
+                cpu, loadgen.publisher, broker.port, i, f"bench/{i}", qos, PAYLOAD,
+                shared, WINDOW[qos] // publishers, BATCH[qos],
+                (rate / publishers) if rate else None, MAX_INFLIGHT,
+            ),
+        )
+        for i in range(publishers)
+    ]
+    latencies = ctx.RawArray("q", probe_count) if probe_count else None
+    probe = (
+        ctx.Process(
+            target=_pinned,
+            args=(cpu, loadgen.probe, broker.port, "probe/t", 0.01, shared, latencies),
+        )
+        if probe_count
+        else None
+    )
+    for p in subs + ([probe] if probe else []):
+        p.start()
+    need = subscribers + (1 if probe else 0)
+    deadline = time.monotonic() + 30
+    while sum(shared.ready) < need:
+        if time.monotonic() > deadline or shared.errors.value:
+            raise RuntimeError(f"{broker.name}: subscribers not ready")
+        time.sleep(0.01)
+    for p in pubs:
+        p.start()
+    broker_cpu = broker.cpu_seconds()
+    load_cpu = _children_cpu()
+    started = time.perf_counter_ns()
+    shared.go.value = 1
+    time.sleep(duration)
+    shared.stop.value = 1
+    for p in pubs:
+        p.join(30)
+    drain = time.monotonic() + 15
+    while time.monotonic() < drain and any(p.is_alive() for p in subs):
+        time.sleep(0.02)
+    shared.stop.value = 2
+    for p in subs + ([probe] if probe else []):
+        p.join(10)
+        if p.is_alive():
+            p.kill()
+    sent = sum(shared.sent)
+    received = sum(shared.received)
+    last = max(shared.last) or started
+    elapsed = (last - started) / 1e9
+    wall = (time.perf_counter_ns() - started) / 1e9
+    result = {
+        "sent": sent,
+        "delivered": received,
+        "lost": sent * subscribers - received,
+        "per_second": received / elapsed if elapsed > 0 else 0.0,
+        "errors": shared.errors.value,
+        # Share of one core used while the scenario ran (and drained).
+        "broker_cpu": round((broker.cpu_seconds() - broker_cpu) / wall, 2),
+        "load_cpu": round((_children_cpu() - load_cpu) / wall, 2),
+    }
+    if probe_count:
+        values = sorted(v / 1e6 for v in latencies if v > 0)
+        result["probes"] = len(values)
+        if values:
+            result["p50_ms"] = statistics.median(values)
+            result["p99_ms"] = values[min(len(values) - 1, int(len(values) * 0.99))]
+    return result
+
+
+def _children_cpu():
+    t = os.times()
+    return t.children_user + t.children_system
+
+
+def _pinned(cpu, target, *args):
+    _pin(cpu)
+    target(*args)
+
+
+def run_connections(broker, count, cpu=None):
+    ctx = _ctx()
+    results = ctx.RawArray("d", 4)
+    before = broker.rss_kib()
+    p = ctx.Process(target=_pinned, args=(cpu, loadgen.hold_connections, broker.port, count, 200, results))
+    p.start()
+    deadline = time.monotonic() + 300
+    while not results[2] and p.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(1.0)  # let the broker settle after the last CONNACK
+    after = broker.rss_kib()
+    held = int(results[2])
+    results[1] = 1
+    p.join(60)
+    return {
+        "connections": held,
+        "failed": int(results[3]),
+        "connects_per_second": results[0],
+        "rss_before_kib": before,
+        "rss_after_kib": after,
+        "kib_per_connection": (after - before) / held if held else None,
+    }
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--duration", type=float, default=10.0, help="seconds per throughput scenario")
+    parser.add_argument("--brokers", nargs="+", default=list(BROKERS), choices=list(BROKERS))
+    parser.add_argument("--scenarios", nargs="+", default=ALL_SCENARIOS, choices=ALL_SCENARIOS)
+    parser.add_argument("--connections", type=int, default=10_000, help="idle connections to hold")
+    parser.add_argument("--json", default=str(Path(__file__).parent / "results" / "latest.json"))
+    parser.add_argument("--no-pin", action="store_true", help="do not pin broker and load to separate CPUs")
+    args = parser.parse_args(argv)
+
+    cpus = sorted(os.sched_getaffinity(0))
+    broker_cpu, load_cpu = (None, None) if args.no_pin or len(cpus) < 2 else (cpus[0], cpus[1])
+    results = {name: {} for name in args.brokers}
+    # mqttgw first: the latency scenario runs at half its top QoS 0 rate.
+    order = sorted(args.brokers, key=lambda n: n != "mqttgw")
+    latency_rate = None
+    with tempfile.TemporaryDirectory(prefix="mqttgw-bench-") as workdir:
+        for name in order:
+            for scenario in args.scenarios:
+                broker = BROKERS[name](workdir, broker_cpu).start()
+                try:
+                    print(f"{name:10} {scenario} ...", end=" ", flush=True)
+                    if scenario in THROUGHPUT:
+                        pubs, subs, qos = THROUGHPUT[scenario]
+                        r = run_throughput(broker, pubs, subs, qos, args.duration, cpu=load_cpu)
+                        if scenario == "fan-in qos0" and name == "mqttgw":
+                            latency_rate = r["per_second"] / 2
+                        print(
+                            f"{r['per_second']:,.0f}/s lost {r['lost']}"
+                            f" (broker CPU {r['broker_cpu']:.0%}, load CPU {r['load_cpu']:.0%})",
+                            flush=True,
+                        )
+                    elif scenario == "latency":
+                        rate = latency_rate or 10_000
+                        r = run_throughput(
+                            broker, 4, 1, 0, args.duration, rate=rate,
+                            probe_count=int(args.duration * 100), cpu=load_cpu,
+                        )
+                        r["rate"] = rate
+                        print(f"p50 {r.get('p50_ms', 0):.2f} ms p99 {r.get('p99_ms', 0):.2f} ms at {rate:,.0f}/s", flush=True)
+                    else:
+                        r = run_connections(broker, args.connections, cpu=load_cpu)
+                        kib = r["kib_per_connection"]
+                        print(f"{r['connections']} held, {kib if kib is None else round(kib, 1)} KiB each, {r['connects_per_second']:,.0f} connects/s", flush=True)
+                    results[name][scenario] = r
+                finally:
+                    broker.stop()
+
+    report = {
+        "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0], "platform": platform.platform()},
+        "settings": {
+            "payload_bytes": PAYLOAD, "window": WINDOW, "batch": BATCH,
+            "max_inflight": MAX_INFLIGHT, "max_queued": MAX_QUEUED,
+            "duration_s": args.duration, "pinned": broker_cpu is not None,
+        },
+        "results": results,
+    }
+    path = Path(args.json)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2))
+    print()
+    print(table(results))
+    print(f"\nfigures written to {path}")
+    return report
+
+
+def _figure(scenario, r):
+    if r is None:
+        return None
+    if scenario in THROUGHPUT:
+        return r["per_second"]
+    if scenario == "latency":
+        return r.get("p99_ms")
+    return r["kib_per_connection"]
+
+
+def table(results):
+    """Rows: scenario; columns: each broker's figure, then mqttgw's ratios."""
+    names = list(results)
+    others = [n for n in names if n != "mqttgw"]
+    header = ["scenario"] + names + [f"mqttgw/{o}" for o in others if "mqttgw" in names]
+    rows = []
+    scenarios = [s for s in ALL_SCENARIOS if any(s in results[n] for n in names)]
+    for s in scenarios:
+        unit = {"latency": " (p99 ms)", "connections": " (KiB/conn)"}.get(s, " (msg/s)")
+        row = [s + unit]
+        figures = {n: _figure(s, results[n].get(s)) for n in names}
+        for n in names:
+            f = figures[n]
+            lost = results[n].get(s, {}).get("lost")
+            cell = "-" if f is None else (f"{f:,.0f}" if s in THROUGHPUT else f"{f:.2f}")
+            if lost:
+                cell += f" (lost {lost})"
+            row.append(cell)
+        if "mqttgw" in names:
+            for o in others:
+                a, b = figures["mqttgw"], figures[o]
+                row.append(f"{a / b:.2f}" if a and b else "-")
+        rows.append(row)
+    conn = [n for n in names if "connections" in results[n]]
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
+    line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths))  # noqa: E731
+    out = [line(header), line(["-" * w for w in widths])] + [line(r) for r in rows]
+    if conn:
+        out.append("")
+        for n in conn:
+            r = results[n]["connections"]
+            out.append(f"{n}: {r['connections']} idle connections held, {r['connects_per_second']:,.0f} connects/s")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+"""
+The benchmark, smoke-run for a second per scenario against mqttgw and
+mosquitto: it must report a figure for every scenario and lose no QoS 1/2
+message.  No timing is asserted; speed is measured by ``python -m bench``.
+"""
+
+import json
+import os
+
+from bench import run
+from tests.conftest import require_program
+
+
+def test_benchmark_reports_every_figure_and_loses_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", "/usr/sbin:" + os.environ["PATH"])
+    require_program("mosquitto")
+    out = tmp_path / "bench.json"
+    run.main(
+        [
+            "--duration", "1",
+            "--brokers", "mqttgw", "mosquitto",
+            "--connections", "300",
+            "--json", str(out),
+        ]
+    )
+    report = json.loads(out.read_text())
+    for broker in ("mqttgw", "mosquitto"):
+        results = report["results"][broker]
+        assert set(results) == set(run.ALL_SCENARIOS)
+        for scenario, (pubs, subs, qos) in run.THROUGHPUT.items():
+            r = results[scenario]
+            assert r["errors"] == 0, (broker, scenario)
+            assert r["delivered"] > 0 and r["per_second"] > 0, (broker, scenario)
+            if qos or broker == "mqttgw":
+                assert r["lost"] == 0, (broker, scenario, r)
+        latency = results["latency"]
+        assert latency["probes"] > 0 and latency["p99_ms"] >= latency["p50_ms"] > 0
+        connections = results["connections"]
+        assert connections["connections"] == 300
+        assert connections["kib_per_connection"] is not None
+    assert "mqttgw/mosquitto" in run.table(report["results"])
+
+
+def test_benchmark_table_shows_ratios():
+    results = {
+        "mqttgw": {"fan-in qos0": {"per_second": 300.0, "lost": 0}},
+        "mosquitto": {"fan-in qos0": {"per_second": 200.0, "lost": 0}},
+        "amqtt": {"fan-in qos0": {"per_second": 10.0, "lost": 3}},
+    }
+    table = run.table(results)
+    row = [line for line in table.splitlines() if line.startswith("fan-in qos0")][0]
+    assert row.split()[-2:] == ["1.50", "30.00"]
+    assert "(lost 3)" in row
