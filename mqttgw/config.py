@@ -34,7 +34,45 @@ class Key:
 
 # The schema; deploy/mqttgw.toml documents each key.
 KEYS = [
-    Key("listeners", "tcp", list, ["1883"], "TCP listeners: ports or endpoint strings"),
+    Key("listeners", "tcp", list, [], "TCP listener: a port or endpoint string"),
+    Key("listeners", "tls", list, [], "TLS listener: a port or endpoint string"),
+    Key("listeners", "ws", list, [], "WebSocket listener: a port or endpoint string"),
+    Key(
+        "listeners", "wss", list, [], "WebSocket over TLS listener: a port or endpoint string"
+    ),
+    Key("tls", "cert", str, "", "server certificate (PEM), its chain after it"),
+    Key("tls", "key", str, "", "server private key (PEM)"),
+    Key("tls", "ca", str, "", "authorities client certificates are checked against (PEM)"),
+    Key(
+        "tls",
+        "require_client_cert",
+        bool,
+        False,
+        "refuse TLS clients without a certificate signed by tls.ca",
+    ),
+    Key(
+        "tls",
+        "use_identity_as_username",
+        bool,
+        False,
+        "take the MQTT user name from the client certificate's common name",
+    ),
+    Key(
+        "websocket",
+        "trusted_proxies",
+        list,
+        [],
+        "proxy addresses whose X-Forwarded-For names the real client",
+    ),
+    Key(
+        "websocket",
+        "max_message_size",
+        int,
+        1024 * 1024 + 1024,
+        "largest WebSocket message accepted, in bytes",
+        1,
+    ),
+    Key("websocket", "compression", bool, False, "accept permessage-deflate"),
     Key(
         "limits",
         "max_packet_size",
@@ -109,9 +147,13 @@ SECTIONS = sorted({k.section for k in KEYS})
 
 
 def _type_name(t):
-    return {list: "a list of strings", float: "a number", int: "an integer"}.get(
-        t, t.__name__
-    )
+    return {
+        list: "a list of strings",
+        float: "a number",
+        int: "an integer",
+        str: "a string",
+        bool: "true or false",
+    }[t]
 
 
 def check_value(key, value, where):
@@ -177,9 +219,19 @@ class Settings:
         }
 
 
+LISTENERS = [k.path for k in KEYS if k.section == "listeners"]
+DEFAULT_LISTENER = ("listeners.tcp", ["1883"])
+
+
 def build(file_values, flag_values):
-    """Defaults, then the file, then the flags."""
+    """Defaults, then the file, then the flags; with no listener, TCP 1883."""
     values = {k.path: k.default for k in KEYS}
     values.update(file_values)
     values.update(flag_values)
+    if not any(values[path] for path in LISTENERS):
+        values[DEFAULT_LISTENER[0]] = DEFAULT_LISTENER[1]
+    if (values["listeners.tls"] or values["listeners.wss"]) and not (
+        values["tls.cert"] and values["tls.key"]
+    ):
+        raise ConfigError("TLS listeners need tls.cert and tls.key (--cert, --key)")
     return Settings(values)

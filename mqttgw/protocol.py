@@ -14,6 +14,7 @@ from zope.interface import implementer
 
 from mqttgw import packets as P
 from mqttgw.framing import Framer, ProtocolViolation
+from mqttgw.tls import peer_identity
 from mqttgw.topics import InvalidTopic, validate_topic_filter, validate_topic_name
 
 log = Logger()
@@ -44,6 +45,8 @@ class MQTTServerProtocol(Protocol):
     client_id = None
     protocol_level = None
     keepalive = 0
+    username = None
+    identity_as_username = False
 
     def __init__(self, router, limits, clock, flusher):
         self.router = router
@@ -234,6 +237,14 @@ class MQTTServerProtocol(Protocol):
                     "empty client id needs clean session",
                 )
             client_id = self.client_id = f"mqttgw-{uuid.uuid4().hex}"
+        self.username = packet.username
+        if self.identity_as_username:
+            identity = peer_identity(self.transport)
+            if identity is None:
+                return self._refuse(
+                    P.CONNACK_NOT_AUTHORIZED, "no client certificate identity"
+                )
+            self.username = identity
         will = None
         if packet.will_topic is not None:
             try:
@@ -258,9 +269,10 @@ class MQTTServerProtocol(Protocol):
         )
         log.info(
             "client {client_id} connected from {peer} (MQTT {version},"
-            " clean session {clean}, keepalive {keepalive}s)",
+            " clean session {clean}, keepalive {keepalive}s, user {username})",
             client_id=client_id,
             peer=self.peer,
+            username=self.username,
             version="3.1.1" if level == P.MQTT_311 else "3.1",
             clean=packet.clean_session,
             keepalive=packet.keepalive,
@@ -409,13 +421,22 @@ class Flusher:
 class MQTTServerFactory(Factory):
     """One factory, shared by every listener, feeding the one router."""
 
-    def __init__(self, router, limits=ConnectionLimits(), clock=None):
+    def __init__(
+        self,
+        router,
+        limits=ConnectionLimits(),
+        clock=None,
+        flusher=None,
+        identity_as_username=False,
+    ):
         if clock is None:
             from twisted.internet import reactor as clock
         self.router = router
         self.limits = limits
         self.clock = clock
-        self.flusher = Flusher(clock)
+        self.flusher = flusher if flusher is not None else Flusher(clock)
+        # Take the user name from the client certificate (TLS listeners).
+        self.identity_as_username = identity_as_username
 
     def buildProtocol(self, addr):
         if self.router.stats.connections >= self.limits.max_connections:
@@ -426,4 +447,6 @@ class MQTTServerFactory(Factory):
             )
             self.router.stats.connections_refused += 1
             return None
-        return MQTTServerProtocol(self.router, self.limits, self.clock, self.flusher)
+        protocol = MQTTServerProtocol(self.router, self.limits, self.clock, self.flusher)
+        protocol.identity_as_username = self.identity_as_username
+        return protocol

@@ -9,10 +9,14 @@ from twisted.application.service import MultiService
 from twisted.internet.endpoints import serverFromString
 from twisted.python import usage
 
+from twisted.protocols.tls import TLSMemoryBIOFactory
+
 from mqttgw import config
-from mqttgw.protocol import ConnectionLimits, MQTTServerFactory
+from mqttgw.protocol import ConnectionLimits, Flusher, MQTTServerFactory
 from mqttgw.router import Router
 from mqttgw.session import SessionLimits
+from mqttgw.tls import server_options
+from mqttgw.websocket import websocket_site
 
 def endpoint_description(listener):
     """A bare port number means TCP on every interface."""
@@ -24,27 +28,25 @@ def _flag_keys():
 
 
 class Options(usage.Options):
-    synopsis = "[--tcp PORT]... [--config FILE] [options]"
+    synopsis = "[--tcp PORT]... [--ws PORT]... [--tls PORT --cert F --key F]... [options]"
     longdesc = (
-        "Run the mqttgw MQTT broker.  Listener options take a port or a"
-        " Twisted endpoint string and may repeat; with none, it listens on"
-        " TCP port 1883.  Every option has a key in the --config TOML file;"
-        " options given here win over the file."
+        "Run the mqttgw MQTT broker.  Listener options (--tcp, --tls, --ws,"
+        " --wss) take a port or a Twisted endpoint string and may repeat;"
+        " with none, it listens on TCP port 1883.  Every option has a key in"
+        " the --config TOML file; options given here win over the file."
     )
     optParameters = [["config", "c", None, "TOML configuration file"]] + [
         [k.flag, None, None, f"{k.help} [{k.path}, default {k.default}]"]
         for k in _flag_keys()
         if k.type is not bool
     ]
-    optFlags = [[k.flag, None, f"{k.help} [{k.path}]"] for k in _flag_keys() if k.type is bool]
+    optFlags = [
+        [k.flag, None, f"{k.help} [{k.path}]"] for k in _flag_keys() if k.type is bool
+    ]
 
     def __init__(self):
         super().__init__()
-        self.listeners = {"listeners.tcp": []}
-
-    def opt_tcp(self, listener):
-        """TCP listener: a port or endpoint string (repeatable)"""
-        self.listeners["listeners.tcp"].append(listener)
+        self.lists = {}
 
     def _flag_values(self):
         values = {}
@@ -66,9 +68,7 @@ class Options(usage.Options):
                 values[key.path] = config.check_value(key, value, f"--{key.flag}")
             except config.ConfigError as e:
                 raise usage.UsageError(str(e)) from None
-        for path, given in self.listeners.items():
-            if given:
-                values[path] = given
+        values.update(self.lists)
         return values
 
     def postOptions(self):
@@ -77,22 +77,47 @@ class Options(usage.Options):
             from_file = config.load_file(self["config"]) if self["config"] else {}
             settings = config.build(from_file, flags)
             _check_listeners(settings)
+            self.tls_options = _tls_options(settings)
         except config.ConfigError as e:
             # One line naming the problem, not a page of usage.
             sys.exit(f"mqttgw: {e}")
         self.settings = settings
 
 
+def _repeatable(key):
+    def opt(self, value):
+        self.lists.setdefault(key.path, []).append(value)
+
+    opt.__doc__ = f"{key.help} (repeatable) [{key.path}]"
+    return opt
+
+
+# --tcp, --tls, --ws, --wss, --trusted-proxies: one opt_ method each.
+for _key in config.KEYS:
+    if _key.type is list:
+        setattr(Options, "opt_" + _key.name, _repeatable(_key))
+
+
 def _check_listeners(settings):
     from twisted.internet import reactor
 
-    for listener in settings["listeners.tcp"]:
-        try:
-            serverFromString(reactor, endpoint_description(listener))
-        except (ValueError, TypeError, KeyError) as e:
-            raise config.ConfigError(
-                f"listeners.tcp: {listener!r} is not a port or endpoint: {e}"
-            ) from None
+    for path in config.LISTENERS:
+        for listener in settings[path]:
+            try:
+                serverFromString(reactor, endpoint_description(listener))
+            except (ValueError, TypeError, KeyError) as e:
+                raise config.ConfigError(
+                    f"{path}: {listener!r} is not a port or endpoint: {e}"
+                ) from None
+
+
+def _tls_options(settings):
+    if not (settings["listeners.tls"] or settings["listeners.wss"]):
+        return None
+    tls = settings.section("tls")
+    return server_options(
+        tls["cert"], tls["key"], tls["ca"] or None, tls["require_client_cert"]
+    )
 
 
 def build_router(settings, clock):
@@ -118,19 +143,47 @@ def makeService(options, reactor=None):
     settings = options.settings
     router = build_router(settings, reactor)
     limits = settings.section("limits")
-    factory = MQTTServerFactory(
-        router,
-        ConnectionLimits(
-            max_packet_size=limits["max_packet_size"],
-            connect_timeout=limits["connect_timeout"],
-            max_connections=limits["max_connections"],
-        ),
-        reactor,
+    connection_limits = ConnectionLimits(
+        max_packet_size=limits["max_packet_size"],
+        connect_timeout=limits["connect_timeout"],
+        max_connections=limits["max_connections"],
     )
+    # One flusher for the reactor: output of all listeners leaves together.
+    flusher = Flusher(reactor)
+    factory = MQTTServerFactory(router, connection_limits, reactor, flusher)
+    tls_factory = MQTTServerFactory(
+        router,
+        connection_limits,
+        reactor,
+        flusher,
+        identity_as_username=settings["tls.use_identity_as_username"],
+    )
+    ws = settings.section("websocket")
+
+    def site(mqtt_factory):
+        return websocket_site(
+            mqtt_factory,
+            router,
+            reactor,
+            ws["max_message_size"],
+            ws["trusted_proxies"],
+            ws["compression"],
+        )
+
+    def tls(wrapped):
+        return TLSMemoryBIOFactory(options.tls_options, False, wrapped)
+
     top = MultiService()
-    for listener in settings["listeners.tcp"]:
-        strports.service(
-            endpoint_description(listener), factory, reactor=reactor
-        ).setServiceParent(top)
+    listeners = [
+        ("listeners.tcp", lambda: factory),
+        ("listeners.tls", lambda: tls(tls_factory)),
+        ("listeners.ws", lambda: site(factory)),
+        ("listeners.wss", lambda: tls(site(tls_factory))),
+    ]
+    for path, make_factory in listeners:
+        for listener in settings[path]:
+            strports.service(
+                endpoint_description(listener), make_factory(), reactor=reactor
+            ).setServiceParent(top)
     top.router = router
     return top

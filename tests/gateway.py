@@ -14,20 +14,29 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 TWISTD = Path(sys.executable).parent / "twistd"
 
-_LISTENING = re.compile(r"MQTTServerFactory starting on (\d+)")
+def gateway_env():
+    """The environment that runs this checkout's mqttgw, installed or not."""
+    return dict(os.environ, PYTHONPATH=str(REPO))
+
+
+_LISTENING = re.compile(r" starting on (\d+)")
+LISTENER_FLAGS = ("--tcp", "--tls", "--ws", "--wss")
 
 
 class Gateway:
     def __init__(self, workdir, *args, timeout=30):
         self.workdir = Path(workdir)
         self.log_path = self.workdir / "gateway.log"
-        env = dict(os.environ, PYTHONPATH=str(REPO))
+        env = gateway_env()
         self._log = open(self.log_path, "wb")
         command = [str(TWISTD), "-n", "--pidfile=", "--logfile=-", "mqttgw"]
         if "--tcp" not in args:
             command += ["--tcp", "tcp:0:interface=127.0.0.1"]
+        command += list(args)
+        # Wait until every listener is up; the first TCP one gives .port.
+        self._listeners = sum(a in LISTENER_FLAGS for a in command)
         self.process = subprocess.Popen(
-            command + list(args),
+            command,
             cwd=self.workdir,
             env=env,
             stdout=self._log,
@@ -38,9 +47,9 @@ class Gateway:
     def _wait_for_port(self, timeout):
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            found = _LISTENING.search(self.log())
-            if found:
-                return int(found.group(1))
+            found = _LISTENING.findall(self.log())
+            if len(found) >= self._listeners:
+                return int(found[0])
             if self.process.poll() is not None:
                 raise RuntimeError(f"gateway exited early:\n{self.log()}")
             time.sleep(0.05)

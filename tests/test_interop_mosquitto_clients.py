@@ -3,86 +3,25 @@ mosquitto_pub and mosquitto_sub, speaking MQTT 3.1 and 3.1.1, against the
 gateway run by twistd.
 """
 
-import queue
 import signal
 import subprocess
-import threading
-import time
 
 import pytest
 
 from tests.conftest import require_program
+from tests.mosquitto_clients import TIMEOUT, Sub
+from tests.mosquitto_clients import pub as _pub
 
 pytestmark = pytest.mark.parametrize("version", ["mqttv31", "mqttv311"])
-TIMEOUT = 10
 
 
-class Sub:
-    """mosquitto_sub in the background, its output lines read as they come."""
-
-    def __init__(self, gateway, version, *args):
-        # Line-buffered, so each message is seen as it arrives.
-        command = [
-            "stdbuf", "-oL",
-            require_program("mosquitto_sub"),
-            "-h", "127.0.0.1",
-            "-p", str(gateway.port),
-            "-V", version,
-            "-d", "-v",
-            *args,
-        ]
-        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
-        self.lines = queue.Queue()
-        self.debug = []
-        threading.Thread(target=self._read, daemon=True).start()
-        self.wait_for_debug("received SUBACK")
-
-    def _read(self):
-        for line in self.process.stdout:
-            line = line.rstrip("\n")
-            if line.startswith(("Client ", "Subscribed (mid")):
-                self.debug.append(line)
-            else:
-                self.lines.put(line)
-
-    def wait_for_debug(self, text, count=1):
-        deadline = time.monotonic() + TIMEOUT
-        while time.monotonic() < deadline:
-            if sum(text in d for d in self.debug) >= count:
-                return
-            if self.process.poll() is not None and not self.debug:
-                break
-            time.sleep(0.02)
-        raise AssertionError(f"mosquitto_sub never said {text!r}: {self.debug}")
-
-    def messages(self, n):
-        return [self.lines.get(timeout=TIMEOUT) for _ in range(n)]
-
-    def stop(self, sig=signal.SIGTERM):
-        self.process.send_signal(sig)
-        self.process.wait(TIMEOUT)
-
-
-def pub(gateway, version, topic, *args, input=None):
-    subprocess.run(
-        [
-            require_program("mosquitto_pub"),
-            "-h", "127.0.0.1",
-            "-p", str(gateway.port),
-            "-V", version,
-            "-t", topic,
-            *args,
-        ],
-        check=True,
-        timeout=TIMEOUT,
-        input=input,
-        text=True,
-    )
+def pub(gateway, *args, **kwargs):
+    _pub(gateway.port, *args, **kwargs)
 
 
 @pytest.mark.parametrize("qos", [0, 1, 2])
 def test_publish_and_subscribe_at_each_qos(gateway, version, qos):
-    sub = Sub(gateway, version, "-t", "m/#", "-q", str(qos), "-i", "msub")
+    sub = Sub(gateway.port, version, "-t", "m/#", "-q", str(qos), "-i", "msub")
     lines = "\n".join(f"line {i}" for i in range(10)) + "\n"
     pub(gateway, version, "m/lines", "-q", str(qos), "-l", input=lines)
     assert sub.messages(10) == [f"m/lines line {i}" for i in range(10)]
@@ -112,9 +51,9 @@ def test_retained_set_and_clear(gateway, version):
 
 
 def test_will_on_killed_client(gateway, version):
-    watcher = Sub(gateway, version, "-t", "will/#", "-q", "1", "-i", "watcher")
+    watcher = Sub(gateway.port, version, "-t", "will/#", "-q", "1", "-i", "watcher")
     device = Sub(
-        gateway, version, "-t", "nothing", "-i", "device",
+        gateway.port, version, "-t", "nothing", "-i", "device",
         "--will-topic", "will/device", "--will-payload", "gone", "--will-qos", "1",
     )
     device.stop(signal.SIGKILL)
@@ -123,12 +62,12 @@ def test_will_on_killed_client(gateway, version):
 
 
 def test_persistent_session_resumed_with_queued_messages(gateway, version):
-    keeper = Sub(gateway, version, "-t", "q/#", "-q", "2", "-i", "keeper", "-c")
+    keeper = Sub(gateway.port, version, "-t", "q/#", "-q", "2", "-i", "keeper", "-c")
     keeper.stop(signal.SIGKILL)
     pub(gateway, version, "q/a", "-q", "1", "-m", "one")
     pub(gateway, version, "q/b", "-q", "2", "-m", "two")
     pub(gateway, version, "q/c", "-q", "1", "-m", "three")
-    back = Sub(gateway, version, "-t", "q/#", "-q", "2", "-i", "keeper", "-c")
+    back = Sub(gateway.port, version, "-t", "q/#", "-q", "2", "-i", "keeper", "-c")
     got = back.messages(3)
     assert sorted(got) == ["q/a one", "q/b two", "q/c three"]
     assert [g for g in got if g != "q/b two"] == ["q/a one", "q/c three"]
@@ -136,7 +75,7 @@ def test_persistent_session_resumed_with_queued_messages(gateway, version):
 
 
 def test_takeover_closes_the_older_connection(gateway, version):
-    first = Sub(gateway, version, "-t", "tk", "-i", "same")
+    first = Sub(gateway.port, version, "-t", "tk", "-i", "same")
     pub(gateway, version, "tk", "-i", "same", "-m", "hello")
     gateway.wait_for_log("client same taken over")
     # mosquitto_sub noticed the close and connected again.

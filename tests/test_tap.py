@@ -10,7 +10,7 @@ from twisted.python import usage
 
 from mqttgw import config
 from mqttgw.tap import Options, makeService
-from tests.gateway import REPO, TWISTD, Gateway
+from tests.gateway import REPO, TWISTD, Gateway, gateway_env
 
 
 def parse(*args):
@@ -132,7 +132,8 @@ def test_bad_flag_value_is_a_usage_error():
 
 def test_twistd_lists_the_plugin():
     out = subprocess.run(
-        [str(TWISTD), "--help"], capture_output=True, text=True, cwd=REPO, timeout=60
+        [str(TWISTD), "--help"], capture_output=True, text=True, cwd=REPO, timeout=60,
+        env=gateway_env(),
     )
     assert "mqttgw" in out.stdout
 
@@ -145,6 +146,7 @@ def test_twistd_bad_config_exits_nonzero_with_the_key_named(tmp_path):
         text=True,
         cwd=tmp_path,
         timeout=60,
+        env=gateway_env(),
     )
     assert out.returncode != 0
     assert "limits.max_packet_size must be at least 1" in out.stderr
@@ -170,7 +172,7 @@ def test_port_in_use_fails_start_up_with_a_message(tmp_path):
             text=True,
             cwd=tmp_path / "b",
             timeout=60,
-            env={"PYTHONPATH": str(REPO), "PATH": str(TWISTD.parent)},
+            env=gateway_env(),
         )
         assert out.returncode != 0
         assert "Address already in use" in out.stdout + out.stderr

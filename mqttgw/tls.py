@@ -1,0 +1,80 @@
+"""
+TLS for listeners: server options from PEM files (TLS 1.2 and newer), and
+the identity a client certificate carries.
+"""
+
+from OpenSSL import crypto
+from twisted.internet import ssl
+
+from mqttgw.config import ConfigError
+
+
+def _read(path, what):
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise ConfigError(f"{what} {path}: cannot read: {e.strerror}") from None
+
+
+def _certificates(pem, path, what):
+    """Every certificate in a PEM file, in order."""
+    marker = b"-----BEGIN CERTIFICATE-----"
+    blocks = [marker + b for b in pem.split(marker)[1:]]
+    if not blocks:
+        raise ConfigError(f"{what} {path}: no PEM certificate in it")
+    try:
+        return [crypto.load_certificate(crypto.FILETYPE_PEM, b) for b in blocks]
+    except crypto.Error as e:
+        raise ConfigError(f"{what} {path}: not a valid certificate: {e}") from None
+
+
+def server_options(cert, key, ca=None, require_client_cert=False):
+    """
+    ``CertificateOptions`` for a TLS listener.  ``cert`` may hold the
+    server certificate followed by its chain; ``ca`` holds the authorities
+    client certificates are checked against.  Any unreadable or mismatched
+    file is a ConfigError naming it.
+    """
+    chain = _certificates(_read(cert, "tls.cert"), cert, "tls.cert")
+    try:
+        private_key = crypto.load_privatekey(
+            crypto.FILETYPE_PEM, _read(key, "tls.key")
+        )
+    except crypto.Error as e:
+        raise ConfigError(f"tls.key {key}: not a valid private key: {e}") from None
+    authorities = _certificates(_read(ca, "tls.ca"), ca, "tls.ca") if ca else None
+    if require_client_cert and not authorities:
+        raise ConfigError("tls.require_client_cert needs tls.ca")
+    try:
+        options = ssl.CertificateOptions(
+            privateKey=private_key,
+            certificate=chain[0],
+            extraCertChain=chain[1:],
+            verify=bool(authorities),
+            caCerts=authorities,
+            requireCertificate=require_client_cert,
+            raiseMinimumTo=ssl.TLSVersion.TLSv1_2,
+        )
+        # Checks now, not at the first handshake, that key and cert match.
+        options.getContext()
+    except Exception as e:
+        raise ConfigError(
+            f"tls.cert {cert} and tls.key {key} cannot be used together: {e}"
+        ) from None
+    return options
+
+
+def peer_identity(transport):
+    """
+    The common name of the client certificate on ``transport``, or None
+    (no TLS, or no certificate).
+    """
+    get_certificate = getattr(transport, "getPeerCertificate", None)
+    if get_certificate is None:
+        return None
+    certificate = get_certificate()
+    if certificate is None:
+        return None
+    subject = certificate.get_subject()
+    return subject.CN

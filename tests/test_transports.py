@@ -1,0 +1,381 @@
+"""
+TLS and WebSocket listeners feeding the one router, with clients nobody
+here wrote: paho-mqtt over WebSocket and TLS, mosquitto_pub/mosquitto_sub
+over TLS (with and without client certificates).  Certificates are made by
+the tests with trustme.
+"""
+
+import base64
+import json
+import os
+import socket
+import ssl
+import subprocess
+import urllib.request
+
+import pytest
+import trustme
+
+from mqttgw import packets as P
+from mqttgw.framing import Framer
+from tests.conftest import require_program
+from tests.gateway import Gateway
+from tests.mosquitto_clients import Sub, pub
+from tests.paho import PahoClient
+
+LOCAL = "127.0.0.1"
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind((LOCAL, 0))
+        return s.getsockname()[1]
+
+
+def endpoint(port):
+    return f"tcp:{port}:interface={LOCAL}"
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    """A CA, a server certificate for 127.0.0.1, and a client certificate."""
+    ca = trustme.CA()
+    d = tmp_path_factory.mktemp("pki")
+    server = ca.issue_cert(LOCAL, "localhost")
+    client = ca.issue_cert("device-1@example.test", common_name="device-1")
+    files = {
+        "ca": d / "ca.pem",
+        "cert": d / "server.pem",
+        "key": d / "server.key",
+        "client_cert": d / "client.pem",
+        "client_key": d / "client.key",
+    }
+    ca.cert_pem.write_to_path(str(files["ca"]))
+    server.cert_chain_pems[0].write_to_path(str(files["cert"]))
+    for extra in server.cert_chain_pems[1:]:
+        extra.write_to_path(str(files["cert"]), append=True)
+    server.private_key_pem.write_to_path(str(files["key"]))
+    client.cert_chain_pems[0].write_to_path(str(files["client_cert"]))
+    client.private_key_pem.write_to_path(str(files["client_key"]))
+    other = trustme.CA()
+    files["other_ca"] = d / "other-ca.pem"
+    other.cert_pem.write_to_path(str(files["other_ca"]))
+    return {k: str(v) for k, v in files.items()}
+
+
+@pytest.fixture
+def gateway_with(tmp_path):
+    started = []
+
+    def start(*args):
+        gw = Gateway(tmp_path / str(len(started)), *args)
+        started.append(gw)
+        return gw
+
+    (tmp_path / "0").mkdir()
+    for i in range(1, 4):
+        (tmp_path / str(i)).mkdir()
+    yield start
+    for gw in started:
+        gw.stop()
+        assert "Traceback" not in gw.log(), gw.log()
+
+
+def ws_client(port, client_id, version="MQTTv311", path="/mqtt", **kwargs):
+    c = PahoClient(port, client_id, version, transport="websockets", **kwargs)
+    c.client.ws_set_options(path=path)
+    return c
+
+
+def tls_client(port, client_id, pki, version="MQTTv311", client_cert=False):
+    c = PahoClient(port, client_id, version)
+    if client_cert:
+        c.client.tls_set(ca_certs=pki["ca"], certfile=pki["client_cert"], keyfile=pki["client_key"])
+    else:
+        c.client.tls_set(ca_certs=pki["ca"])
+    return c
+
+
+# Every transport, one router
+
+
+def test_a_message_published_on_each_transport_reaches_all_three(gateway_with, pki):
+    ws, tls = free_port(), free_port()
+    gw = gateway_with(
+        "--ws", endpoint(ws), "--tls", endpoint(tls), "--cert", pki["cert"], "--key", pki["key"]
+    )
+    subscribers = {
+        "tcp": PahoClient(gw.port, "sub-tcp", "MQTTv311"),
+        "ws": ws_client(ws, "sub-ws"),
+        "tls": tls_client(tls, "sub-tls", pki),
+    }
+    publishers = {
+        "tcp": PahoClient(gw.port, "pub-tcp", "MQTTv311"),
+        "ws": ws_client(ws, "pub-ws"),
+        "tls": tls_client(tls, "pub-tls", pki),
+    }
+    for c in list(subscribers.values()) + list(publishers.values()):
+        c.connect()
+    for c in subscribers.values():
+        c.subscribe("all/+", 1)
+    for name, c in publishers.items():
+        c.publish(f"all/{name}", f"from {name}".encode(), 1)
+    for name, c in subscribers.items():
+        got = sorted((m.topic, m.payload) for m in c.receive(3))
+        assert got == [(f"all/{n}", f"from {n}".encode()) for n in ("tcp", "tls", "ws")], name
+
+
+# WebSocket
+
+
+@pytest.mark.parametrize("version", ["MQTTv31", "MQTTv311"])
+def test_paho_over_websocket(gateway_with, version):
+    ws = free_port()
+    gw = gateway_with("--ws", endpoint(ws))
+    sub = ws_client(ws, "ws-sub", version)
+    sub.connect()
+    assert sub.subscribe("w/#", 2) == [2]
+    pub = ws_client(ws, "ws-pub", version, path="/any/path/works")
+    pub.connect()
+    for qos in (0, 1, 2):
+        pub.publish(f"w/{qos}", b"x" * (qos * 1000), qos)
+    got = {m.topic: (len(m.payload), m.qos) for m in sub.receive(3)}
+    assert got == {"w/0": (0, 0), "w/1": (1000, 1), "w/2": (2000, 2)}
+    gw.wait_for_log("client ws-sub connected from 127.0.0.1")
+
+
+class RawWebSocket:
+    """Just enough of a WebSocket client to control framing exactly."""
+
+    def __init__(self, port, protocols=None, headers=()):
+        self.sock = socket.create_connection((LOCAL, port), timeout=10)
+        key = base64.b64encode(os.urandom(16)).decode()
+        lines = [
+            "GET /mqtt HTTP/1.1",
+            f"Host: {LOCAL}:{port}",
+            "Upgrade: websocket",
+            "Connection: Upgrade",
+            f"Sec-WebSocket-Key: {key}",
+            "Sec-WebSocket-Version: 13",
+        ]
+        if protocols:
+            lines.append(f"Sec-WebSocket-Protocol: {protocols}")
+        lines.extend(headers)
+        self.sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
+        response = b""
+        while b"\r\n\r\n" not in response:
+            response += self.sock.recv(4096)
+        self.response, self.buffer = response.split(b"\r\n\r\n", 1)
+        self.framer = Framer()
+
+    def send_frame(self, payload, opcode=2):
+        mask = os.urandom(4)
+        header = bytes((0x80 | opcode,))
+        n = len(payload)
+        if n < 126:
+            header += bytes((0x80 | n,))
+        else:
+            header += bytes((0x80 | 126,)) + n.to_bytes(2, "big")
+        masked = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+        self.sock.sendall(header + mask + masked)
+
+    def packets(self, count):
+        out = []
+        while len(out) < count:
+            while len(self.buffer) < 2 or len(self.buffer) < 2 + (self.buffer[1] & 0x7F):
+                chunk = self.sock.recv(65536)
+                if not chunk:
+                    return out
+                self.buffer += chunk
+            n = self.buffer[1] & 0x7F
+            assert n < 126 and not self.buffer[1] & 0x80
+            opcode = self.buffer[0] & 0x0F
+            payload, self.buffer = self.buffer[2 : 2 + n], self.buffer[2 + n :]
+            if opcode == 2:
+                out.extend(self.framer.feed(payload))
+            elif opcode == 8:
+                out.append("close")
+        return out
+
+
+def test_websocket_without_subprotocol_connects(gateway_with):
+    ws = free_port()
+    gateway_with("--ws", endpoint(ws))
+    raw = RawWebSocket(ws)
+    assert raw.response.startswith(b"HTTP/1.1 101")
+    assert b"sec-websocket-protocol" not in raw.response.lower()
+    raw.send_frame(P.Connect(client_id="bare").encode())
+    assert raw.packets(1) == [P.Connack(0)]
+
+
+@pytest.mark.parametrize("offered,chosen", [("mqtt", b"mqtt"), ("mqttv3.1", b"mqttv3.1"), ("foo, mqtt", b"mqtt")])
+def test_websocket_subprotocol_is_negotiated(gateway_with, offered, chosen):
+    ws = free_port()
+    gateway_with("--ws", endpoint(ws))
+    raw = RawWebSocket(ws, offered)
+    assert b"Sec-WebSocket-Protocol: " + chosen in raw.response
+
+
+def test_packets_may_span_frames_and_frames_may_hold_several(gateway_with):
+    ws = free_port()
+    gateway_with("--ws", endpoint(ws))
+    raw = RawWebSocket(ws, "mqtt")
+    connect = P.Connect(client_id="split").encode()
+    raw.send_frame(connect[:3])
+    raw.send_frame(connect[3:])
+    raw.send_frame(P.Subscribe(1, [("s", 0)]).encode() + P.Publish("s", b"one").encode() + P.Publish("s", b"two").encode()[:4])
+    raw.send_frame(P.Publish("s", b"two").encode()[4:])
+    assert raw.packets(4) == [
+        P.Connack(0),
+        P.Suback(1, [0]),
+        P.Publish("s", b"one"),
+        P.Publish("s", b"two"),
+    ]
+
+
+def test_text_message_closes_the_connection(gateway_with):
+    ws = free_port()
+    gw = gateway_with("--ws", endpoint(ws))
+    raw = RawWebSocket(ws, "mqtt")
+    raw.send_frame(P.Connect(client_id="texter").encode())
+    assert raw.packets(1) == [P.Connack(0)]
+    raw.send_frame(b"hello", opcode=1)
+    gw.wait_for_log("MQTT needs binary messages")
+
+
+def test_forwarded_for_is_used_only_from_a_trusted_proxy(gateway_with, tmp_path):
+    ws = free_port()
+    config = tmp_path / "proxy.toml"
+    config.write_text('[websocket]\ntrusted_proxies = ["127.0.0.1"]\n')
+    gw = gateway_with("--ws", endpoint(ws), "--config", str(config))
+    raw = RawWebSocket(ws, "mqtt", ["X-Forwarded-For: 198.51.100.7, 203.0.113.9"])
+    raw.send_frame(P.Connect(client_id="proxied").encode())
+    assert raw.packets(1) == [P.Connack(0)]
+    gw.wait_for_log("client proxied connected from 203.0.113.9")
+
+    untrusted = gateway_with("--ws", endpoint(free_port2 := free_port()))
+    raw = RawWebSocket(free_port2, "mqtt", ["X-Forwarded-For: 203.0.113.9"])
+    raw.send_frame(P.Connect(client_id="direct").encode())
+    assert raw.packets(1) == [P.Connack(0)]
+    untrusted.wait_for_log("client direct connected from 127.0.0.1")
+
+
+def test_websocket_message_over_the_size_limit_is_refused(gateway_with, tmp_path):
+    ws = free_port()
+    config = tmp_path / "small.toml"
+    config.write_text("[websocket]\nmax_message_size = 1000\n")
+    gw = gateway_with("--ws", endpoint(ws), "--config", str(config))
+    raw = RawWebSocket(ws, "mqtt")
+    raw.send_frame(P.Connect(client_id="big").encode())
+    assert raw.packets(1) == [P.Connack(0)]
+    raw.send_frame(P.Publish("t", b"x" * 5000).encode())
+    assert raw.packets(1) == ["close"]
+    gw.wait_for_log("client big connection lost")
+
+
+def test_healthz_answers_on_the_websocket_port(gateway_with):
+    ws = free_port()
+    gateway_with("--ws", endpoint(ws))
+    with urllib.request.urlopen(f"http://{LOCAL}:{ws}/healthz", timeout=10) as r:
+        assert r.status == 200
+        assert r.headers["content-type"] == "application/json"
+        status = json.loads(r.read())
+    assert status["status"] == "ok"
+    assert {"connections", "sessions", "retained", "messages_received"} <= set(status)
+
+
+# TLS
+
+
+@pytest.mark.parametrize("version", ["mqttv31", "mqttv311"])
+def test_mosquitto_clients_over_tls_with_cafile(gateway_with, pki, version):
+    tls = free_port()
+    gateway_with("--tls", endpoint(tls), "--cert", pki["cert"], "--key", pki["key"])
+    sub = Sub(tls, version, "--cafile", pki["ca"], "-t", "tls/#", "-q", "1", "-i", "tls-sub")
+    pub(tls, version, "tls/x", "--cafile", pki["ca"], "-m", "secret", "-q", "1", "-i", "tls-pub")
+    assert sub.messages(1) == ["tls/x secret"]
+    sub.stop()
+
+
+def test_mosquitto_clients_with_a_required_client_certificate(gateway_with, pki):
+    tls = free_port()
+    gw = gateway_with(
+        "--tls", endpoint(tls), "--cert", pki["cert"], "--key", pki["key"],
+        "--ca", pki["ca"], "--require-client-cert", "--use-identity-as-username",
+    )
+    common = ["-h", LOCAL, "-p", str(tls), "--cafile", pki["ca"], "-t", "c", "-m", "x", "-i", "certified"]
+    refused = subprocess.run(
+        [require_program("mosquitto_pub"), *common], capture_output=True, text=True, timeout=10
+    )
+    assert refused.returncode != 0
+    accepted = subprocess.run(
+        [require_program("mosquitto_pub"), *common, "--cert", pki["client_cert"], "--key", pki["client_key"]],
+        capture_output=True, text=True, timeout=10,
+    )
+    assert accepted.returncode == 0, accepted.stderr
+    gw.wait_for_log("client certified connected from 127.0.0.1")
+    gw.wait_for_log("user device-1)")
+
+
+def test_tls_client_with_the_wrong_ca_is_refused(gateway_with, pki):
+    tls = free_port()
+    gateway_with("--tls", endpoint(tls), "--cert", pki["cert"], "--key", pki["key"])
+    out = subprocess.run(
+        [require_program("mosquitto_pub"), "-h", LOCAL, "-p", str(tls), "--cafile", pki["other_ca"], "-t", "x", "-m", "y"],
+        capture_output=True, text=True, timeout=10,
+    )
+    assert out.returncode != 0
+
+
+@pytest.mark.filterwarnings("ignore:ssl.TLSVersion.TLSv1:DeprecationWarning")
+def test_tls_below_1_2_is_refused(gateway_with, pki):
+    tls = free_port()
+    gateway_with("--tls", endpoint(tls), "--cert", pki["cert"], "--key", pki["key"])
+    old = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    old.load_verify_locations(pki["ca"])
+    old.set_ciphers("ALL:@SECLEVEL=0")
+    old.minimum_version = ssl.TLSVersion.TLSv1
+    old.maximum_version = ssl.TLSVersion.TLSv1_1
+    with socket.create_connection((LOCAL, tls), timeout=10) as raw:
+        with pytest.raises(ssl.SSLError):
+            old.wrap_socket(raw, server_hostname=LOCAL).do_handshake()
+    modern = ssl.create_default_context(cafile=pki["ca"])
+    modern.minimum_version = modern.maximum_version = ssl.TLSVersion.TLSv1_2
+    with socket.create_connection((LOCAL, tls), timeout=10) as raw:
+        with modern.wrap_socket(raw, server_hostname=LOCAL) as s:
+            assert s.version() == "TLSv1.2"
+
+
+def test_wss_carries_mqtt_over_tls(gateway_with, pki):
+    wss = free_port()
+    gateway_with("--wss", endpoint(wss), "--cert", pki["cert"], "--key", pki["key"])
+    c = PahoClient(wss, "wss-client", "MQTTv311", transport="websockets")
+    c.client.tls_set(ca_certs=pki["ca"])
+    c.connect()
+    c.subscribe("secure", 1)
+    c.publish("secure", b"over wss", 1)
+    assert c.receive()[0].payload == b"over wss"
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--tls", "8883"], "TLS listeners need tls.cert and tls.key"),
+        (["--tls", "8883", "--cert", "/nonexistent.pem", "--key", "/nonexistent.key"], "tls.cert /nonexistent.pem: cannot read"),
+        (["--tls", "8883", "--cert", "{key}", "--key", "{key}"], "no PEM certificate"),
+        (["--tls", "8883", "--cert", "{cert}", "--key", "{cert}"], "tls.key"),
+        (["--tls", "8883", "--cert", "{cert}", "--key", "{client_key}"], "cannot be used together"),
+        (["--tls", "8883", "--cert", "{cert}", "--key", "{key}", "--require-client-cert"], "needs tls.ca"),
+    ],
+)
+def test_bad_certificate_files_stop_start_up_naming_the_file(tmp_path, pki, args, message):
+    from tests.gateway import TWISTD, gateway_env
+
+    args = [a.format(**pki) for a in args]
+    out = subprocess.run(
+        [str(TWISTD), "-n", "--pidfile=", "mqttgw", *args],
+        capture_output=True, text=True, cwd=tmp_path, timeout=60, env=gateway_env(),
+    )
+    assert out.returncode != 0
+    assert message in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
