@@ -69,6 +69,7 @@ class Broker:
         self.workdir = Path(workdir) / self.name
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
+        self.ws_port = free_port()
         self.cpu = cpu
         self.process = None
 
@@ -99,7 +100,8 @@ class Broker:
                     f"{self.name} exited: {(self.workdir / 'broker.log').read_text()}"
                 )
             try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                for port in (self.port, self.ws_port):
+                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
                 return self
             except OSError:
                 time.sleep(0.05)
@@ -137,6 +139,7 @@ class Mqttgw(Broker):
         return [
             str(twistd), "-n", "--pidfile=", "--logfile=broker-twistd.log", "mqttgw",
             "--tcp", f"tcp:{self.port}:interface=127.0.0.1",
+            "--ws", f"tcp:{self.ws_port}:interface=127.0.0.1",
             "--max-inflight-messages", str(MAX_INFLIGHT),
             "--max-queued-messages", str(MAX_QUEUED),
             "--max-connections", "50000",
@@ -159,6 +162,9 @@ class Mosquitto(Broker):
             "log_dest stdout\n"
             "log_type error\n"
             "log_type warning\n"
+            # mosquitto 2.0 cannot bind a WebSocket listener to one address.
+            f"listener {self.ws_port}\n"
+            "protocol websockets\n"
         )
         return [ensure_mosquitto(), "-c", str(conf)]
 
@@ -174,6 +180,9 @@ class Amqtt(Broker):
             "    type: tcp\n"
             f"    bind: 127.0.0.1:{self.port}\n"
             "    max_connections: 50000\n"
+            "  ws:\n"
+            "    type: ws\n"
+            f"    bind: 127.0.0.1:{self.ws_port}\n"
             "plugins:\n"
             "  amqtt.plugins.authentication.AnonymousAuthPlugin:\n"
             "    allow_anonymous: true\n"

@@ -32,6 +32,47 @@ def connect(port, client_id, keepalive=0, clean_session=True):
     return sock
 
 
+def ws_connect(port, client_id):
+    """MQTT over WebSocket: the upgrade, then CONNECT in a binary frame."""
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.sendall(
+        (
+            "GET /mqtt HTTP/1.1\r\n"
+            f"Host: 127.0.0.1:{port}\r\n"
+            "Upgrade: websocket\r\nConnection: Upgrade\r\n"
+            "Sec-WebSocket-Key: bXF0dGd3LWJlbmNobWFyaw==\r\n"
+            "Sec-WebSocket-Version: 13\r\nSec-WebSocket-Protocol: mqtt\r\n\r\n"
+        ).encode()
+    )
+    response = b""
+    while b"\r\n\r\n" not in response:
+        chunk = sock.recv(4096)
+        if not chunk:
+            raise ConnectionError("broker closed the WebSocket handshake")
+        response += chunk
+    if not response.startswith(b"HTTP/1.1 101"):
+        raise RuntimeError(f"{client_id}: WebSocket refused: {response[:80]!r}")
+    sock.sendall(ws_frame(P.Connect(client_id=client_id, keepalive=0).encode()))
+    # CONNACK in an unmasked binary frame: 82 04 20 02 00 00
+    connack = response.split(b"\r\n\r\n", 1)[1]
+    connack += _recv_exact(sock, 6 - len(connack)) if len(connack) < 6 else b""
+    if connack[2:4] != b"\x20\x02" or connack[5] != 0:
+        raise RuntimeError(f"{client_id}: CONNECT refused: {connack!r}")
+    return sock
+
+
+def ws_frame(payload, mask=b"\x6d\x71\x74\x74"):
+    """A masked binary frame, as a client (a browser) sends one packet."""
+    n = len(payload)
+    if n < 126:
+        header = bytes((0x82, 0x80 | n))
+    else:
+        header = bytes((0x82, 0x80 | 126)) + _u16.pack(n)
+    masked = bytes(b ^ mask[i & 3] for i, b in enumerate(payload))
+    return header + mask + masked
+
+
 def _recv_exact(sock, n):
     data = b""
     while len(data) < n:
@@ -74,17 +115,21 @@ class Shared:
         return sum(self.sent) - min(received[i] for i in range(len(received)))
 
 
-def publisher(port, index, topic, qos, payload_size, shared, window, batch, rate, inflight):
+def publisher(port, index, topic, qos, payload_size, shared, window, batch, rate, inflight, websocket=False):
     """
     Publish until told to stop; QoS 1/2 flows are completed.  At most
     ``inflight`` QoS 1/2 messages are unacknowledged at once, as a client
     library's in-flight window would allow (mosquitto acknowledges and
-    discards what a v3 client sends beyond its own window).
+    discards what a v3 client sends beyond its own window).  Over
+    ``websocket`` (QoS 0 only), each packet goes in a frame of its own.
     """
     try:
-        sock = connect(port, f"bench-pub-{index}-{os.getpid()}")
+        client_id = f"bench-pub-{index}-{os.getpid()}"
+        sock = ws_connect(port, client_id) if websocket else connect(port, client_id)
         payload = b"x" * payload_size
-        if qos == 0:
+        if websocket:
+            block = ws_frame(P.Publish(topic, payload).encode()) * batch
+        elif qos == 0:
             block = P.Publish(topic, payload).encode() * batch
             frames = None
         else:

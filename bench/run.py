@@ -35,6 +35,7 @@ THROUGHPUT = {
     "fan-in qos0": (4, 1, 0),
     "fan-in qos1": (4, 1, 1),
     "fan-in qos2": (4, 1, 2),
+    "fan-in qos0 ws": (4, 1, 0),
     "fan-out qos0": (1, 8, 0),
     "fan-out qos1": (1, 8, 1),
 }
@@ -50,8 +51,11 @@ def _pin(cpu):
         os.sched_setaffinity(0, {cpu})
 
 
-def run_throughput(broker, publishers, subscribers, qos, duration, rate=None, probe_count=0, cpu=None):
-    """Deliveries per second, lost messages, and probe latencies (ms)."""
+def run_throughput(broker, publishers, subscribers, qos, duration, rate=None, probe_count=0, cpu=None, websocket=False):
+    """
+    Deliveries per second, lost messages, and probe latencies (ms).  With
+    ``websocket``, publishers connect over WebSocket, subscribers over TCP.
+    """
     ctx = _ctx()
     shared = loadgen.Shared(ctx, publishers, subscribers)
     psize = loadgen.packet_size("bench/0", PAYLOAD, qos)
@@ -66,9 +70,9 @@ def run_throughput(broker, publishers, subscribers, qos, duration, rate=None, pr
         ctx.Process(
             target=_pinned,
             args=(
-                cpu, loadgen.publisher, broker.port, i, f"bench/{i}", qos, PAYLOAD,
-                shared, WINDOW[qos] // publishers, BATCH[qos],
-                (rate / publishers) if rate else None, MAX_INFLIGHT,
+                cpu, loadgen.publisher, broker.ws_port if websocket else broker.port,
+                i, f"bench/{i}", qos, PAYLOAD, shared, WINDOW[qos] // publishers,
+                BATCH[qos], (rate / publishers) if rate else None, MAX_INFLIGHT, websocket,
             ),
         )
         for i in range(publishers)
@@ -190,7 +194,10 @@ def main(argv=None):
                     print(f"{name:10} {scenario} ...", end=" ", flush=True)
                     if scenario in THROUGHPUT:
                         pubs, subs, qos = THROUGHPUT[scenario]
-                        r = run_throughput(broker, pubs, subs, qos, args.duration, cpu=load_cpu)
+                        r = run_throughput(
+                            broker, pubs, subs, qos, args.duration, cpu=load_cpu,
+                            websocket=scenario.endswith(" ws"),
+                        )
                         if scenario == "fan-in qos0" and name == "mqttgw":
                             latency_rate = r["per_second"] / 2
                         print(

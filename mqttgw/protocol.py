@@ -105,12 +105,11 @@ class MQTTServerProtocol(Protocol):
                 peer=self.peer,
             )
             self._close(publish_will=True)
-        self._flusher.flush()
 
     def write(self, data):
         """
-        Queue bytes for this connection.  Everything written while handling
-        one read (or one timer) goes out in a single transport write.
+        Queue bytes for this connection.  Everything written in one reactor
+        turn goes out in a single transport write.
         """
         out = self._out
         if not out:
@@ -391,10 +390,9 @@ MQTTServerProtocol._handlers = {
 
 class Flusher:
     """
-    Connections with output waiting.  They are flushed when the read that
-    produced the output has been handled, or on the next reactor turn for
-    output produced by timers, so a fan-in of many packets costs each
-    subscriber one transport write rather than one per message.
+    Connections with output waiting, flushed on the next reactor turn: all
+    the reads of one turn (over every listener) cost each subscriber a
+    single transport write, rather than one per message.
     """
 
     def __init__(self, clock):

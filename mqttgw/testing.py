@@ -56,6 +56,8 @@ class FakeClient:
 
     def send_bytes(self, data):
         self.protocol.dataReceived(data)
+        # The reactor turn ends: queued output is written.
+        self.broker.clock.advance(0)
 
     def received(self):
         """Packets the broker has written since the last call."""

@@ -117,17 +117,27 @@ class MQTTWebSocketProtocol(WebSocketServerProtocol):
         self._transport = _Transport(self, self._peer)
         mqtt.makeConnection(self._transport)
 
-    def onMessage(self, payload, isBinary):
-        if self._mqtt is None:
-            return
-        if not isBinary:
+    # MQTT is a byte stream, so frames are fed to it as they arrive through
+    # autobahn's streaming hooks, without assembling whole messages.
+
+    def onMessageBegin(self, isBinary):
+        super().onMessageBegin(isBinary)
+        if self._mqtt is not None and not isBinary:
             log.warn(
                 "closing WebSocket from {peer}: MQTT needs binary messages",
                 peer=self._peer,
             )
             self._mqtt.protocol_error("text WebSocket message")
-            return
-        self._mqtt.dataReceived(payload)
+
+    def onMessageFrameData(self, payload):
+        if self._mqtt is not None and self.message_is_binary and not self.failedByMe:
+            self._mqtt.dataReceived(payload)
+
+    def onMessageFrameEnd(self):
+        pass
+
+    def onMessageEnd(self):
+        pass
 
     def onClose(self, wasClean, code, reason):
         mqtt, self._mqtt = self._mqtt, None
@@ -150,6 +160,11 @@ class MQTTWebSocketFactory(WebSocketServerFactory):
             # Browsers and proxies close idle sockets; MQTT keepalive covers it.
             openHandshakeTimeout=10,
             failByDrop=False,
+            # Like mosquitto, any page may connect: MQTT authenticates in
+            # CONNECT, not with cookies, so an Origin check guards nothing.
+            # "null" is what pages opened from files and sandboxes send.
+            allowedOrigins=["*"],
+            allowNullOrigin=True,
         )
         if compression:
             from autobahn.websocket.compress import (

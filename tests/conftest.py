@@ -45,3 +45,23 @@ def gateway(tmp_path):
     gw.stop()
     log = gw.log()
     assert "Traceback" not in log and "Unhandled" not in log, log
+
+
+@pytest.fixture
+def gateway_with(tmp_path):
+    """Start gateways with the given twistd options; all stopped and checked after."""
+    started = []
+
+    def start(*args):
+        from tests.gateway import Gateway
+
+        workdir = tmp_path / f"gateway-{len(started)}"
+        workdir.mkdir()
+        gw = Gateway(workdir, *args)
+        started.append(gw)
+        return gw
+
+    yield start
+    for gw in started:
+        gw.stop()
+        assert "Traceback" not in gw.log(), gw.log()

@@ -63,24 +63,6 @@ def pki(tmp_path_factory):
     return {k: str(v) for k, v in files.items()}
 
 
-@pytest.fixture
-def gateway_with(tmp_path):
-    started = []
-
-    def start(*args):
-        gw = Gateway(tmp_path / str(len(started)), *args)
-        started.append(gw)
-        return gw
-
-    (tmp_path / "0").mkdir()
-    for i in range(1, 4):
-        (tmp_path / str(i)).mkdir()
-    yield start
-    for gw in started:
-        gw.stop()
-        assert "Traceback" not in gw.log(), gw.log()
-
-
 def ws_client(port, client_id, version="MQTTv311", path="/mqtt", **kwargs):
     c = PahoClient(port, client_id, version, transport="websockets", **kwargs)
     c.client.ws_set_options(path=path)

@@ -1,0 +1,108 @@
+"""
+MQTT.js (from npm) in headless Chromium, connected to the gateway over
+ws://: the page subscribes, and what it receives it publishes back, so the
+test reads what the page got.
+"""
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import require_program
+from tests.gateway import REPO
+from tests.paho import PahoClient
+from tests.test_transports import endpoint, free_port
+
+MQTTJS_VERSION = "5.16.0"
+CACHE = REPO / "tests" / ".cache" / f"mqttjs-{MQTTJS_VERSION}"
+
+PAGE = """<!doctype html>
+<html><body><pre id="log"></pre>
+<script src="mqtt.min.js"></script>
+<script>
+const client = mqtt.connect("ws://127.0.0.1:%(port)d/mqtt", {
+  clientId: "%(client_id)s", protocolId: "%(protocol_id)s",
+  protocolVersion: %(level)d, reconnectPeriod: 0,
+});
+client.on("connect", () => {
+  client.subscribe("browser/in/#", {qos: 1}, (err, granted) => {
+    client.publish("browser/ready", JSON.stringify(granted), {qos: 1});
+  });
+});
+client.on("message", (topic, payload, packet) => {
+  client.publish("browser/out", topic + " " + packet.qos + " " + payload.toString(), {qos: 1});
+});
+client.on("error", (e) => client.publish("browser/error", String(e)));
+</script></body></html>
+"""
+
+
+@pytest.fixture(scope="module")
+def mqttjs():
+    """MQTT.js's browser bundle, installed from npm once."""
+    bundle = CACHE / "node_modules" / "mqtt" / "dist" / "mqtt.min.js"
+    if not bundle.exists():
+        npm = require_program("npm")
+        CACHE.mkdir(parents=True, exist_ok=True)
+        subprocess.run(
+            [npm, "install", "--prefix", str(CACHE), "--no-audit", "--no-fund", f"mqtt@{MQTTJS_VERSION}"],
+            check=True,
+            timeout=300,
+        )
+    return bundle
+
+
+@pytest.mark.parametrize(
+    "protocol_id,level", [("MQTT", 4), ("MQIsdp", 3)], ids=["3.1.1", "3.1"]
+)
+def test_mqttjs_in_chromium_subscribes_and_publishes_over_websocket(
+    gateway_with, mqttjs, tmp_path, protocol_id, level
+):
+    chromium = require_program("chromium")
+    ws = free_port()
+    gw = gateway_with("--ws", endpoint(ws))
+    watcher = PahoClient(gw.port, "watcher", "MQTTv311")
+    watcher.connect()
+    watcher.subscribe("browser/+", 1)
+
+    page_dir = tmp_path / "page"
+    page_dir.mkdir()
+    shutil.copy(mqttjs, page_dir / "mqtt.min.js")
+    client_id = f"browser{level}"
+    page = page_dir / "index.html"
+    page.write_text(
+        PAGE % {"port": ws, "client_id": client_id, "protocol_id": protocol_id, "level": level}
+    )
+    browser = subprocess.Popen(
+        [
+            chromium,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            "--remote-debugging-port=0",
+            page.as_uri(),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        [ready] = watcher.receive(1, timeout=60)
+        assert (ready.topic, ready.payload) == ("browser/ready", b"[{\"topic\":\"browser/in/#\",\"qos\":1}]")
+        gw.wait_for_log(f"client {client_id} connected from 127.0.0.1")
+        watcher.publish("browser/in/greeting", b"hello, page", 1)
+        [echo] = watcher.receive(1, timeout=30)
+        assert (echo.topic, echo.payload) == ("browser/out", b"browser/in/greeting 1 hello, page")
+    finally:
+        browser.terminate()
+        try:
+            browser.wait(10)
+        except subprocess.TimeoutExpired:
+            browser.kill()
