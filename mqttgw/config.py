@@ -22,6 +22,10 @@ class Key:
     help = attr.ib()
     minimum = attr.ib(default=None)
     maximum = attr.ib(default=None)
+    choices = attr.ib(default=None)
+    # The command-line flag, when not the key's name with dashes.  A flag
+    # for a true/false key flips its default.
+    flag_name = attr.ib(default=None)
 
     @property
     def path(self):
@@ -29,7 +33,7 @@ class Key:
 
     @property
     def flag(self):
-        return self.name.replace("_", "-")
+        return self.flag_name or self.name.replace("_", "-")
 
 
 # The schema; deploy/mqttgw.toml documents each key.
@@ -73,6 +77,23 @@ KEYS = [
         1,
     ),
     Key("websocket", "compression", bool, False, "accept permessage-deflate"),
+    Key(
+        "persistence",
+        "enabled",
+        bool,
+        True,
+        "keep retained messages and persistent sessions on disk",
+        flag_name="no-persistence",
+    ),
+    Key("persistence", "data_dir", str, "./mqttgw-data", "directory of the store"),
+    Key(
+        "persistence",
+        "durability",
+        str,
+        "fsync",
+        "what an acknowledged message survives: fsync (power loss) or os (a crash)",
+        choices=("fsync", "os"),
+    ),
     Key(
         "limits",
         "max_packet_size",
@@ -178,6 +199,8 @@ def check_value(key, value, where):
         raise ConfigError(f"{where}: {key.path} must be at least {key.minimum}")
     if key.maximum is not None and value > key.maximum:
         raise ConfigError(f"{where}: {key.path} must be at most {key.maximum}")
+    if key.choices is not None and value not in key.choices:
+        raise ConfigError(f"{where}: {key.path} must be one of {', '.join(key.choices)}")
     return value
 
 

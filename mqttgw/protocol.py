@@ -47,6 +47,7 @@ class MQTTServerProtocol(Protocol):
     keepalive = 0
     username = None
     identity_as_username = False
+    _acks_waiting = 0
 
     def __init__(self, router, limits, clock, flusher):
         self.router = router
@@ -295,16 +296,36 @@ class MQTTServerProtocol(Protocol):
         if qos == 0:
             router.publish(packet)
         elif qos == 1:
-            router.publish(packet)
-            self.write(_PUBACK(packet.message_id).encode())
+            self._acknowledge(_PUBACK(packet.message_id).encode(), router.publish(packet))
         else:
-            awaiting = self.session.awaiting_pubrel
+            session = self.session
             mid = packet.message_id
+            durable = False
             # Exactly once: a re-sent PUBLISH before PUBREL is not routed again.
-            if mid not in awaiting:
-                router.publish(packet)
-                awaiting.add(mid)
-            self.write(_PUBREC(mid).encode())
+            if mid not in session.awaiting_pubrel:
+                durable = router.publish(packet)
+                session.awaiting_pubrel.add(mid)
+                if session.store is not None:
+                    session.store.add_awaiting_pubrel(session.client_id, mid)
+                    durable = True
+            self._acknowledge(_PUBREC(mid).encode(), durable)
+
+    def _acknowledge(self, ack, durable):
+        """
+        Ack means safe: an ack for a message written to the store waits for
+        its commit, and later acks wait behind it, as acks go in order.
+        """
+        store = self.router.store
+        if store is None or not (durable or self._acks_waiting):
+            self.write(ack)
+            return
+        self._acks_waiting += 1
+        store.after_commit(self._release_ack, ack)
+
+    def _release_ack(self, ack):
+        self._acks_waiting -= 1
+        if self.state is CONNECTED:
+            self.write(ack)
 
     def handle_PUBACK(self, packet):
         if self.state is not CONNECTED:
@@ -319,8 +340,17 @@ class MQTTServerProtocol(Protocol):
     def handle_PUBREL(self, packet):
         if self.state is not CONNECTED:
             return self.protocol_error("PUBREL before CONNECT")
-        self.session.awaiting_pubrel.discard(packet.message_id)
-        self.write(_PUBCOMP(packet.message_id).encode())
+        session = self.session
+        mid = packet.message_id
+        durable = False
+        if mid in session.awaiting_pubrel:
+            session.awaiting_pubrel.discard(mid)
+            if session.store is not None:
+                # Until this is committed the id may not be reused: a crash
+                # would leave it marked as seen and swallow the next message.
+                session.store.delete_awaiting_pubrel(session.client_id, mid)
+                durable = True
+        self._acknowledge(_PUBCOMP(mid).encode(), durable)
 
     def handle_PUBCOMP(self, packet):
         if self.state is not CONNECTED:

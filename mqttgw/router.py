@@ -7,6 +7,7 @@ learns which transport a session came from.
 
 from twisted.logger import Logger
 
+from mqttgw.packets import Publish
 from mqttgw.session import Session, SessionLimits
 from mqttgw.topics import SubscriptionTrie, is_wildcard, matches
 
@@ -20,6 +21,7 @@ class Stats:
         "connections",
         "messages_received",
         "messages_delivered",
+        "messages_dropped",
         "protocol_errors",
         "connections_refused",
     )
@@ -33,10 +35,12 @@ class Stats:
 
 
 class Router:
-    def __init__(self, clock, limits=SessionLimits(), max_qos=2):
+    def __init__(self, clock, limits=SessionLimits(), max_qos=2, store=None):
         self.clock = clock
         self.limits = limits
         self.max_qos = max_qos
+        # The durable store, or None to keep everything in memory.
+        self.store = store
         self.sessions = {}
         self.subscriptions = SubscriptionTrie()
         # topic -> retained Publish
@@ -69,8 +73,9 @@ class Router:
             else:
                 present = True
         if session is None:
-            session = Session(client_id, clean_session, self.clock, self.limits)
-            self.sessions[client_id] = session
+            session = self._new_session(client_id, clean_session)
+            if session.store is not None:
+                session.store.add_session(client_id)
         session.will = will
         return session, present
 
@@ -88,31 +93,65 @@ class Router:
             )
             self.publish(will)
 
+    def _new_session(self, client_id, clean_session):
+        session = Session(
+            client_id, clean_session, self.clock, self.limits, self.stats, self.store
+        )
+        self.sessions[client_id] = session
+        return session
+
     def _discard(self, session):
         for topic_filter in session.subscriptions:
             self.subscriptions.remove(topic_filter, session)
         session.subscriptions.clear()
+        if session.store is not None:
+            session.store.delete_session(session.client_id)
         if self.sessions.get(session.client_id) is session:
             del self.sessions[session.client_id]
+
+    def restore(self, retained, sessions):
+        """Retained messages and persistent sessions loaded from the store."""
+        for topic, payload, qos in retained:
+            self.retained[topic] = Publish(topic, payload, qos, True)
+        for stored in sessions:
+            session = self._new_session(stored.client_id, False)
+            for topic_filter, qos in stored.subscriptions.items():
+                session.subscriptions[topic_filter] = qos
+                self.subscriptions.add(topic_filter, session, qos)
+            session.restore(stored)
 
     # Publish
 
     def publish(self, message):
-        """Route an application message (a Publish) to every subscriber."""
+        """
+        Route an application message (a Publish) to every subscriber.
+        Returns True when it was written to the store (retained, or queued
+        for a persistent session): its publisher is acknowledged only once
+        that is committed.
+        """
+        durable = False
         if message.retain:
-            self._retain(message)
+            durable = self._retain(message)
         subscribers = self.subscriptions.match(message.topic)
         qos = message.qos
         for session, granted in subscribers:
-            session.deliver(message, qos if qos < granted else granted)
+            if session.deliver(message, qos if qos < granted else granted):
+                durable = True
         self.stats.messages_delivered += len(subscribers)
+        return durable
 
     def _retain(self, message):
+        store = self.store
         if message.payload:
             self.retained[message.topic] = message
+            if store is not None:
+                store.set_retained(message.topic, message.payload, message.qos)
         else:
             # A zero-length retained publish clears the topic's value.
             self.retained.pop(message.topic, None)
+            if store is not None:
+                store.delete_retained(message.topic)
+        return store is not None
 
     # Subscriptions
 
@@ -126,6 +165,8 @@ class Router:
             qos = min(qos, self.max_qos)
             session.subscriptions[topic_filter] = qos
             self.subscriptions.add(topic_filter, session, qos)
+            if session.store is not None:
+                session.store.subscribe(session.client_id, topic_filter, qos)
             granted.append(qos)
         return granted
 
@@ -149,3 +190,5 @@ class Router:
         for topic_filter in topic_filters:
             if session.subscriptions.pop(topic_filter, None) is not None:
                 self.subscriptions.remove(topic_filter, session)
+                if session.store is not None:
+                    session.store.unsubscribe(session.client_id, topic_filter)

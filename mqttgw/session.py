@@ -10,7 +10,7 @@ from collections import deque
 import attr
 from twisted.logger import Logger
 
-from mqttgw.packets import Pubrel
+from mqttgw.packets import Publish, Pubrel
 
 log = Logger()
 
@@ -34,13 +34,15 @@ class SessionLimits:
 
 
 class _InFlight:
-    __slots__ = ("message", "qos", "retain", "state", "due", "attempts")
+    __slots__ = ("message", "qos", "retain", "seq", "state", "due", "attempts")
 
-    def __init__(self, message, qos, retain, due):
+    def __init__(self, message, qos, retain, seq, due, state=AWAITING_ACK):
         self.message = message
         self.qos = qos
         self.retain = retain
-        self.state = AWAITING_ACK
+        # The delivery's key in the store (persistent sessions only).
+        self.seq = seq
+        self.state = state
         self.due = due
         self.attempts = 0
 
@@ -52,11 +54,16 @@ class Session:
     outlives its connections.
     """
 
-    def __init__(self, client_id, clean_session, clock, limits=SessionLimits()):
+    def __init__(
+        self, client_id, clean_session, clock, limits=SessionLimits(), stats=None, store=None
+    ):
         self.client_id = client_id
         self.clean_session = clean_session
         self.clock = clock
         self.limits = limits
+        # Persistent sessions keep their state in the store, if there is one.
+        self.store = None if clean_session else store
+        self._seq = 0
         # topic filter -> granted QoS
         self.subscriptions = {}
         self.will = None
@@ -70,6 +77,8 @@ class Session:
         self._queue = deque()
         self.queued_bytes = 0
         self.dropped = 0
+        # The router's counters, where drops are totalled for operators.
+        self._stats = stats
         self._writable = False
         self._last_mid = 0
         self._retry_call = None
@@ -106,7 +115,7 @@ class Session:
                 self._retry_call.cancel()
             self._retry_call = None
         if not self.limits.queue_qos0_messages:
-            for message, _, _ in self._queue0:
+            for message, _, _, _ in self._queue0:
                 self.queued_bytes -= len(message.payload)
             self._queue0.clear()
 
@@ -122,58 +131,77 @@ class Session:
     # Outbound delivery
 
     def deliver(self, message, qos, retain=False):
-        """Send ``message`` at ``qos`` now, or queue it within the limits."""
+        """
+        Send ``message`` at ``qos`` now, or queue it within the limits.
+        Returns True when the delivery was written to the store, so that
+        its publisher is acknowledged only once that write is committed.
+        """
         if qos == 0:
             if self._writable and not self._queue0:
                 self.connection.write(message.frame(0, None, retain))
-                return
+                return False
             if self.connection is None and not self.limits.queue_qos0_messages:
-                return
-            self._enqueue(self._queue0, message, qos, retain)
-            return
+                return False
+            self._enqueue(self._queue0, message, qos, retain, None)
+            return False
+        seq = None
+        if self.store is not None:
+            if self._full(message):
+                self._drop(message, qos)
+                return False
+            self._seq = seq = self._seq + 1
+            self.store.add_delivery(self.client_id, seq, message, qos, retain)
         if (
             self._writable
             and not self._queue
             and len(self.inflight) < self.limits.max_inflight_messages
         ):
-            self._send(message, qos, retain)
+            self._send(message, qos, retain, seq)
         else:
-            self._enqueue(self._queue, message, qos, retain)
+            self._enqueue(self._queue, message, qos, retain, seq)
+        return seq is not None
 
-    def _enqueue(self, queue, message, qos, retain):
-        size = len(message.payload)
+    def _full(self, message):
         limits = self.limits
-        if (
+        return (
             self.queued >= limits.max_queued_messages
-            or self.queued_bytes + size > limits.max_queued_bytes
-        ):
-            self.dropped += 1
-            if self.dropped == 1 or self.dropped % 1000 == 0:
-                log.warn(
-                    "client {client_id} queue full: dropped QoS {qos} message"
-                    " on {topic} ({dropped} dropped so far)",
-                    client_id=self.client_id,
-                    qos=qos,
-                    topic=message.topic,
-                    dropped=self.dropped,
-                )
+            or self.queued_bytes + len(message.payload) > limits.max_queued_bytes
+        )
+
+    def _drop(self, message, qos):
+        self.dropped += 1
+        if self._stats is not None:
+            self._stats.messages_dropped += 1
+        if self.dropped == 1 or self.dropped % 1000 == 0:
+            log.warn(
+                "client {client_id} queue full: dropped QoS {qos} message"
+                " on {topic} ({dropped} dropped so far)",
+                client_id=self.client_id,
+                qos=qos,
+                topic=message.topic,
+                dropped=self.dropped,
+            )
+
+    def _enqueue(self, queue, message, qos, retain, seq):
+        if seq is None and self._full(message):
+            self._drop(message, qos)
             return
-        self.queued_bytes += size
-        queue.append((message, qos, retain))
+        self.queued_bytes += len(message.payload)
+        queue.append((message, qos, retain, seq))
 
     def pump(self):
         """Move queued messages to the wire as the socket and window allow."""
         queue0 = self._queue0
         while queue0 and self._writable:
-            message, _, retain = queue0.popleft()
+            message, _, retain, _ = queue0.popleft()
             self.queued_bytes -= len(message.payload)
             self.connection.write(message.frame(0, None, retain))
         queue = self._queue
         window = self.limits.max_inflight_messages
         while queue and self._writable and len(self.inflight) < window:
-            message, qos, retain = queue.popleft()
+            message, qos, retain, seq = queue.popleft()
             self.queued_bytes -= len(message.payload)
-            self._send(message, qos, retain)
+            self._send(message, qos, retain, seq)
 
     def _next_message_id(self):
         mid = self._last_mid
@@ -184,14 +212,26 @@ class Session:
                 self._last_mid = mid
                 return mid
 
-    def _send(self, message, qos, retain):
+    def _send(self, message, qos, retain, seq):
         mid = self._next_message_id()
         self.inflight[mid] = _InFlight(
-            message, qos, retain, self.clock.seconds() + self.limits.retry_interval
+            message, qos, retain, seq, self.clock.seconds() + self.limits.retry_interval
         )
-        self.connection.write(message.frame(qos, mid, retain))
+        frame = message.frame(qos, mid, retain)
+        if seq is None:
+            self.connection.write(frame)
+        else:
+            # The message id is on disk before the client can see it, so a
+            # restart re-sends it under the same id: exactly once holds.
+            self.store.update_delivery(self.client_id, seq, mid, AWAITING_ACK)
+            self.store.after_commit(self._write_if_still, self.connection, frame)
         if self._retry_call is None:
             self._schedule_retry()
+
+    def _write_if_still(self, connection, frame):
+        # A connection that left meanwhile gets it again on the next attach.
+        if self.connection is connection:
+            connection.write(frame)
 
     def _resend(self, mid, flight):
         if flight.state == AWAITING_ACK:
@@ -205,23 +245,52 @@ class Session:
     def puback(self, mid):
         flight = self.inflight.get(mid)
         if flight is not None and flight.qos == 1:
-            del self.inflight[mid]
-            self.pump()
+            self._complete(mid, flight)
 
     def pubrec(self, mid):
+        pubrel = Pubrel(mid).encode()
         flight = self.inflight.get(mid)
         if flight is not None and flight.qos == 2:
             flight.state = AWAITING_PUBCOMP
             flight.attempts = 0
             flight.due = self.clock.seconds() + self.limits.retry_interval
+            if flight.seq is not None:
+                # Once PUBREL is out the PUBLISH must never be sent again,
+                # not even after a crash: record the PUBREC first.
+                self.store.update_delivery(self.client_id, flight.seq, mid, AWAITING_PUBCOMP)
+                self.store.after_commit(self._write_if_still, self.connection, pubrel)
+                return
         # Answered even for an id we no longer know, so the client can finish.
-        self.connection.write(Pubrel(mid).encode())
+        self.connection.write(pubrel)
 
     def pubcomp(self, mid):
         flight = self.inflight.get(mid)
         if flight is not None and flight.state == AWAITING_PUBCOMP:
-            del self.inflight[mid]
-            self.pump()
+            self._complete(mid, flight)
+
+    def _complete(self, mid, flight):
+        del self.inflight[mid]
+        if flight.seq is not None:
+            self.store.delete_delivery(self.client_id, flight.seq)
+        self.pump()
+
+    # Restoring from the store
+
+    def restore(self, stored):
+        """Queued and in-flight deliveries as the store had them, in order."""
+        now = self.clock.seconds()
+        for d in stored.deliveries:
+            message = Publish(d.topic, d.payload, d.qos, d.retain)
+            self._seq = max(self._seq, d.seq)
+            if d.message_id is None:
+                self.queued_bytes += len(d.payload)
+                self._queue.append((message, d.qos, d.retain, d.seq))
+            else:
+                self.inflight[d.message_id] = _InFlight(
+                    message, d.qos, d.retain, d.seq, now, d.state
+                )
+                self._last_mid = d.message_id
+        self.awaiting_pubrel = set(stored.awaiting_pubrel)
 
     # Retry of unacknowledged messages
 

@@ -5,7 +5,8 @@ The twistd plugin's options and service: ``twistd -n mqttgw --tcp 1883``.
 import sys
 
 from twisted.application import strports
-from twisted.application.service import MultiService
+from twisted.application.service import MultiService, Service
+from twisted.internet.threads import deferToThread
 from twisted.internet.endpoints import serverFromString
 from twisted.python import usage
 
@@ -15,6 +16,7 @@ from mqttgw import config
 from mqttgw.protocol import ConnectionLimits, Flusher, MQTTServerFactory
 from mqttgw.router import Router
 from mqttgw.session import SessionLimits
+from mqttgw.store import Store, StoreError
 from mqttgw.tls import server_options
 from mqttgw.websocket import websocket_site
 
@@ -54,7 +56,7 @@ class Options(usage.Options):
             raw = self[key.flag]
             if key.type is bool:
                 if raw:
-                    values[key.path] = True
+                    values[key.path] = not key.default
                 continue
             if raw is None:
                 continue
@@ -120,7 +122,7 @@ def _tls_options(settings):
     )
 
 
-def build_router(settings, clock):
+def build_router(settings, clock, store=None):
     limits = settings.section("limits")
     mqtt = settings.section("mqtt")
     return Router(
@@ -134,14 +136,44 @@ def build_router(settings, clock):
             retry_max_interval=mqtt["retry_max_interval"],
         ),
         max_qos=mqtt["max_qos"],
+        store=store,
     )
+
+
+class StoreService(Service):
+    """Runs the store's writer thread; on shutdown, commits what is left."""
+
+    def __init__(self, store):
+        self.store = store
+
+    def startService(self):
+        super().startService()
+        self.store.start()
+
+    def stopService(self):
+        super().stopService()
+        return deferToThread(self.store.stop)
+
+
+def open_store(settings, reactor):
+    """The loaded store, or None without persistence; errors end start-up."""
+    persistence = settings.section("persistence")
+    if not persistence["enabled"]:
+        return None, ([], [])
+    try:
+        store = Store(persistence["data_dir"], reactor, persistence["durability"])
+        return store, store.load()
+    except StoreError as e:
+        sys.exit(f"mqttgw: {e}")
 
 
 def makeService(options, reactor=None):
     if reactor is None:
         from twisted.internet import reactor
     settings = options.settings
-    router = build_router(settings, reactor)
+    store, (retained, sessions) = open_store(settings, reactor)
+    router = build_router(settings, reactor, store)
+    router.restore(retained, sessions)
     limits = settings.section("limits")
     connection_limits = ConnectionLimits(
         max_packet_size=limits["max_packet_size"],
@@ -174,6 +206,9 @@ def makeService(options, reactor=None):
         return TLSMemoryBIOFactory(options.tls_options, False, wrapped)
 
     top = MultiService()
+    if store is not None:
+        # First in, so last to stop: connections close before it commits.
+        StoreService(store).setServiceParent(top)
     listeners = [
         ("listeners.tcp", lambda: factory),
         ("listeners.tls", lambda: tls(tls_factory)),

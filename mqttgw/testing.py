@@ -13,18 +13,39 @@ from mqttgw.framing import Framer
 from mqttgw.protocol import ConnectionLimits, MQTTServerFactory
 from mqttgw.router import Router
 from mqttgw.session import SessionLimits
+from mqttgw.store import Store
 
 
 class FakeBroker:
     """A router and server factory driven by a fake clock."""
 
-    def __init__(self, session_limits=SessionLimits(), **connection_limits):
+    def __init__(self, session_limits=SessionLimits(), store_dir=None, **connection_limits):
         self.clock = Clock()
-        self.router = Router(self.clock, session_limits)
+        self.store = None
+        if store_dir is not None:
+            # A real SQLite store, committed only when the test says so.
+            self.store = Store(store_dir, self.clock)
+        self.router = Router(self.clock, session_limits, store=self.store)
+        if self.store is not None:
+            self.router.restore(*self.store.load())
         self.factory = MQTTServerFactory(
             self.router, ConnectionLimits(**connection_limits), self.clock
         )
         self._port = 40000
+
+    def commit(self):
+        """The store's writer commits everything written so far."""
+        self.store.run_pending()
+        self.clock.advance(0)
+
+    def restart(self):
+        """
+        A new broker on the same store, as after a crash: what was not
+        committed is lost.
+        """
+        path = self.store.path.parent
+        self.store._db.close()
+        return FakeBroker(self.router.limits, store_dir=path)
 
     def client(self, connect=None, **connect_fields):
         """

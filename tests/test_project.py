@@ -34,7 +34,7 @@ def test_example_config_documents_every_key_with_its_default():
 
 def test_systemd_unit_runs_the_plugin_with_the_config_file():
     unit = (REPO / "deploy" / "mqttgw.service").read_text()
-    assert re.search(r"^ExecStart=.*twistd .*mqttgw --config /etc/mqttgw/mqttgw.toml$", unit, re.M)
+    assert re.search(r"^ExecStart=.*twistd .*mqttgw --config /etc/mqttgw/mqttgw.toml --data-dir /var/lib/mqttgw$", unit, re.M)
 
 
 def test_no_package_init_hides_twisted_plugins():

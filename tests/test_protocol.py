@@ -664,6 +664,7 @@ def test_paused_connection_queues_then_drops_qos0_and_counts():
     session = broker.router.sessions["s"]
     assert session.queued == 10
     assert session.dropped == 15
+    assert broker.router.stats.messages_dropped == 15
     sub.protocol.resumeProducing()
     assert [p.payload for p in sub.received()] == [b"%d" % i for i in range(10)]
     assert session.queued == 0

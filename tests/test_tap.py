@@ -39,7 +39,8 @@ def test_tcp_option_repeats_and_takes_endpoint_strings():
 
 def test_service_listens_on_every_listener():
     reactor = MemoryReactor()
-    service = makeService(parse("--tcp", "1883", "--tcp", "tcp:1884:interface=127.0.0.1"), reactor)
+    options = parse("--tcp", "1883", "--tcp", "tcp:1884:interface=127.0.0.1", "--no-persistence")
+    service = makeService(options, reactor)
     service.startService()
     ports = [(port, interface) for port, _, _, interface in reactor.tcpServers]
     assert ports == [(1883, ""), (1884, "127.0.0.1")]
@@ -68,7 +69,7 @@ def test_config_file_sets_every_section(tmp_path):
     assert s["limits.connect_timeout"] == 3.0
     assert s["mqtt.retry_interval"] == 7.5
     assert s["mqtt.queue_qos0_messages"] is True
-    router = makeService(parse("--config", path), MemoryReactor()).router
+    router = makeService(parse("--config", path, "--no-persistence"), MemoryReactor()).router
     assert router.limits.max_inflight_messages == 5
     assert router.max_qos == 1
 

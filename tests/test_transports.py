@@ -361,3 +361,49 @@ def test_bad_certificate_files_stop_start_up_naming_the_file(tmp_path, pki, args
     assert out.returncode != 0
     assert message in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
+
+
+# Slow consumers, over real sockets
+
+
+@pytest.mark.parametrize("transport", ["tcp", "ws"])
+def test_a_reader_that_stops_reading_is_paused_then_dropped_not_buffered(gateway_with, transport):
+    ws = free_port()
+    gw = gateway_with("--ws", endpoint(ws), "--max-queued-messages", "50")
+    if transport == "ws":
+        reader = RawWebSocket(ws, "mqtt")
+        reader.send_frame(P.Connect(client_id="stalled").encode() + P.Subscribe(1, [("flood", 0)]).encode())
+        assert reader.packets(2) == [P.Connack(0), P.Suback(1, [0])]
+        sock = reader.sock
+    else:
+        sock = socket.create_connection((LOCAL, gw.port), timeout=10)
+        sock.sendall(P.Connect(client_id="stalled").encode() + P.Subscribe(1, [("flood", 0)]).encode())
+        framer, got = Framer(), []
+        while len(got) < 2:
+            got.extend(framer.feed(sock.recv(4096)))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    rss_before = _rss_kib(gw.process.pid)
+    # The reader now reads nothing; a publisher sends far more than the
+    # socket buffers and the queue can hold.
+    publisher = socket.create_connection((LOCAL, gw.port), timeout=10)
+    publisher.sendall(P.Connect(client_id="flooder").encode())
+    chunk = P.Publish("flood", b"x" * 10_000).encode() * 100
+    for _ in range(60):
+        publisher.sendall(chunk)
+    publisher.sendall(P.Pingreq().encode())
+    framer, got = Framer(), []
+    while P.Pingresp() not in got:
+        got.extend(framer.feed(publisher.recv(65536)))
+    gw.wait_for_log("client stalled queue full: dropped QoS 0 message")
+    with urllib.request.urlopen(f"http://{LOCAL}:{ws}/healthz", timeout=10) as r:
+        status = json.loads(r.read())
+    # 60 MB went to a reader that took none of it: most was dropped and
+    # counted, and the gateway did not grow by anything like 60 MB.
+    assert status["messages_dropped"] > 4000
+    assert _rss_kib(gw.process.pid) - rss_before < 30_000
+    sock.close()
+
+
+def _rss_kib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        return int(next(line for line in f if line.startswith("VmRSS:")).split()[1])

@@ -1,0 +1,301 @@
+"""
+The durable store: retained messages, persistent sessions with their
+subscriptions, queued and in-flight messages, and inbound QoS 2 ids, in
+SQLite (WAL).  The reactor thread never touches the disk: writes go to one
+writer thread that commits them in batches, and ``barrier()`` gives a
+Deferred that fires (in the reactor) once everything written before it is
+committed.  Loading happens once, at start-up, before the reactor runs.
+"""
+
+import queue
+import sqlite3
+import threading
+from pathlib import Path
+
+import attr
+from twisted.internet.defer import Deferred
+from twisted.logger import Logger
+
+log = Logger()
+
+DB_NAME = "mqttgw.db"
+SCHEMA_VERSION = 1
+
+# --durability: what a commit survives, as SQLite's synchronous setting.
+DURABILITY = {
+    "fsync": "FULL",  # power loss: every commit is fsynced
+    "os": "NORMAL",  # a crash of the process: the OS holds what was written
+}
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS retained (
+    topic TEXT PRIMARY KEY, payload BLOB NOT NULL, qos INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS sessions (client_id TEXT PRIMARY KEY);
+CREATE TABLE IF NOT EXISTS subscriptions (
+    client_id TEXT NOT NULL, topic_filter TEXT NOT NULL, qos INTEGER NOT NULL,
+    PRIMARY KEY (client_id, topic_filter));
+CREATE TABLE IF NOT EXISTS deliveries (
+    client_id TEXT NOT NULL, seq INTEGER NOT NULL,
+    topic TEXT NOT NULL, payload BLOB NOT NULL, qos INTEGER NOT NULL,
+    retain INTEGER NOT NULL, message_id INTEGER, state INTEGER NOT NULL,
+    PRIMARY KEY (client_id, seq));
+CREATE TABLE IF NOT EXISTS awaiting_pubrel (
+    client_id TEXT NOT NULL, message_id INTEGER NOT NULL,
+    PRIMARY KEY (client_id, message_id));
+"""
+
+
+class StoreError(Exception):
+    """The store cannot be opened or read; the message names the file."""
+
+
+@attr.s(slots=True)
+class StoredDelivery:
+    seq = attr.ib()
+    topic = attr.ib()
+    payload = attr.ib()
+    qos = attr.ib()
+    retain = attr.ib()
+    message_id = attr.ib()
+    state = attr.ib()
+
+
+@attr.s(slots=True)
+class StoredSession:
+    client_id = attr.ib()
+    subscriptions = attr.ib(factory=dict)
+    deliveries = attr.ib(factory=list)
+    awaiting_pubrel = attr.ib(factory=set)
+
+
+class _Barrier:
+    __slots__ = ("deferred",)
+
+    def __init__(self):
+        self.deferred = Deferred()
+
+
+_STOP = object()
+
+
+class Store:
+    """
+    Open (creating if need be) the store in ``data_dir``.  Anything wrong
+    with an existing file raises StoreError; it is never replaced.
+    """
+
+    def __init__(self, data_dir, reactor, durability="fsync", batch=1000):
+        self.path = Path(data_dir) / DB_NAME
+        self.reactor = reactor
+        self.batch = batch
+        self.failed = None
+        self._queue = queue.SimpleQueue()
+        self._thread = None
+        # Work waiting for the commit of what was written this reactor turn.
+        self._after_commit = []
+        self._turn_end = None
+        try:
+            Path(data_dir).mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise StoreError(f"data directory {data_dir}: {e.strerror}") from None
+        self._db = self._open(DURABILITY[durability])
+
+    def _open(self, synchronous):
+        try:
+            db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute(f"PRAGMA synchronous={synchronous}")
+            ok = db.execute("PRAGMA quick_check").fetchone()[0]
+            if ok != "ok":
+                raise sqlite3.DatabaseError(ok)
+            db.executescript(SCHEMA)
+            row = db.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+            if row is None:
+                db.execute("INSERT INTO meta VALUES ('schema', ?)", (SCHEMA_VERSION,))
+            elif row[0] != SCHEMA_VERSION:
+                raise sqlite3.DatabaseError(f"schema version {row[0]} is not {SCHEMA_VERSION}")
+        except sqlite3.Error as e:
+            raise StoreError(f"store {self.path}: cannot be used: {e}") from None
+        return db
+
+    # Start-up
+
+    def load(self):
+        """Everything stored: ``(retained [(topic, payload, qos)], sessions)``."""
+        try:
+            db = self._db
+            retained = db.execute("SELECT topic, payload, qos FROM retained").fetchall()
+            sessions = {
+                cid: StoredSession(cid)
+                for (cid,) in db.execute("SELECT client_id FROM sessions")
+            }
+            for cid, topic_filter, qos in db.execute(
+                "SELECT client_id, topic_filter, qos FROM subscriptions"
+            ):
+                sessions[cid].subscriptions[topic_filter] = qos
+            for row in db.execute(
+                "SELECT client_id, seq, topic, payload, qos, retain, message_id, state"
+                " FROM deliveries ORDER BY client_id, seq"
+            ):
+                sessions[row[0]].deliveries.append(
+                    StoredDelivery(row[1], row[2], bytes(row[3]), row[4], bool(row[5]), row[6], row[7])
+                )
+            for cid, mid in db.execute("SELECT client_id, message_id FROM awaiting_pubrel"):
+                sessions[cid].awaiting_pubrel.add(mid)
+        except (sqlite3.Error, KeyError) as e:
+            raise StoreError(f"store {self.path}: cannot be read: {e!r}") from None
+        return [(t, bytes(p), q) for t, p, q in retained], list(sessions.values())
+
+    def start(self):
+        self._thread = threading.Thread(target=self._write_loop, name="mqttgw-store", daemon=True)
+        self._thread.start()
+
+    def stop(self):
+        """Commit everything submitted, then close (blocks: for shutdown)."""
+        if self._thread is not None:
+            self._queue.put(_STOP)
+            self._thread.join()
+            self._thread = None
+        self._db.close()
+
+    # Writes, from the reactor thread
+
+    def write(self, sql, args=()):
+        self._queue.put((sql, args))
+
+    def barrier(self):
+        """A Deferred fired once every write submitted so far is committed."""
+        barrier = _Barrier()
+        self._queue.put(barrier)
+        return barrier.deferred
+
+    def after_commit(self, callback, *args):
+        """
+        Call ``callback(*args)`` once every write submitted so far is
+        committed.  Callbacks run in the order given; those of one reactor
+        turn share one barrier.
+        """
+        self._after_commit.append((callback, args))
+        if self._turn_end is None:
+            self._turn_end = self.reactor.callLater(0, self._end_turn)
+
+    def _end_turn(self):
+        self._turn_end = None
+        waiting, self._after_commit = self._after_commit, []
+        self.barrier().addCallback(_run_all, waiting)
+
+    def set_retained(self, topic, payload, qos):
+        self.write("INSERT OR REPLACE INTO retained VALUES (?, ?, ?)", (topic, payload, qos))
+
+    def delete_retained(self, topic):
+        self.write("DELETE FROM retained WHERE topic = ?", (topic,))
+
+    def add_session(self, client_id):
+        self.write("INSERT OR IGNORE INTO sessions VALUES (?)", (client_id,))
+
+    def delete_session(self, client_id):
+        for table in ("sessions", "subscriptions", "deliveries", "awaiting_pubrel"):
+            self.write(f"DELETE FROM {table} WHERE client_id = ?", (client_id,))
+
+    def subscribe(self, client_id, topic_filter, qos):
+        self.write(
+            "INSERT OR REPLACE INTO subscriptions VALUES (?, ?, ?)",
+            (client_id, topic_filter, qos),
+        )
+
+    def unsubscribe(self, client_id, topic_filter):
+        self.write(
+            "DELETE FROM subscriptions WHERE client_id = ? AND topic_filter = ?",
+            (client_id, topic_filter),
+        )
+
+    def add_delivery(self, client_id, seq, message, qos, retain):
+        self.write(
+            "INSERT INTO deliveries VALUES (?, ?, ?, ?, ?, ?, NULL, 0)",
+            (client_id, seq, message.topic, message.payload, qos, int(retain)),
+        )
+
+    def update_delivery(self, client_id, seq, message_id, state):
+        self.write(
+            "UPDATE deliveries SET message_id = ?, state = ? WHERE client_id = ? AND seq = ?",
+            (message_id, state, client_id, seq),
+        )
+
+    def delete_delivery(self, client_id, seq):
+        self.write("DELETE FROM deliveries WHERE client_id = ? AND seq = ?", (client_id, seq))
+
+    def add_awaiting_pubrel(self, client_id, message_id):
+        self.write("INSERT OR IGNORE INTO awaiting_pubrel VALUES (?, ?)", (client_id, message_id))
+
+    def delete_awaiting_pubrel(self, client_id, message_id):
+        self.write(
+            "DELETE FROM awaiting_pubrel WHERE client_id = ? AND message_id = ?",
+            (client_id, message_id),
+        )
+
+    # The writer thread
+
+    def _write_loop(self):
+        while True:
+            batch = [self._queue.get()]
+            # Group commit: everything already waiting goes in this batch.
+            while len(batch) < self.batch:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            if not self._commit(batch, self.reactor.callFromThread):
+                return
+
+    def run_pending(self):
+        """
+        Without a writer thread (tests): commit what was submitted, here,
+        and fire the barriers it covers.
+        """
+        if self._turn_end is not None and self._turn_end.active():
+            self._turn_end.cancel()
+            self._end_turn()
+        batch = []
+        while True:
+            try:
+                batch.append(self._queue.get_nowait())
+            except queue.Empty:
+                break
+        self._commit(batch, lambda f, *a: f(*a))
+
+    def _commit(self, batch, call_in_reactor):
+        """One transaction for ``batch``; False once told to stop."""
+        db = self._db
+        barriers = []
+        carry_on = True
+        try:
+            db.execute("BEGIN")
+            for item in batch:
+                if item is _STOP:
+                    carry_on = False
+                elif isinstance(item, _Barrier):
+                    barriers.append(item)
+                else:
+                    db.execute(*item)
+            db.execute("COMMIT")
+        except sqlite3.Error as e:
+            # The disk failed us: nothing in this batch is acknowledged as
+            # safe; the clients will send it again.
+            self.failed = e
+            call_in_reactor(
+                log.critical, "store {path}: write failed: {error}", path=self.path, error=e
+            )
+            try:
+                db.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
+            return carry_on
+        for barrier in barriers:
+            call_in_reactor(barrier.deferred.callback, None)
+        return carry_on
+
+
+def _run_all(_, callbacks):
+    for callback, args in callbacks:
+        callback(*args)

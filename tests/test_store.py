@@ -1,0 +1,234 @@
+"""
+Durable state on a real SQLite store whose commits the tests drive: ack
+means safe, what survives a restart, and a store that cannot be used.
+"""
+
+import sqlite3
+
+import pytest
+
+from mqttgw import packets as P
+from mqttgw.store import Store, StoreError
+from mqttgw.testing import FakeBroker
+from tests.test_protocol import connected, publishes
+
+
+@pytest.fixture
+def broker(tmp_path):
+    return FakeBroker(store_dir=tmp_path)
+
+
+def persistent_subscriber(broker, client_id, *topics):
+    client = connected(broker, client_id, clean_session=False)
+    client.send(P.Subscribe(1, list(topics)))
+    assert isinstance(client.received()[0], P.Suback)
+    broker.commit()
+    return client
+
+
+# Ack means safe
+
+
+def test_qos1_to_a_persistent_session_is_acknowledged_after_commit(broker):
+    sub = persistent_subscriber(broker, "s", ("a", 1))
+    pub = connected(broker, "p")
+    pub.send(P.Publish("a", b"x", 1, message_id=1))
+    assert pub.received() == []
+    # The delivery too waits until its message id is on disk.
+    assert sub.received() == []
+    broker.commit()
+    assert pub.received() == [P.Puback(1)]
+    assert publishes(sub.received()) == [("a", b"x", 1)]
+
+
+def test_traffic_between_clean_sessions_never_waits_for_the_disk(broker):
+    sub = connected(broker, "s")
+    sub.send(P.Subscribe(1, [("a", 2)]))
+    sub.received()
+    pub = connected(broker, "p")
+    pub.send(P.Publish("a", b"1", 1, message_id=1), P.Publish("a", b"2", 2, message_id=2))
+    assert pub.received() == [P.Puback(1), P.Pubrec(2)]
+    assert len(publishes(sub.received())) == 2
+
+
+def test_retained_publish_is_acknowledged_after_commit(broker):
+    pub = connected(broker, "p")
+    pub.send(P.Publish("r", b"v", 1, retain=True, message_id=3))
+    assert pub.received() == []
+    broker.commit()
+    assert pub.received() == [P.Puback(3)]
+
+
+def test_acks_keep_their_order_behind_one_that_waits(broker):
+    persistent_subscriber(broker, "s", ("durable", 1))
+    pub = connected(broker, "p")
+    pub.send(
+        P.Publish("durable", b"x", 1, message_id=1),
+        P.Publish("elsewhere", b"y", 1, message_id=2),
+    )
+    assert pub.received() == []
+    broker.commit()
+    assert pub.received() == [P.Puback(1), P.Puback(2)]
+
+
+def test_qos2_from_a_persistent_publisher_is_acknowledged_after_commit(broker):
+    pub = connected(broker, "p", clean_session=False)
+    pub.send(P.Publish("a", b"x", 2, message_id=7))
+    assert pub.received() == []
+    broker.commit()
+    assert pub.received() == [P.Pubrec(7)]
+    pub.send(P.Pubrel(7))
+    assert pub.received() == []
+    broker.commit()
+    assert pub.received() == [P.Pubcomp(7)]
+
+
+def test_pubrel_to_a_persistent_subscriber_waits_for_the_recorded_pubrec(broker):
+    sub = persistent_subscriber(broker, "s", ("a", 2))
+    pub = connected(broker, "p")
+    pub.send(P.Publish("a", b"x", 2, message_id=1))
+    broker.commit()
+    [delivered] = publishes_packets(sub.received())
+    sub.send(P.Pubrec(delivered.message_id))
+    assert sub.received() == []
+    broker.commit()
+    assert sub.received() == [P.Pubrel(delivered.message_id)]
+
+
+def publishes_packets(packets):
+    return [p for p in packets if isinstance(p, P.Publish)]
+
+
+# What a restart keeps
+
+
+def test_uncommitted_state_is_lost_and_was_never_acknowledged(broker):
+    pub = connected(broker, "p")
+    pub.send(P.Publish("r", b"v", 1, retain=True, message_id=3))
+    assert pub.received() == []
+    after = broker.restart()
+    assert after.router.retained == {}
+
+
+def test_retained_messages_survive_a_restart(broker):
+    pub = connected(broker, "p")
+    pub.send(
+        P.Publish("r/1", b"one", 1, retain=True, message_id=1),
+        P.Publish("r/2", b"two", 0, retain=True),
+        P.Publish("r/3", b"three", 0, retain=True),
+        P.Publish("r/3", b"", 0, retain=True),
+    )
+    broker.commit()
+    after = broker.restart()
+    sub = connected(after, "s")
+    sub.send(P.Subscribe(1, [("r/#", 1)]))
+    got = sorted((m.topic, m.payload, m.qos, m.retain) for m in publishes_packets(sub.received()))
+    assert got == [("r/1", b"one", 1, True), ("r/2", b"two", 0, True)]
+
+
+def test_persistent_session_subscriptions_and_queue_survive_a_restart(broker):
+    sub = persistent_subscriber(broker, "s", ("a/#", 2), ("b", 1))
+    sub.lose_connection()
+    pub = connected(broker, "p")
+    for i in range(5):
+        pub.send(P.Publish(f"a/{i}", b"%d" % i, 1 + i % 2, message_id=i + 1))
+    broker.commit()
+    after = broker.restart()
+    assert after.router.sessions["s"].subscriptions == {"a/#": 2, "b": 1}
+    back = after.client(client_id="s", clean_session=False)
+    packets = back.received()
+    assert packets[0] == P.Connack(0, session_present=True)
+    after.commit()
+    got = [(m.topic, m.qos) for m in publishes_packets(back.received())]
+    assert got == [(f"a/{i}", 1 + i % 2) for i in range(5)]
+    # Still subscribed after the restart.
+    pub = connected(after, "p2")
+    pub.send(P.Publish("b", b"live", 1, message_id=9))
+    after.commit()
+    assert publishes(back.received()) == [("b", b"live", 1)]
+
+
+def test_unacknowledged_deliveries_come_back_with_dup_and_the_same_id(broker):
+    sub = persistent_subscriber(broker, "s", ("a", 2))
+    pub = connected(broker, "p")
+    pub.send(P.Publish("a", b"1", 1, message_id=1), P.Publish("a", b"2", 2, message_id=2))
+    broker.commit()
+    first = publishes_packets(sub.received())
+    sub.send(P.Pubrec(first[1].message_id))
+    broker.commit()
+    after = broker.restart()
+    back = after.client(client_id="s", clean_session=False)
+    packets = back.received()
+    resent = publishes_packets(packets)
+    assert [(p.message_id, p.payload, p.dup) for p in resent] == [(first[0].message_id, b"1", True)]
+    assert P.Pubrel(first[1].message_id) in packets
+    back.send(P.Puback(first[0].message_id), P.Pubcomp(first[1].message_id))
+    after.commit()
+    assert after.router.sessions["s"].inflight == {}
+    assert after.restart().router.sessions["s"].inflight == {}
+
+
+def test_inbound_qos2_id_survives_a_restart_so_a_resend_is_not_routed_twice(broker):
+    sub = persistent_subscriber(broker, "s", ("a", 2))
+    pub = connected(broker, "p", clean_session=False)
+    pub.send(P.Publish("a", b"once", 2, message_id=5))
+    broker.commit()
+    assert pub.received() == [P.Pubrec(5)]
+    after = broker.restart()
+    pub = after.client(client_id="p", clean_session=False)
+    pub.received()
+    pub.send(P.Publish("a", b"once", 2, dup=True, message_id=5))
+    after.commit()
+    assert pub.received() == [P.Pubrec(5)]
+    back = after.client(client_id="s", clean_session=False)
+    after.commit()
+    assert [p.payload for p in publishes_packets(back.received())] == [b"once"]
+
+
+def test_a_clean_session_removes_the_stored_one(broker):
+    sub = persistent_subscriber(broker, "s", ("a", 1))
+    sub.send(P.Disconnect())
+    sub.finish_close()
+    connected(broker, "s", clean_session=True)
+    broker.commit()
+    assert "s" not in broker.restart().router.sessions
+
+
+def test_unsubscribe_is_stored(broker):
+    sub = persistent_subscriber(broker, "s", ("a", 1), ("b", 1))
+    sub.send(P.Unsubscribe(2, ["a"]))
+    broker.commit()
+    assert broker.restart().router.sessions["s"].subscriptions == {"b": 1}
+
+
+# A store that cannot be used
+
+
+def test_corrupt_store_file_is_an_error_naming_it(tmp_path):
+    (tmp_path / "mqttgw.db").write_bytes(b"this is not a database" * 100)
+    with pytest.raises(StoreError, match=r"mqttgw\.db: cannot be used"):
+        Store(tmp_path, reactor=None)
+    # Never silently replaced.
+    assert (tmp_path / "mqttgw.db").read_bytes().startswith(b"this is not")
+
+
+def test_store_path_that_is_a_directory_is_an_error_naming_it(tmp_path):
+    (tmp_path / "mqttgw.db").mkdir()
+    with pytest.raises(StoreError, match="mqttgw.db"):
+        Store(tmp_path, reactor=None)
+
+
+def test_store_of_another_schema_version_is_refused(tmp_path):
+    Store(tmp_path, reactor=None)._db.close()
+    db = sqlite3.connect(tmp_path / "mqttgw.db")
+    db.execute("UPDATE meta SET value = 99 WHERE key = 'schema'")
+    db.commit()
+    db.close()
+    with pytest.raises(StoreError, match="schema version 99"):
+        Store(tmp_path, reactor=None)
+
+
+def test_data_dir_that_cannot_be_made_is_an_error(tmp_path):
+    (tmp_path / "file").write_text("")
+    with pytest.raises(StoreError, match="data directory"):
+        Store(tmp_path / "file" / "sub", reactor=None)
