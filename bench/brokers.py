@@ -11,6 +11,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -65,9 +66,10 @@ def ensure_amqtt():
 class Broker:
     name = None
     # MQTT 3.1 clients are not accepted by every broker; 3.1.1 is.
-    def __init__(self, workdir, cpu=None):
-        self.workdir = Path(workdir) / self.name
-        self.workdir.mkdir(parents=True, exist_ok=True)
+    def __init__(self, workdir, cpu=None, options=()):
+        # A directory of its own per start: no state carries over.
+        self.workdir = Path(tempfile.mkdtemp(prefix=f"{self.name}-", dir=workdir))
+        self.options = list(options)
         self.port = free_port()
         self.ws_port = free_port()
         self.cpu = cpu
@@ -143,7 +145,16 @@ class Mqttgw(Broker):
             "--max-inflight-messages", str(MAX_INFLIGHT),
             "--max-queued-messages", str(MAX_QUEUED),
             "--max-connections", "50000",
-        ]
+        ] + self.options
+
+
+class MqttgwMemory(Mqttgw):
+    """mqttgw without its store, to show what persistence costs."""
+
+    name = "mqttgw-memory"
+
+    def command(self):
+        return super().command() + ["--no-persistence"]
 
 
 class Mosquitto(Broker):
@@ -190,4 +201,4 @@ class Amqtt(Broker):
         return [str(ensure_amqtt()), "-c", str(conf)]
 
 
-BROKERS = {b.name: b for b in (Mqttgw, Mosquitto, Amqtt)}
+BROKERS = {b.name: b for b in (Mqttgw, MqttgwMemory, Mosquitto, Amqtt)}

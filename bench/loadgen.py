@@ -211,10 +211,10 @@ def publisher(port, index, topic, qos, payload_size, shared, window, batch, rate
         print(f"publisher {index}: {e!r}", flush=True)
 
 
-def subscriber(port, index, topic_filter, qos, psize, shared):
+def subscriber(port, index, topic_filter, qos, psize, shared, persistent=False):
     """Count (and acknowledge) messages until told to stop and drained."""
     try:
-        sock = connect(port, f"bench-sub-{index}-{os.getpid()}")
+        sock = connect(port, f"bench-sub-{index}-{os.getpid()}", clean_session=not persistent)
         subscribe(sock, topic_filter, qos)
         shared.ready[index] = 1
         received = 0

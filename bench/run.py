@@ -36,6 +36,8 @@ THROUGHPUT = {
     "fan-in qos1": (4, 1, 1),
     "fan-in qos2": (4, 1, 2),
     "fan-in qos0 ws": (4, 1, 0),
+    # The subscriber has a persistent session: every message is stored.
+    "fan-in qos1 persistent": (4, 1, 1),
     "fan-out qos0": (1, 8, 0),
     "fan-out qos1": (1, 8, 1),
 }
@@ -51,7 +53,7 @@ def _pin(cpu):
         os.sched_setaffinity(0, {cpu})
 
 
-def run_throughput(broker, publishers, subscribers, qos, duration, rate=None, probe_count=0, cpu=None, websocket=False):
+def run_throughput(broker, publishers, subscribers, qos, duration, rate=None, probe_count=0, cpu=None, websocket=False, persistent=False):
     """
     Deliveries per second, lost messages, and probe latencies (ms).  With
     ``websocket``, publishers connect over WebSocket, subscribers over TCP.
@@ -62,7 +64,7 @@ def run_throughput(broker, publishers, subscribers, qos, duration, rate=None, pr
     subs = [
         ctx.Process(
             target=_pinned,
-            args=(cpu, loadgen.subscriber, broker.port, i, "bench/+", qos, psize, shared),
+            args=(cpu, loadgen.subscriber, broker.port, i, "bench/+", qos, psize, shared, persistent),
         )
         for i in range(subscribers)
     ]
@@ -174,6 +176,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--duration", type=float, default=10.0, help="seconds per throughput scenario")
     parser.add_argument("--brokers", nargs="+", default=list(BROKERS), choices=list(BROKERS))
+    parser.add_argument("--durability", choices=["fsync", "os"], default=None, help="mqttgw's store durability (default: its own default)")
     parser.add_argument("--scenarios", nargs="+", default=ALL_SCENARIOS, choices=ALL_SCENARIOS)
     parser.add_argument("--connections", type=int, default=10_000, help="idle connections to hold")
     parser.add_argument("--json", default=str(Path(__file__).parent / "results" / "latest.json"))
@@ -189,7 +192,8 @@ def main(argv=None):
     with tempfile.TemporaryDirectory(prefix="mqttgw-bench-") as workdir:
         for name in order:
             for scenario in args.scenarios:
-                broker = BROKERS[name](workdir, broker_cpu).start()
+                options = ["--durability", args.durability] if args.durability and name == "mqttgw" else []
+                broker = BROKERS[name](workdir, broker_cpu, options).start()
                 try:
                     print(f"{name:10} {scenario} ...", end=" ", flush=True)
                     if scenario in THROUGHPUT:
@@ -197,6 +201,7 @@ def main(argv=None):
                         r = run_throughput(
                             broker, pubs, subs, qos, args.duration, cpu=load_cpu,
                             websocket=scenario.endswith(" ws"),
+                            persistent=scenario.endswith(" persistent"),
                         )
                         if scenario == "fan-in qos0" and name == "mqttgw":
                             latency_rate = r["per_second"] / 2
