@@ -78,6 +78,22 @@ KEYS = [
     ),
     Key("websocket", "compression", bool, False, "accept permessage-deflate"),
     Key(
+        "simple_bridge",
+        "addresses",
+        list,
+        [],
+        "upstream HOST:PORT of a bridge named default, tried in turn",
+        flag_name="bridge",
+    ),
+    Key(
+        "simple_bridge",
+        "rules",
+        list,
+        [],
+        "that bridge's rules: 'PATTERN in|out|both QOS [LOCAL_PREFIX REMOTE_PREFIX]'",
+        flag_name="bridge-topic",
+    ),
+    Key(
         "persistence",
         "enabled",
         bool,
@@ -215,6 +231,12 @@ def load_file(path):
         raise ConfigError(f"{path}: not valid TOML: {e}") from None
     values = {}
     for section, table in document.items():
+        if section == "bridge":
+            # [[bridge]] tables are checked by their bridge kind.
+            if not isinstance(table, list) or not all(isinstance(t, dict) for t in table):
+                raise ConfigError(f"{path}: bridge must be [[bridge]] tables")
+            values["bridges"] = table
+            continue
         if section not in SECTIONS:
             raise ConfigError(f"{path}: unknown section [{section}]")
         if not isinstance(table, dict):
@@ -249,8 +271,19 @@ DEFAULT_LISTENER = ("listeners.tcp", ["1883"])
 def build(file_values, flag_values):
     """Defaults, then the file, then the flags; with no listener, TCP 1883."""
     values = {k.path: k.default for k in KEYS}
+    values["bridges"] = []
     values.update(file_values)
     values.update(flag_values)
+    if values["simple_bridge.addresses"]:
+        values["bridges"] = values["bridges"] + [
+            {
+                "name": "default",
+                "addresses": values["simple_bridge.addresses"],
+                "rules": values["simple_bridge.rules"],
+            }
+        ]
+    elif values["simple_bridge.rules"]:
+        raise ConfigError("simple_bridge.rules (--bridge-topic) needs an address (--bridge)")
     if not any(values[path] for path in LISTENERS):
         values[DEFAULT_LISTENER[0]] = DEFAULT_LISTENER[1]
     if (values["listeners.tls"] or values["listeners.wss"]) and not (

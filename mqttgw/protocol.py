@@ -14,6 +14,7 @@ from zope.interface import implementer
 
 from mqttgw import packets as P
 from mqttgw.framing import Framer, ProtocolViolation
+from mqttgw.store import OrderedAcks
 from mqttgw.tls import peer_identity
 from mqttgw.topics import InvalidTopic, validate_topic_filter, validate_topic_name
 
@@ -47,7 +48,7 @@ class MQTTServerProtocol(Protocol):
     keepalive = 0
     username = None
     identity_as_username = False
-    _acks_waiting = 0
+    _acks = None
 
     def __init__(self, router, limits, clock, flusher):
         self.router = router
@@ -224,6 +225,9 @@ class MQTTServerProtocol(Protocol):
         self.protocol_level = level
         self.framer.strict = level == P.MQTT_311
         client_id = self.client_id = packet.client_id
+        if "\x00" in client_id:
+            # The router keeps such ids for bridges.
+            return self._refuse(P.CONNACK_IDENTIFIER_REJECTED, "client id contains U+0000")
         if level == P.MQTT_31:
             if not 1 <= len(client_id) <= 23:
                 return self._refuse(
@@ -311,21 +315,13 @@ class MQTTServerProtocol(Protocol):
             self._acknowledge(_PUBREC(mid).encode(), durable)
 
     def _acknowledge(self, ack, durable):
-        """
-        Ack means safe: an ack for a message written to the store waits for
-        its commit, and later acks wait behind it, as acks go in order.
-        """
-        store = self.router.store
-        if store is None or not (durable or self._acks_waiting):
-            self.write(ack)
-            return
-        self._acks_waiting += 1
-        store.after_commit(self._release_ack, ack)
+        if self._acks is None:
+            self._acks = OrderedAcks(self.router.store, self._write_if_connected)
+        self._acks.send(ack, durable)
 
-    def _release_ack(self, ack):
-        self._acks_waiting -= 1
+    def _write_if_connected(self, data):
         if self.state is CONNECTED:
-            self.write(ack)
+            self.write(data)
 
     def handle_PUBACK(self, packet):
         if self.state is not CONNECTED:

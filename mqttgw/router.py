@@ -122,20 +122,29 @@ class Router:
 
     # Publish
 
-    def publish(self, message):
+    def publish(self, message, sender=None):
         """
-        Route an application message (a Publish) to every subscriber.
+        Route an application message (a Publish) to every subscriber;
+        ``sender`` is the session it came from, for bridges.
         Returns True when it was written to the store (retained, or queued
         for a persistent session): its publisher is acknowledged only once
         that is committed.
         """
         durable = False
-        if message.retain:
+        retain = message.retain
+        if retain:
             durable = self._retain(message)
         subscribers = self.subscriptions.match(message.topic)
         qos = message.qos
         for session, granted in subscribers:
-            if session.deliver(message, qos if qos < granted else granted):
+            # A bridge is not sent back what it brought in: that would loop.
+            if session is sender and session.no_local:
+                continue
+            if session.deliver(
+                message,
+                qos if qos < granted else granted,
+                retain and session.retain_as_published,
+            ):
                 durable = True
         self.stats.messages_delivered += len(subscribers)
         return durable

@@ -28,6 +28,9 @@ class SessionLimits:
     max_queued_bytes = attr.ib(default=16 * 1024 * 1024)
     # Whether QoS 0 messages are queued for an offline persistent session.
     queue_qos0_messages = attr.ib(default=False)
+    # When the queue is full, drop its oldest message (bridges) rather
+    # than the new one.
+    drop_oldest = attr.ib(default=False)
     # First retry of an unacknowledged message (s); doubles up to the maximum.
     retry_interval = attr.ib(default=20.0)
     retry_max_interval = attr.ib(default=300.0)
@@ -53,6 +56,11 @@ class Session:
     :meth:`attach` and leaves with :meth:`detach`; a persistent session
     outlives its connections.
     """
+
+    # Bridges: not sent their own messages back, and given the RETAIN flag
+    # as it was published.
+    no_local = False
+    retain_as_published = False
 
     def __init__(
         self, client_id, clean_session, clock, limits=SessionLimits(), stats=None, store=None
@@ -146,7 +154,7 @@ class Session:
             return False
         seq = None
         if self.store is not None:
-            if self._full(message):
+            if self._full(message) and not self._make_room(message):
                 self._drop(message, qos)
                 return False
             self._seq = seq = self._seq + 1
@@ -182,8 +190,20 @@ class Session:
                 dropped=self.dropped,
             )
 
+    def _make_room(self, message):
+        """With drop_oldest: evict queued messages until ``message`` fits."""
+        if not self.limits.drop_oldest:
+            return False
+        while self._full(message) and (self._queue0 or self._queue):
+            old, qos, _, seq = (self._queue0 or self._queue).popleft()
+            self.queued_bytes -= len(old.payload)
+            if seq is not None:
+                self.store.delete_delivery(self.client_id, seq)
+            self._drop(old, qos)
+        return not self._full(message)
+
     def _enqueue(self, queue, message, qos, retain, seq):
-        if seq is None and self._full(message):
+        if seq is None and self._full(message) and not self._make_room(message):
             self._drop(message, qos)
             return
         self.queued_bytes += len(message.payload)

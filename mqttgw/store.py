@@ -296,6 +296,30 @@ class Store:
         return carry_on
 
 
+class OrderedAcks:
+    """
+    Ack means safe: an ack for a message written to the store waits for
+    its commit, and every later ack of the same connection waits behind
+    it, since acks go out in the order their packets came in.
+    """
+
+    def __init__(self, store, write):
+        self._store = store
+        self._write = write
+        self._waiting = 0
+
+    def send(self, ack, durable):
+        if self._store is None or not (durable or self._waiting):
+            self._write(ack)
+            return
+        self._waiting += 1
+        self._store.after_commit(self._release, ack)
+
+    def _release(self, ack):
+        self._waiting -= 1
+        self._write(ack)
+
+
 def _run_all(_, callbacks):
     for callback, args in callbacks:
         callback(*args)

@@ -13,6 +13,7 @@ from twisted.python import usage
 from twisted.protocols.tls import TLSMemoryBIOFactory
 
 from mqttgw import config
+from mqttgw.interfaces import bridge_kinds
 from mqttgw.protocol import ConnectionLimits, Flusher, MQTTServerFactory
 from mqttgw.router import Router
 from mqttgw.session import SessionLimits
@@ -80,6 +81,7 @@ class Options(usage.Options):
             settings = config.build(from_file, flags)
             _check_listeners(settings)
             self.tls_options = _tls_options(settings)
+            self.bridges = _check_bridges(settings)
         except config.ConfigError as e:
             # One line naming the problem, not a page of usage.
             sys.exit(f"mqttgw: {e}")
@@ -94,10 +96,10 @@ def _repeatable(key):
     return opt
 
 
-# --tcp, --tls, --ws, --wss, --trusted-proxies: one opt_ method each.
+# --tcp, --tls, --ws, --wss, --bridge, ...: one opt_ method each.
 for _key in config.KEYS:
     if _key.type is list:
-        setattr(Options, "opt_" + _key.name, _repeatable(_key))
+        setattr(Options, "opt_" + _key.flag.replace("-", "_"), _repeatable(_key))
 
 
 def _check_listeners(settings):
@@ -111,6 +113,26 @@ def _check_listeners(settings):
                 raise config.ConfigError(
                     f"{path}: {listener!r} is not a port or endpoint: {e}"
                 ) from None
+
+
+def _check_bridges(settings):
+    """[(bridge kind, its checked settings)] for every bridge configured."""
+    kinds = bridge_kinds()
+    bridges = []
+    names = set()
+    for table in settings["bridges"]:
+        kind = kinds.get(table.get("kind", "mqtt"))
+        if kind is None:
+            raise config.ConfigError(
+                f"bridge.kind {table.get('kind', 'mqtt')!r} is not installed"
+                f" (known: {', '.join(sorted(kinds))})"
+            )
+        checked = kind.check(table)
+        if checked.name in names:
+            raise config.ConfigError(f"bridge.name {checked.name!r} is used twice")
+        names.add(checked.name)
+        bridges.append((kind, checked))
+    return bridges
 
 
 def _tls_options(settings):
@@ -220,5 +242,7 @@ def makeService(options, reactor=None):
             strports.service(
                 endpoint_description(listener), make_factory(), reactor=reactor
             ).setServiceParent(top)
+    for kind, bridge in options.bridges:
+        kind.make_service(router, bridge, reactor).setServiceParent(top)
     top.router = router
     return top

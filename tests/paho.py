@@ -31,8 +31,9 @@ class PahoClient:
             c.will_set(*will)
         self.port = port
 
-    def connect(self, keepalive=60, transport_host="127.0.0.1"):
-        self.client.reconnect_delay_set(60, 120)
+    def connect(self, keepalive=60, transport_host="127.0.0.1", reconnect_delay=(60, 120)):
+        # Tests that drop the broker choose a short delay; others none.
+        self.client.reconnect_delay_set(*reconnect_delay)
         self.client.connect(transport_host, self.port, keepalive)
         self.client.loop_start()
         flags, rc = self.connack.get(timeout=TIMEOUT)

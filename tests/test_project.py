@@ -32,6 +32,14 @@ def test_example_config_documents_every_key_with_its_default():
         assert f"\n{key.name} = " in path.read_text()
 
 
+def test_example_config_documents_every_bridge_key():
+    from mqttgw.bridge import BRIDGE_KEYS
+
+    text = (REPO / "deploy" / "mqttgw.toml").read_text()
+    for key in BRIDGE_KEYS:
+        assert f"\n# {key} = " in text, key
+
+
 def test_systemd_unit_runs_the_plugin_with_the_config_file():
     unit = (REPO / "deploy" / "mqttgw.service").read_text()
     assert re.search(r"^ExecStart=.*twistd .*mqttgw --config /etc/mqttgw/mqttgw.toml --data-dir /var/lib/mqttgw$", unit, re.M)

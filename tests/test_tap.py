@@ -85,7 +85,7 @@ def test_every_key_but_listener_lists_has_a_flag():
     flags = {o[0] for o in Options.optParameters} | {o[0] for o in Options.optFlags}
     for key in config.KEYS:
         if key.type is list:
-            assert hasattr(Options, f"opt_{key.name}")
+            assert hasattr(Options, "opt_" + key.flag.replace("-", "_"))
         else:
             assert key.flag in flags
 

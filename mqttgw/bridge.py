@@ -1,0 +1,505 @@
+"""
+The MQTT bridge: forwards chosen local topics to an upstream broker and
+brings chosen upstream topics down.  It is a client of the router with a
+persistent session of its own, so what it cannot forward while the
+upstream is away waits in the store, in order, and is removed only when
+the upstream has acknowledged it.
+"""
+
+import random
+
+import attr
+from twisted.application.internet import ClientService, backoffPolicy
+from twisted.application.service import Service
+from twisted.internet import ssl
+from twisted.internet.defer import inlineCallbacks
+from twisted.internet.endpoints import HostnameEndpoint, wrapClientTLS
+from twisted.internet.interfaces import IStreamClientEndpoint
+from twisted.logger import Logger
+from zope.interface import implementer
+
+from mqttgw import packets as P
+from mqttgw.client import ConnectRefused, MQTTClientFactory
+from mqttgw.config import ConfigError
+from mqttgw.framing import Framer
+from mqttgw.session import SessionLimits
+from mqttgw.store import OrderedAcks
+from mqttgw.topics import InvalidTopic, matches, validate_topic_filter
+
+log = Logger()
+
+DIRECTIONS = ("in", "out", "both")
+
+
+@attr.s(frozen=True, slots=True)
+class Rule:
+    """
+    ``topic PATTERN [in|out|both [QOS [LOCAL_PREFIX REMOTE_PREFIX]]]``, as
+    mosquitto reads it: locally the topic is LOCAL_PREFIX + PATTERN,
+    upstream REMOTE_PREFIX + PATTERN.
+    """
+
+    pattern = attr.ib()
+    direction = attr.ib(default="out")
+    qos = attr.ib(default=0)
+    local_prefix = attr.ib(default="")
+    remote_prefix = attr.ib(default="")
+
+    @classmethod
+    def parse(cls, text):
+        words = text.split()
+        if words and words[0] == "topic":
+            words = words[1:]
+        if not 1 <= len(words) <= 5 or len(words) == 4:
+            raise ValueError(
+                f"rule {text!r}: expected PATTERN [in|out|both [QOS [LOCAL_PREFIX REMOTE_PREFIX]]]"
+            )
+        words = [w if w != '""' else "" for w in words]
+        pattern, direction, qos, local, remote = words + [None] * (5 - len(words))
+        if direction is not None and direction not in DIRECTIONS:
+            raise ValueError(f"rule {text!r}: direction must be in, out or both")
+        if qos is not None and qos not in ("0", "1", "2"):
+            raise ValueError(f"rule {text!r}: QoS must be 0, 1 or 2")
+        rule = cls(pattern, direction or "out", int(qos or 0), local or "", remote or "")
+        for topic_filter in (rule.local_filter, rule.remote_filter):
+            try:
+                validate_topic_filter(topic_filter)
+            except InvalidTopic as e:
+                raise ValueError(f"rule {text!r}: {e}") from None
+        return rule
+
+    @property
+    def local_filter(self):
+        return self.local_prefix + self.pattern
+
+    @property
+    def remote_filter(self):
+        return self.remote_prefix + self.pattern
+
+    @property
+    def outgoing(self):
+        return self.direction in ("out", "both")
+
+    @property
+    def incoming(self):
+        return self.direction in ("in", "both")
+
+    def to_remote(self, topic):
+        return self.remote_prefix + topic[len(self.local_prefix):]
+
+    def to_local(self, topic):
+        return self.local_prefix + topic[len(self.remote_prefix):]
+
+
+@attr.s(frozen=True)
+class BridgeSettings:
+    name = attr.ib()
+    addresses = attr.ib()
+    rules = attr.ib()
+    protocol_level = attr.ib(default=P.MQTT_311)
+    client_id = attr.ib(default=None)
+    username = attr.ib(default=None)
+    password = attr.ib(default=None)
+    clean_session = attr.ib(default=False)
+    keepalive = attr.ib(default=60)
+    try_private = attr.ib(default=True)
+    tls = attr.ib(default=False)
+    ca = attr.ib(default=None)
+    cert = attr.ib(default=None)
+    key = attr.ib(default=None)
+    queue_qos0 = attr.ib(default=False)
+    max_queued_messages = attr.ib(default=100_000)
+    max_queued_bytes = attr.ib(default=256 * 1024 * 1024)
+    max_inflight_messages = attr.ib(default=20)
+    state_topic = attr.ib(default=None)
+    reconnect_initial = attr.ib(default=1.0)
+    reconnect_max = attr.ib(default=60.0)
+
+
+# [[bridge]] keys: name -> (type, default); see deploy/mqttgw.toml.
+BRIDGE_KEYS = {
+    "kind": (str, "mqtt"),
+    "name": (str, None),
+    "addresses": (list, None),
+    "rules": (list, None),
+    "protocol": (str, "mqttv311"),
+    "client_id": (str, ""),
+    "username": (str, ""),
+    "password": (str, ""),
+    "clean_session": (bool, False),
+    "keepalive": (int, 60),
+    "try_private": (bool, True),
+    "tls": (bool, False),
+    "ca": (str, ""),
+    "cert": (str, ""),
+    "key": (str, ""),
+    "queue_qos0": (bool, False),
+    "max_queued_messages": (int, 100_000),
+    "max_queued_bytes": (int, 256 * 1024 * 1024),
+    "max_inflight_messages": (int, 20),
+    "state_topic": (str, ""),
+    "reconnect_initial": (float, 1.0),
+    "reconnect_max": (float, 60.0),
+}
+
+
+def parse_address(address):
+    """``host:port`` or ``[v6 host]:port``."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise ValueError(f"address {address!r} is not HOST:PORT")
+    return host.strip("[]"), int(port)
+
+
+class MQTTBridgeKind:
+    name = "mqtt"
+
+    @staticmethod
+    def check(table):
+        where = f"bridge {table.get('name', '?')!r}"
+        values = {}
+        for key, value in table.items():
+            if key not in BRIDGE_KEYS:
+                raise ConfigError(f"{where}: unknown key bridge.{key}")
+            kind, _ = BRIDGE_KEYS[key]
+            ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
+            if kind is float and isinstance(value, int) and not isinstance(value, bool):
+                value, ok = float(value), True
+            if kind is list:
+                ok = ok and all(isinstance(v, str) for v in value)
+            if not ok:
+                raise ConfigError(f"{where}: bridge.{key} must be {kind.__name__}, not {value!r}")
+            values[key] = value
+        for key in ("name", "addresses", "rules"):
+            if not values.get(key):
+                raise ConfigError(f"{where}: bridge.{key} is required")
+        try:
+            rules = [Rule.parse(r) for r in values["rules"]]
+            for address in values["addresses"]:
+                parse_address(address)
+        except ValueError as e:
+            raise ConfigError(f"{where}: {e}") from None
+        protocol = values.get("protocol", "mqttv311")
+        levels = {"mqttv31": P.MQTT_31, "mqttv311": P.MQTT_311}
+        if protocol not in levels:
+            raise ConfigError(f"{where}: bridge.protocol must be mqttv31 or mqttv311")
+        name = values["name"]
+        settings = BridgeSettings(
+            name=name,
+            addresses=list(values["addresses"]),
+            rules=rules,
+            protocol_level=levels[protocol],
+            client_id=values.get("client_id") or f"mqttgw-{name}"[:23],
+            username=values.get("username") or None,
+            password=(values.get("password") or "").encode() or None,
+            clean_session=values.get("clean_session", False),
+            keepalive=values.get("keepalive", 60),
+            try_private=values.get("try_private", True),
+            tls=values.get("tls", False),
+            ca=values.get("ca") or None,
+            cert=values.get("cert") or None,
+            key=values.get("key") or None,
+            queue_qos0=values.get("queue_qos0", False),
+            max_queued_messages=values.get("max_queued_messages", 100_000),
+            max_queued_bytes=values.get("max_queued_bytes", 256 * 1024 * 1024),
+            max_inflight_messages=values.get("max_inflight_messages", 20),
+            state_topic=values.get("state_topic") or f"mqttgw/bridge/{name}/state",
+            reconnect_initial=values.get("reconnect_initial", 1.0),
+            reconnect_max=values.get("reconnect_max", 60.0),
+        )
+        if settings.tls:
+            _tls_options(settings, "localhost")  # files checked at start-up
+        return settings
+
+    @staticmethod
+    def make_service(router, settings, reactor):
+        return MQTTBridge(router, settings, reactor)
+
+
+def _tls_options(settings, hostname):
+    from mqttgw.tls import _certificates, _read
+
+    where = f"bridge {settings.name!r}"
+    trust = None
+    if settings.ca:
+        [authority, *_] = _certificates(_read(settings.ca, f"{where} ca"), settings.ca, f"{where} ca")
+        trust = ssl.Certificate(authority)
+    client = None
+    if settings.cert:
+        try:
+            client = ssl.PrivateCertificate.loadPEM(
+                _read(settings.cert, f"{where} cert") + b"\n" + _read(settings.key or settings.cert, f"{where} key")
+            )
+        except Exception as e:
+            raise ConfigError(f"{where}: client certificate {settings.cert}: {e}") from None
+    return ssl.optionsForClientTLS(hostname, trustRoot=trust, clientCertificate=client)
+
+
+@implementer(IStreamClientEndpoint)
+class FailoverEndpoint:
+    """
+    Tries each upstream address in turn, the first one first.  A connection
+    counts only once the upstream has accepted CONNECT, so a failed TLS
+    handshake or a refusal moves on to the next address, and when all fail
+    the reconnect backs off.
+    """
+
+    def __init__(self, reactor, settings, on_refused):
+        self.reactor = reactor
+        self.settings = settings
+        self.on_refused = on_refused
+
+    def _endpoint(self, address):
+        host, port = parse_address(address)
+        endpoint = HostnameEndpoint(self.reactor, host, port, timeout=10)
+        if self.settings.tls:
+            endpoint = wrapClientTLS(_tls_options(self.settings, host), endpoint)
+        return endpoint
+
+    @inlineCallbacks
+    def connect(self, factory):
+        failure = None
+        for address in self.settings.addresses:
+            try:
+                protocol = yield self._endpoint(address).connect(factory)
+                yield protocol.connack
+                log.info(
+                    "bridge {name}: connected to {address}",
+                    name=self.settings.name,
+                    address=address,
+                )
+                return protocol
+            except Exception as e:
+                failure = e
+                log.warn(
+                    "bridge {name}: upstream {address} unreachable: {error}",
+                    name=self.settings.name,
+                    address=address,
+                    error=_describe(e),
+                )
+                if isinstance(e, ConnectRefused):
+                    self.on_refused(e)
+        raise failure
+
+
+def _describe(error):
+    """A one-line reason, TLS errors included."""
+    text = str(error) or type(error).__name__
+    reasons = getattr(error, "reason", None)
+    if hasattr(reasons, "getErrorMessage"):
+        text = reasons.getErrorMessage()
+    return text.replace("\n", " ")
+
+
+class _Relay:
+    """
+    The bridge session's connection: PUBLISH and PUBREL packets the session
+    sends go upstream, topics rewritten by the out rules.
+    """
+
+    def __init__(self, bridge, upstream):
+        self.bridge = bridge
+        self.upstream = upstream
+        self._framer = Framer(P.MAX_REMAINING_LENGTH + 5)
+
+    def write(self, data):
+        out = []
+        for packet in self._framer.feed(data):
+            if isinstance(packet, P.Publish):
+                rule = self.bridge.out_rule(packet.topic)
+                if rule is None:
+                    continue
+                packet = P.Publish(
+                    rule.to_remote(packet.topic), packet.payload, packet.qos,
+                    packet.retain, packet.dup, packet.message_id,
+                )
+            out.append(packet.encode())
+        self.upstream.write(b"".join(out))
+
+
+class MQTTBridge(Service):
+    def __init__(self, router, settings, reactor):
+        self.router = router
+        self.settings = settings
+        self.reactor = reactor
+        self.name = f"bridge {settings.name}"
+        self.session_id = f"\x00bridge/{settings.name}"
+        self.session = None
+        self.upstream = None
+        self._acks = None
+        self._try_private = settings.try_private
+        self._service = None
+
+    # Rules
+
+    def out_rule(self, topic):
+        for rule in self.settings.rules:
+            if rule.outgoing and matches(rule.local_filter, topic):
+                return rule
+        return None
+
+    def in_rule(self, topic):
+        for rule in self.settings.rules:
+            if rule.incoming and matches(rule.remote_filter, topic):
+                return rule
+        return None
+
+    # Service
+
+    def startService(self):
+        super().startService()
+        s = self.settings
+        session, _ = self.router.connect(self.session_id, clean_session=False)
+        session.no_local = True
+        session.retain_as_published = True
+        session.limits = SessionLimits(
+            max_inflight_messages=s.max_inflight_messages,
+            max_queued_messages=s.max_queued_messages,
+            max_queued_bytes=s.max_queued_bytes,
+            queue_qos0_messages=s.queue_qos0,
+            drop_oldest=True,
+            retry_interval=0,
+        )
+        wanted = {r.local_filter: r.qos for r in s.rules if r.outgoing}
+        for topic_filter in list(session.subscriptions):
+            if topic_filter not in wanted:
+                self.router.unsubscribe(session, [topic_filter])
+        self.router.subscribe(
+            session,
+            [(f, q) for f, q in wanted.items() if session.subscriptions.get(f) != q],
+        )
+        self.session = session
+        self._publish_local_state(b"0")
+        self._factory = MQTTClientFactory(self._connect_packet(), self, self.reactor)
+        self._service = ClientService(
+            FailoverEndpoint(self.reactor, s, self.connect_failed),
+            self._factory,
+            retryPolicy=backoffPolicy(
+                s.reconnect_initial, s.reconnect_max, 2.0, jitter=random.random
+            ),
+            clock=self.reactor,
+        )
+        self._service.startService()
+
+    def _connect_packet(self):
+        s = self.settings
+        level = s.protocol_level | (0x80 if self._try_private else 0)
+        return P.Connect(
+            client_id=s.client_id,
+            protocol_level=level,
+            protocol_name=P.PROTOCOL_NAMES[s.protocol_level],
+            clean_session=s.clean_session,
+            keepalive=s.keepalive,
+            will_topic=s.state_topic,
+            will_message=b"0",
+            will_qos=1,
+            will_retain=True,
+            username=s.username,
+            password=s.password,
+        )
+
+    def stopService(self):
+        super().stopService()
+        d = self._service.stopService() if self._service else None
+        if self.session is not None and self.session.connection is not None:
+            self.router.disconnect(self.session, publish_will=False)
+        self._publish_local_state(b"0")
+        return d
+
+    def _publish_local_state(self, value):
+        self.router.publish(P.Publish(self.settings.state_topic, value, 1, True))
+
+    # The upstream connection (the MQTTClientProtocol handler)
+
+    def connected(self, upstream):
+        s = self.settings
+        log.info("bridge {name}: upstream accepted CONNECT", name=s.name)
+        self.upstream = upstream
+        self._acks = OrderedAcks(self.router.store, self._write_upstream(upstream))
+        incoming = [(r.remote_filter, r.qos) for r in s.rules if r.incoming]
+        if incoming:
+            upstream.write(P.Subscribe(1, incoming).encode())
+        upstream.write(P.Publish(s.state_topic, b"1", 0, True).encode())
+        self._publish_local_state(b"1")
+        # What waited while the upstream was away drains now, in order.
+        self.session.attach(_Relay(self, upstream))
+
+    def _write_upstream(self, upstream):
+        def write(data):
+            if self.upstream is upstream:
+                upstream.write(data)
+
+        return write
+
+    def disconnected(self, upstream, reason):
+        log.info(
+            "bridge {name}: upstream connection lost: {reason}",
+            name=self.settings.name,
+            reason=reason.getErrorMessage(),
+        )
+        if self.upstream is upstream:
+            self.upstream = None
+            if self.session.connection is not None:
+                self.router.disconnect(self.session, publish_will=False)
+            self._publish_local_state(b"0")
+
+    def packet(self, upstream, packet):
+        session = self.session
+        kind = type(packet)
+        if kind is P.Publish:
+            self._incoming(packet)
+        elif kind is P.Puback:
+            session.puback(packet.message_id)
+        elif kind is P.Pubrec:
+            session.pubrec(packet.message_id)
+        elif kind is P.Pubcomp:
+            session.pubcomp(packet.message_id)
+        elif kind is P.Pubrel:
+            mid = packet.message_id
+            durable = False
+            if mid in session.awaiting_pubrel:
+                session.awaiting_pubrel.discard(mid)
+                if session.store is not None:
+                    session.store.delete_awaiting_pubrel(session.client_id, mid)
+                    durable = True
+            self._acks.send(P.Pubcomp(mid).encode(), durable)
+        elif kind is P.Suback:
+            if P.SUBACK_FAILURE in packet.granted_qos:
+                log.warn(
+                    "bridge {name}: upstream refused a subscription: {granted}",
+                    name=self.settings.name,
+                    granted=packet.granted_qos,
+                )
+
+    def _incoming(self, packet):
+        session = self.session
+        rule = self.in_rule(packet.topic)
+        message = None
+        if rule is not None:
+            message = P.Publish(rule.to_local(packet.topic), packet.payload, packet.qos, packet.retain)
+        if packet.qos == 0:
+            if message is not None:
+                self.router.publish(message, sender=session)
+        elif packet.qos == 1:
+            durable = message is not None and self.router.publish(message, sender=session)
+            self._acks.send(P.Puback(packet.message_id).encode(), durable)
+        else:
+            mid = packet.message_id
+            durable = False
+            if mid not in session.awaiting_pubrel:
+                if message is not None:
+                    durable = self.router.publish(message, sender=session)
+                session.awaiting_pubrel.add(mid)
+                if session.store is not None:
+                    session.store.add_awaiting_pubrel(session.client_id, mid)
+                    durable = True
+            self._acks.send(P.Pubrec(mid).encode(), durable)
+
+    def connect_failed(self, error):
+        if error.code == 1 and self._try_private:
+            log.info(
+                "bridge {name}: upstream does not take bridge CONNECTs; trying plain",
+                name=self.settings.name,
+            )
+            self._try_private = False
+            self._factory.connect_packet = self._connect_packet()

@@ -1,0 +1,119 @@
+"""
+The client side of MQTT on Twisted, as bridges use it: CONNECT with a
+will, keepalive pings, and the packets of both QoS flows handed to a
+handler.  Framing is shared with the server (:mod:`mqttgw.framing`).
+"""
+
+from twisted.internet.defer import Deferred
+from twisted.internet.protocol import Factory, Protocol
+from twisted.logger import Logger
+
+from mqttgw import packets as P
+from mqttgw.framing import Framer, ProtocolViolation
+
+log = Logger()
+
+
+class ConnectRefused(Exception):
+    """The broker answered CONNECT with a non-zero return code."""
+
+    MEANINGS = {
+        1: "unacceptable protocol version",
+        2: "identifier rejected",
+        3: "server unavailable",
+        4: "bad user name or password",
+        5: "not authorized",
+    }
+
+    def __init__(self, code):
+        super().__init__(f"CONNACK {code}: {self.MEANINGS.get(code, 'unknown code')}")
+        self.code = code
+
+
+class MQTTClientProtocol(Protocol):
+    """
+    ``handler`` receives ``connected(protocol)``, ``packet(protocol,
+    packet)`` for every packet after CONNACK, and ``disconnected(protocol,
+    reason)``.  ``connack`` fires with the CONNACK, or fails.
+    """
+
+    def __init__(self, connect, handler, clock, max_packet_size=P.MAX_REMAINING_LENGTH + 5):
+        self.connect_packet = connect
+        self.handler = handler
+        self.clock = clock
+        self.framer = Framer(max_packet_size, strict=connect.protocol_level == P.MQTT_311)
+        # Fires with the CONNACK, or fails (refused, or lost before it).
+        self.connack = Deferred()
+        self.is_connected = False
+        self._ping = None
+        self._last_received = 0.0
+
+    def connectionMade(self):
+        if hasattr(self.transport, "setTcpNoDelay"):
+            self.transport.setTcpNoDelay(True)
+        self.transport.write(self.connect_packet.encode())
+
+    def write(self, data):
+        self.transport.write(data)
+
+    def dataReceived(self, data):
+        self._last_received = self.clock.seconds()
+        try:
+            for packet in self.framer.feed(data):
+                if not self.is_connected:
+                    self._connack(packet)
+                else:
+                    self.handler.packet(self, packet)
+        except ProtocolViolation as e:
+            log.warn("upstream sent a malformed packet: {reason}", reason=str(e))
+            self.transport.abortConnection()
+        except Exception:
+            log.failure("error handling a packet from upstream")
+            self.transport.abortConnection()
+
+    def _connack(self, packet):
+        if not isinstance(packet, P.Connack):
+            raise ProtocolViolation(f"expected CONNACK, got {type(packet).__name__}")
+        if packet.return_code:
+            self.connack.errback(ConnectRefused(packet.return_code))
+            self.transport.loseConnection()
+            return
+        self.is_connected = True
+        keepalive = self.connect_packet.keepalive
+        if keepalive:
+            self._ping = self.clock.callLater(keepalive, self._keepalive)
+        self.connack.callback(packet)
+        self.handler.connected(self)
+
+    def _keepalive(self):
+        # Ping every keepalive; silence for 1.5 keepalives means it is gone.
+        keepalive = self.connect_packet.keepalive
+        if self.clock.seconds() - self._last_received > keepalive * 1.5:
+            log.warn("upstream silent for {s}s: closing", s=keepalive * 1.5)
+            self._ping = None
+            self.transport.abortConnection()
+            return
+        self.transport.write(P.Pingreq().encode())
+        self._ping = self.clock.callLater(keepalive / 2, self._keepalive)
+
+    def connectionLost(self, reason):
+        if self._ping is not None and self._ping.active():
+            self._ping.cancel()
+        self._ping = None
+        if not self.connack.called:
+            self.connack.errback(reason)
+        if self.is_connected:
+            self.is_connected = False
+            self.handler.disconnected(self, reason)
+
+
+class MQTTClientFactory(Factory):
+    def __init__(self, connect, handler, clock):
+        self.connect_packet = connect
+        self.handler = handler
+        self.clock = clock
+
+    def buildProtocol(self, addr):
+        protocol = MQTTClientProtocol(self.connect_packet, self.handler, self.clock)
+        protocol.factory = self
+        return protocol

@@ -1,0 +1,73 @@
+"""A real mosquitto broker, started by a test on a free port, as an upstream."""
+
+import os
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+from tests.conftest import require_program
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Mosquitto:
+    def __init__(self, workdir, tls=None):
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.tls_port = free_port() if tls else None
+        os.environ["PATH"] = os.environ["PATH"] + ":/usr/sbin"
+        self.binary = require_program("mosquitto")
+        lines = [
+            f"listener {self.port} 127.0.0.1",
+            "allow_anonymous true",
+            "persistence true",
+            f"persistence_location {self.workdir}/",
+            "max_queued_messages 100000",
+            "log_dest stdout",
+            "log_type all",
+        ]
+        if os.geteuid() == 0:
+            # Otherwise it drops to its own user, who cannot reach the
+            # tests' private temporary directories.
+            lines.append("user root")
+        if tls:
+            lines += [
+                f"listener {self.tls_port} 127.0.0.1",
+                f"certfile {tls['cert']}",
+                f"keyfile {tls['key']}",
+            ]
+        self.conf = self.workdir / "mosquitto.conf"
+        self.conf.write_text("\n".join(lines) + "\n")
+        self.process = None
+        self.starts = 0
+
+    def start(self):
+        self.starts += 1
+        log = open(self.workdir / f"mosquitto-{self.starts}.log", "wb")
+        self.process = subprocess.Popen(
+            [self.binary, "-c", str(self.conf)], stdout=log, stderr=subprocess.STDOUT
+        )
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return self
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError(f"mosquitto did not start: {self.log()}")
+
+    def log(self):
+        return "".join(
+            p.read_text(errors="replace") for p in sorted(self.workdir.glob("mosquitto-*.log"))
+        )
+
+    def stop(self):
+        if self.process and self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(15)

@@ -1,0 +1,272 @@
+"""
+Bridges against a real mosquitto upstream, started by the tests: rules and
+prefixes, QoS and retained messages both ways, no loops, outages (with
+gateway restarts and SIGKILL), failover, backoff, the state topic, TLS.
+"""
+
+import re
+import signal
+
+import pytest
+import trustme
+
+from mqttgw import config
+from mqttgw.bridge import MQTTBridgeKind
+from tests.gateway import REPO, Gateway
+from tests.mosquitto_broker import Mosquitto, free_port
+from tests.paho import PahoClient
+
+RULES = [
+    "local/out/# out 2",
+    "remote/in/# in 2",
+    "shared/# both 2",
+    "a/# out 1 site/ up/site/",
+    "b/# in 1 site/ up/site/",
+]
+
+
+@pytest.fixture
+def upstream(tmp_path):
+    broker = Mosquitto(tmp_path / "mosquitto").start()
+    yield broker
+    broker.stop()
+
+
+def bridge_config(path, addresses, rules=RULES, **extra):
+    lines = [
+        "[[bridge]]",
+        'name = "up"',
+        "addresses = [" + ", ".join(f'"{a}"' for a in addresses) + "]",
+        "rules = [" + ", ".join(f'"{r}"' for r in rules) + "]",
+        "reconnect_initial = 0.2",
+        "reconnect_max = 1.0",
+        "keepalive = 5",
+    ]
+    lines += [f"{k} = {v!r}".replace("'", '"') if isinstance(v, str) else f"{k} = {str(v).lower()}" for k, v in extra.items()]
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def start_gateway(tmp_path, upstream_addresses, name="gw", port=None, **extra):
+    workdir = tmp_path / name
+    workdir.mkdir(exist_ok=True)
+    cfg = bridge_config(workdir / "bridge.toml", upstream_addresses, **extra)
+    args = ["--config", cfg, "--data-dir", str(tmp_path / "gateway-data")]
+    if port:
+        args += ["--tcp", f"tcp:{port}:interface=127.0.0.1"]
+    gw = Gateway(workdir, *args)
+    gw.wait_for_log("bridge up: upstream accepted CONNECT")
+    return gw
+
+
+def client(port, client_id, **kwargs):
+    c = PahoClient(port, client_id, "MQTTv311", **kwargs)
+    c.connect()
+    return c
+
+
+def test_rules_carry_qos_and_retained_messages_both_ways_without_loops(tmp_path, upstream):
+    gw = start_gateway(tmp_path, [f"127.0.0.1:{upstream.port}"])
+    try:
+        remote = client(upstream.port, "remote-watch")
+        for topic in ("local/#", "up/site/a/#", "shared/#", "unbridged/#"):
+            remote.subscribe(topic, 2)
+        local = client(gw.port, "local-watch")
+        for topic in ("remote/#", "site/b/#", "shared/#", "elsewhere"):
+            local.subscribe(topic, 2)
+        local_pub = client(gw.port, "local-pub")
+        remote_pub = client(upstream.port, "remote-pub")
+
+        # out, with QoS kept up to the rule's QoS, and with prefixes
+        for qos in (0, 1, 2):
+            local_pub.publish("local/out/x", f"out{qos}".encode(), qos)
+        local_pub.publish("site/a/1", b"prefixed", 1)
+        local_pub.publish("unbridged/x", b"stays here", 1)
+        got = [(m.topic, m.payload, m.qos) for m in remote.receive(4)]
+        assert sorted(got) == sorted(
+            [("local/out/x", b"out0", 0), ("local/out/x", b"out1", 1),
+             ("local/out/x", b"out2", 2), ("up/site/a/1", b"prefixed", 1)]
+        )
+        # in, likewise
+        for qos in (0, 1, 2):
+            remote_pub.publish("remote/in/y", f"in{qos}".encode(), qos)
+        remote_pub.publish("up/site/b/2", b"down", 1)
+        remote_pub.publish("elsewhere", b"stays upstream", 1)
+        local_got = [(m.topic, m.payload, m.qos) for m in local.receive(4)]
+        assert sorted(local_got) == sorted(
+            [("remote/in/y", b"in0", 0), ("remote/in/y", b"in1", 1),
+             ("remote/in/y", b"in2", 2), ("site/b/2", b"down", 1)]
+        )
+        # both, in each direction, arrives once on each side: nothing loops.
+        local_pub.publish("shared/from-local", b"L", 1)
+        remote_pub.publish("shared/from-remote", b"R", 1)
+        remote_seen = [(m.topic, m.payload) for m in remote.receive(2)]
+        local_seen = [(m.topic, m.payload) for m in local.receive(2)]
+        assert sorted(remote_seen) == [("shared/from-local", b"L"), ("shared/from-remote", b"R")]
+        assert sorted(local_seen) == [("shared/from-local", b"L"), ("shared/from-remote", b"R")]
+        assert remote.nothing_more(1.5)
+        assert local.nothing_more(0.5)
+
+        # retained messages keep their flag across the bridge, both ways
+        local_pub.publish("local/out/state", b"kept upstream", 1, retain=True)
+        remote_pub.publish("remote/in/state", b"kept here", 1, retain=True)
+        remote.receive(1)
+        local.receive(1)
+        later_remote = client(upstream.port, "later-remote")
+        later_remote.subscribe("local/out/state", 1)
+        [m] = later_remote.receive()
+        assert (m.payload, m.retain) == (b"kept upstream", True)
+        later_local = client(gw.port, "later-local")
+        later_local.subscribe("remote/in/state", 1)
+        [m] = later_local.receive()
+        assert (m.payload, m.retain) == (b"kept here", True)
+    finally:
+        gw.stop()
+
+
+def _sequence_subscriber(upstream):
+    """A persistent subscriber upstream that mosquitto keeps over restarts."""
+    sub = PahoClient(upstream.port, "seq-watch", "MQTTv311", clean_session=False)
+    sub.connect(reconnect_delay=(0.2, 0.5))
+    sub.subscribe("local/out/seq", 1)
+    return sub
+
+
+def _publish_sequence(port, count, start=0):
+    pub = PahoClient(port, f"seq-pub-{start}", "MQTTv311")
+    pub.client.max_inflight_messages_set(100)
+    pub.connect()
+    sent = [pub.client.publish("local/out/seq", str(i).encode(), 1) for i in range(start, start + count)]
+    for info in sent:
+        info.wait_for_publish(30)
+        assert info.is_published()
+    pub.disconnect()
+
+
+def _receive_sequence(sub, count):
+    got = [int(m.payload) for m in sub.receive(count, timeout=60)]
+    sub.nothing_more(1.0)
+    return got
+
+
+def test_outage_queues_1000_messages_delivered_in_order_once(tmp_path, upstream):
+    gw = start_gateway(tmp_path, [f"127.0.0.1:{upstream.port}"])
+    try:
+        sub = _sequence_subscriber(upstream)
+        upstream.stop()
+        gw.wait_for_log("bridge up: upstream connection lost")
+        _publish_sequence(gw.port, 1000)
+        upstream.start()
+        assert _receive_sequence(sub, 1000) == list(range(1000))
+    finally:
+        gw.stop()
+
+
+def test_outage_survives_gateway_restart_and_sigkill(tmp_path, upstream):
+    gw = start_gateway(tmp_path, [f"127.0.0.1:{upstream.port}"])
+    port = gw.port
+    sub = _sequence_subscriber(upstream)
+    upstream.stop()
+    _publish_sequence(port, 400, 0)
+    gw.stop()  # a normal restart during the outage
+    gw = Gateway(tmp_path / "gw", "--config", str(tmp_path / "gw" / "bridge.toml"),
+                 "--data-dir", str(tmp_path / "gateway-data"), "--tcp", f"tcp:{port}:interface=127.0.0.1")
+    _publish_sequence(port, 400, 400)
+    gw.stop(signal.SIGKILL)  # and a crash
+    gw = Gateway(tmp_path / "gw", "--config", str(tmp_path / "gw" / "bridge.toml"),
+                 "--data-dir", str(tmp_path / "gateway-data"), "--tcp", f"tcp:{port}:interface=127.0.0.1")
+    try:
+        _publish_sequence(port, 200, 800)
+        upstream.start()
+        assert _receive_sequence(sub, 1000) == list(range(1000))
+    finally:
+        gw.stop()
+
+
+def test_failover_backoff_and_state_topic(tmp_path, upstream):
+    dead = f"127.0.0.1:{free_port()}"
+    gw = start_gateway(tmp_path, [dead, f"127.0.0.1:{upstream.port}"])
+    port = gw.port
+    assert f"bridge up: upstream {dead} unreachable" in gw.log()
+    assert f"bridge up: connected to 127.0.0.1:{upstream.port}" in gw.log()
+    state = client(upstream.port, "state-watch")
+    state.subscribe("mqttgw/bridge/up/state", 1)
+    assert state.receive()[0].payload == b"1"
+    # The gateway dies: the bridge's will tells the upstream.
+    gw.stop(signal.SIGKILL)
+    assert state.receive()[0].payload == b"0"
+    gw = start_gateway(tmp_path, [dead, f"127.0.0.1:{upstream.port}"], port=port)
+    try:
+        assert state.receive()[0].payload == b"1"
+        # The upstream goes away: reconnects back off, visibly.
+        local_state = client(gw.port, "local-state")
+        local_state.subscribe("mqttgw/bridge/up/state", 1)
+        assert local_state.receive()[0].payload == b"1"
+        upstream.stop()
+        assert local_state.receive()[0].payload == b"0"
+        gw.wait_for_log("Scheduling retry 2 to connect")
+        delays = [float(d) for d in re.findall(r"Scheduling retry \d+ to connect .* in ([\d.]+) seconds", gw.log())]
+        assert len(delays) >= 2 and max(delays) <= 2.0
+        upstream.start()
+        assert local_state.receive(timeout=15)[0].payload == b"1"
+    finally:
+        gw.stop()
+
+
+@pytest.fixture(scope="module")
+def upstream_pki(tmp_path_factory):
+    ca = trustme.CA()
+    d = tmp_path_factory.mktemp("upstream-pki")
+    server = ca.issue_cert("localhost")
+    server.cert_chain_pems[0].write_to_path(str(d / "server.pem"))
+    server.private_key_pem.write_to_path(str(d / "server.key"))
+    ca.cert_pem.write_to_path(str(d / "ca.pem"))
+    trustme.CA().cert_pem.write_to_path(str(d / "other-ca.pem"))
+    return {"cert": str(d / "server.pem"), "key": str(d / "server.key"), "ca": str(d / "ca.pem"), "other_ca": str(d / "other-ca.pem")}
+
+
+def test_tls_bridge_checks_the_ca_and_the_host_name(tmp_path, upstream_pki):
+    upstream = Mosquitto(tmp_path / "mosquitto", tls=upstream_pki).start()
+    try:
+        gw = start_gateway(
+            tmp_path, [f"localhost:{upstream.tls_port}"], tls=True, ca=upstream_pki["ca"]
+        )
+        try:
+            remote = client(upstream.port, "tls-watch")
+            remote.subscribe("local/out/#", 1)
+            pub = client(gw.port, "tls-pub")
+            pub.publish("local/out/secure", b"over tls", 1)
+            assert remote.receive()[0].payload == b"over tls"
+        finally:
+            gw.stop()
+        for name, address, ca, message in [
+            ("wrong-ca", f"localhost:{upstream.tls_port}", upstream_pki["other_ca"], "certificate verify failed"),
+            ("wrong-host", f"127.0.0.1:{upstream.tls_port}", upstream_pki["ca"], "Mismatch"),
+        ]:
+            workdir = tmp_path / name
+            workdir.mkdir()
+            cfg = bridge_config(workdir / "bridge.toml", [address], tls=True, ca=ca)
+            gw = Gateway(workdir, "--config", cfg, "--no-persistence")
+            try:
+                gw.wait_for_log(f"bridge up: upstream {address} unreachable")
+                line = [l for l in gw.log().splitlines() if f"upstream {address} unreachable" in l][0]
+                assert message in line
+                assert "accepted CONNECT" not in gw.log()
+            finally:
+                gw.stop()
+    finally:
+        upstream.stop()
+
+
+def test_readme_field_to_central_example_is_a_valid_config(tmp_path):
+    text = (REPO / "README.rst").read_text()
+    example = re.search(r"# field-to-central\n(.*?)\n\n(?! )", text, re.S).group(1)
+    example = "\n".join(line[4:] for line in example.splitlines())
+    path = tmp_path / "example.toml"
+    path.write_text("# field-to-central\n" + example + "\n")
+    values = config.load_file(str(path))
+    [bridge] = values["bridges"]
+    checked = MQTTBridgeKind.check({k: v for k, v in bridge.items() if k not in ("ca", "cert", "key", "tls")})
+    assert checked.name == "central"
+    assert any(r.direction == "out" for r in checked.rules)
+    assert any(r.direction == "in" for r in checked.rules)
