@@ -29,7 +29,7 @@ class Mosquitto:
             "persistence true",
             f"persistence_location {self.workdir}/",
             "max_queued_messages 100000",
-            "log_dest stdout",
+            f"log_dest file {self.workdir}/mosquitto.log",
             "log_type all",
         ]
         if os.geteuid() == 0:
@@ -63,9 +63,8 @@ class Mosquitto:
         raise RuntimeError(f"mosquitto did not start: {self.log()}")
 
     def log(self):
-        return "".join(
-            p.read_text(errors="replace") for p in sorted(self.workdir.glob("mosquitto-*.log"))
-        )
+        path = self.workdir / "mosquitto.log"
+        return path.read_text(errors="replace") if path.exists() else ""
 
     def stop(self):
         if self.process and self.process.poll() is None:

@@ -270,3 +270,18 @@ def test_readme_field_to_central_example_is_a_valid_config(tmp_path):
     assert checked.name == "central"
     assert any(r.direction == "out" for r in checked.rules)
     assert any(r.direction == "in" for r in checked.rules)
+
+
+def test_bridge_speaking_mqtt_3_1(tmp_path, upstream):
+    gw = start_gateway(tmp_path, [f"127.0.0.1:{upstream.port}"], protocol="mqttv31", client_id="old-bridge")
+    try:
+        remote = client(upstream.port, "v31-watch")
+        remote.subscribe("local/out/#", 1)
+        pub = client(gw.port, "v31-pub")
+        pub.publish("local/out/v31", b"over 3.1", 1)
+        assert remote.receive()[0].payload == b"over 3.1"
+        # mosquitto numbers MQTT 3.1 as p1, and names bridges as such.
+        assert "New bridge connected from 127.0.0.1" in upstream.log()
+        assert "as old-bridge (p1," in upstream.log()
+    finally:
+        gw.stop()
