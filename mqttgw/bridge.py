@@ -456,13 +456,7 @@ class MQTTBridge(Service):
             session.pubcomp(packet.message_id)
         elif kind is P.Pubrel:
             mid = packet.message_id
-            durable = False
-            if mid in session.awaiting_pubrel:
-                session.awaiting_pubrel.discard(mid)
-                if session.store is not None:
-                    session.store.delete_awaiting_pubrel(session.client_id, mid)
-                    durable = True
-            self._acks.send(P.Pubcomp(mid).encode(), durable)
+            self._acks.send(P.Pubcomp(mid).encode(), session.qos2_released(mid))
         elif kind is P.Suback:
             if P.SUBACK_FAILURE in packet.granted_qos:
                 log.warn(
@@ -486,13 +480,9 @@ class MQTTBridge(Service):
         else:
             mid = packet.message_id
             durable = False
-            if mid not in session.awaiting_pubrel:
-                if message is not None:
-                    durable = self.router.publish(message, sender=session)
-                session.awaiting_pubrel.add(mid)
-                if session.store is not None:
-                    session.store.add_awaiting_pubrel(session.client_id, mid)
-                    durable = True
+            if session.qos2_received(mid):
+                routed = message is not None and self.router.publish(message, sender=session)
+                durable = routed or session.store is not None
             self._acks.send(P.Pubrec(mid).encode(), durable)
 
     def connect_failed(self, error):

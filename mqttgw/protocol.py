@@ -306,12 +306,8 @@ class MQTTServerProtocol(Protocol):
             mid = packet.message_id
             durable = False
             # Exactly once: a re-sent PUBLISH before PUBREL is not routed again.
-            if mid not in session.awaiting_pubrel:
-                durable = router.publish(packet)
-                session.awaiting_pubrel.add(mid)
-                if session.store is not None:
-                    session.store.add_awaiting_pubrel(session.client_id, mid)
-                    durable = True
+            if session.qos2_received(mid):
+                durable = router.publish(packet) or session.store is not None
             self._acknowledge(_PUBREC(mid).encode(), durable)
 
     def _acknowledge(self, ack, durable):
@@ -336,17 +332,8 @@ class MQTTServerProtocol(Protocol):
     def handle_PUBREL(self, packet):
         if self.state is not CONNECTED:
             return self.protocol_error("PUBREL before CONNECT")
-        session = self.session
         mid = packet.message_id
-        durable = False
-        if mid in session.awaiting_pubrel:
-            session.awaiting_pubrel.discard(mid)
-            if session.store is not None:
-                # Until this is committed the id may not be reused: a crash
-                # would leave it marked as seen and swallow the next message.
-                session.store.delete_awaiting_pubrel(session.client_id, mid)
-                durable = True
-        self._acknowledge(_PUBCOMP(mid).encode(), durable)
+        self._acknowledge(_PUBCOMP(mid).encode(), self.session.qos2_released(mid))
 
     def handle_PUBCOMP(self, packet):
         if self.state is not CONNECTED:

@@ -312,6 +312,34 @@ class Session:
                 self._last_mid = d.message_id
         self.awaiting_pubrel = set(stored.awaiting_pubrel)
 
+    # Inbound QoS 2, from this session's client
+
+    def qos2_received(self, mid):
+        """
+        A QoS 2 PUBLISH came in: True the first time, when it is to be
+        routed; False for a re-send before its PUBREL (exactly once).
+        """
+        if mid in self.awaiting_pubrel:
+            return False
+        self.awaiting_pubrel.add(mid)
+        if self.store is not None:
+            self.store.add_awaiting_pubrel(self.client_id, mid)
+        return True
+
+    def qos2_released(self, mid):
+        """
+        PUBREL: the id is free again.  True when that was written to the
+        store: until it is committed the id may not be reused, or a crash
+        would leave it marked as seen and swallow the next message with it.
+        """
+        if mid not in self.awaiting_pubrel:
+            return False
+        self.awaiting_pubrel.discard(mid)
+        if self.store is None:
+            return False
+        self.store.delete_awaiting_pubrel(self.client_id, mid)
+        return True
+
     # Retry of unacknowledged messages
 
     def _schedule_retry(self):
