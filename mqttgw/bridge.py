@@ -313,6 +313,9 @@ class _Relay:
                     rule.to_remote(packet.topic), packet.payload, packet.qos,
                     packet.retain, packet.dup, packet.message_id,
                 )
+                recorder = self.bridge.router.recorder
+                if recorder is not None and not packet.dup:
+                    recorder.record("bridge_out", self.bridge.settings.name, packet)
             out.append(packet.encode())
         self.upstream.write(b"".join(out))
 

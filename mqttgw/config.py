@@ -103,6 +103,27 @@ KEYS = [
     ),
     Key("persistence", "data_dir", str, "./mqttgw-data", "directory of the store"),
     Key(
+        "archive",
+        "directory",
+        str,
+        "",
+        "record messages as Parquet segments in this directory (empty: off)",
+        flag_name="archive",
+    ),
+    Key("archive", "include", list, ["#"], "topic filters to record", flag_name="archive-include"),
+    Key("archive", "exclude", list, [], "topic filters not to record", flag_name="archive-exclude"),
+    Key(
+        "archive",
+        "directions",
+        list,
+        ["in", "bridge_in", "bridge_out"],
+        "what to record: in, out, bridge_in, bridge_out",
+        flag_name="archive-direction",
+    ),
+    Key("archive", "roll_seconds", float, 60.0, "seconds before a segment is closed", 0.001),
+    Key("archive", "roll_rows", int, 100_000, "rows before a segment is closed", 1),
+    Key("archive", "gateway_id", str, "", "this gateway's id in the archive (default: host name)"),
+    Key(
         "persistence",
         "durability",
         str,
@@ -284,6 +305,9 @@ def build(file_values, flag_values):
         ]
     elif values["simple_bridge.rules"]:
         raise ConfigError("simple_bridge.rules (--bridge-topic) needs an address (--bridge)")
+    unknown = set(values["archive.directions"]) - {"in", "out", "bridge_in", "bridge_out"}
+    if unknown:
+        raise ConfigError(f"archive.directions: unknown direction {sorted(unknown)[0]!r}")
     if not any(values[path] for path in LISTENERS):
         values[DEFAULT_LISTENER[0]] = DEFAULT_LISTENER[1]
     if (values["listeners.tls"] or values["listeners.wss"]) and not (

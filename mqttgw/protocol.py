@@ -297,17 +297,17 @@ class MQTTServerProtocol(Protocol):
         qos = packet.qos
         router = self.router
         router.stats.messages_received += 1
+        session = self.session
         if qos == 0:
-            router.publish(packet)
+            router.publish(packet, session)
         elif qos == 1:
-            self._acknowledge(_PUBACK(packet.message_id).encode(), router.publish(packet))
+            self._acknowledge(_PUBACK(packet.message_id).encode(), router.publish(packet, session))
         else:
-            session = self.session
             mid = packet.message_id
             durable = False
             # Exactly once: a re-sent PUBLISH before PUBREL is not routed again.
             if session.qos2_received(mid):
-                durable = router.publish(packet) or session.store is not None
+                durable = router.publish(packet, session) or session.store is not None
             self._acknowledge(_PUBREC(mid).encode(), durable)
 
     def _acknowledge(self, ack, durable):

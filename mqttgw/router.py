@@ -41,6 +41,8 @@ class Router:
         self.max_qos = max_qos
         # The durable store, or None to keep everything in memory.
         self.store = store
+        # The archive (anything with published()), or None.
+        self.recorder = None
         self.sessions = {}
         self.subscriptions = SubscriptionTrie()
         # topic -> retained Publish
@@ -91,7 +93,7 @@ class Router:
                 client_id=session.client_id,
                 topic=will.topic,
             )
-            self.publish(will)
+            self.publish(will, sender=session)
 
     def _new_session(self, client_id, clean_session):
         session = Session(
@@ -135,6 +137,8 @@ class Router:
         if retain:
             durable = self._retain(message)
         subscribers = self.subscriptions.match(message.topic)
+        if self.recorder is not None:
+            self.recorder.published(message, sender, subscribers)
         qos = message.qos
         for session, granted in subscribers:
             # A bridge is not sent back what it brought in: that would loop.

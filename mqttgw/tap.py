@@ -19,6 +19,7 @@ from mqttgw.router import Router
 from mqttgw.session import SessionLimits
 from mqttgw.store import Store, StoreError
 from mqttgw.tls import server_options
+from mqttgw.topics import InvalidTopic, validate_topic_filter
 from mqttgw.websocket import websocket_site
 
 def endpoint_description(listener):
@@ -177,6 +178,49 @@ class StoreService(Service):
         return deferToThread(self.store.stop)
 
 
+class ArchiveService(Service):
+    """Runs the archive's writer; on shutdown, closes the open segment."""
+
+    def __init__(self, archive):
+        self.archive = archive
+
+    def startService(self):
+        super().startService()
+        self.archive.start()
+
+    def stopService(self):
+        super().stopService()
+        return deferToThread(self.archive.stop)
+
+
+def open_archive(settings, reactor):
+    """The archive, or None when archive.directory is empty."""
+    a = settings.section("archive")
+    if not a["directory"]:
+        return None
+    try:
+        from mqttgw.archive import Archive
+    except ImportError:
+        sys.exit("mqttgw: archive.directory needs pyarrow: pip install 'mqttgw[archive]'")
+    import socket
+
+    for topic_filter in a["include"] + a["exclude"]:
+        try:
+            validate_topic_filter(topic_filter)
+        except InvalidTopic as e:
+            sys.exit(f"mqttgw: archive.include/exclude: {e}")
+    return Archive(
+        a["directory"],
+        reactor,
+        a["gateway_id"] or socket.gethostname(),
+        include=a["include"],
+        exclude=a["exclude"],
+        directions=a["directions"],
+        roll_seconds=a["roll_seconds"],
+        roll_rows=a["roll_rows"],
+    )
+
+
 def open_store(settings, reactor):
     """The loaded store, or None without persistence; errors end start-up."""
     persistence = settings.section("persistence")
@@ -231,6 +275,10 @@ def makeService(options, reactor=None):
     if store is not None:
         # First in, so last to stop: connections close before it commits.
         StoreService(store).setServiceParent(top)
+    archive = open_archive(settings, reactor)
+    if archive is not None:
+        router.recorder = archive
+        ArchiveService(archive).setServiceParent(top)
     listeners = [
         ("listeners.tcp", lambda: factory),
         ("listeners.tls", lambda: tls(tls_factory)),
