@@ -1,0 +1,5 @@
+import sys
+
+from mqttgw.pipeline.cli import main
+
+sys.exit(main())

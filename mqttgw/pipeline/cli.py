@@ -1,0 +1,232 @@
+"""
+``python -m mqttgw.pipeline``: the batch and streaming jobs, runnable as
+they are (Spark on ``local[*]``) or through ``spark-submit`` on a cluster,
+where the master is whatever spark-submit was given.
+"""
+
+import argparse
+import json
+import socket
+import sys
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+
+def _parse_time(text):
+    t = datetime.fromisoformat(text)
+    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
+
+
+def _parser():
+    parser = argparse.ArgumentParser(prog="python -m mqttgw.pipeline", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in ("batch", "stream"):
+        p = sub.add_parser(name)
+        p.add_argument("--archive", required=True, help="the gateway's archive directory")
+        p.add_argument("--out", required=True, help="where the tables are written")
+        p.add_argument("--master", help="Spark master (default: local[*], or spark-submit's)")
+        p.add_argument("--json-field", help="also min/max/avg of this numeric JSON field")
+        p.add_argument("--publish", metavar="HOST:PORT", help="publish the latest rollups to this broker as retained messages")
+        p.add_argument("--prefix", default="$analytics", help="topic prefix of published rollups")
+    batch = sub.choices["batch"]
+    batch.add_argument("--since", type=_parse_time, help="first hour to recompute (ISO time, UTC)")
+    batch.add_argument("--until", type=_parse_time, help="recompute up to this time (ISO time, UTC)")
+    stream = sub.choices["stream"]
+    stream.add_argument("--checkpoint", required=True, help="Structured Streaming checkpoint directory")
+    stream.add_argument(
+        "--trigger", default="available-now",
+        help="'available-now' (process what is there, then stop) or an interval in seconds",
+    )
+    return parser
+
+
+def _spark(master):
+    from pyspark import SparkConf
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.appName("mqttgw-pipeline")
+    if master:
+        builder = builder.master(master)
+    elif not SparkConf().contains("spark.master"):
+        # Not under spark-submit: this machine's cores.
+        builder = builder.master("local[*]")
+    spark = (
+        builder.config("spark.sql.sources.partitionOverwriteMode", "dynamic")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.shuffle.partitions", "8")
+        .config("spark.ui.showConsoleProgress", str(sys.stderr.isatty()).lower())
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("WARN")
+    return spark
+
+
+def say(text):
+    print(f"[{datetime.now():%H:%M:%S}] {text}", file=sys.stderr, flush=True)
+
+
+def write_partitions(tables, out, partitions=None):
+    """
+    Overwrite the tables' (date, hour) partitions that ``tables`` hold rows
+    for; others stay.  Returns {table: rows written}.
+    """
+    written = {}
+    for name, frame in tables.items():
+        frame = frame.cache()
+        count = frame.count()
+        say(f"writing {name}: {count} rows")
+        frame.write.mode("overwrite").partitionBy("date", "hour").parquet(str(Path(out) / name))
+        written[name] = count
+        frame.unpersist()
+    return written
+
+
+def write_last_value(spark, rows, out):
+    from mqttgw.pipeline.tables import last_value
+
+    frame = last_value(rows).cache()
+    count = frame.count()
+    say(f"writing last_value: {count} rows")
+    # Computed over the whole archive, so replacing the table is idempotent.
+    frame.write.mode("overwrite").parquet(str(Path(out) / "last_value"))
+    frame.unpersist()
+    return count
+
+
+def run_batch(args, spark):
+    from pyspark.sql import functions as F
+
+    from mqttgw.pipeline import tables as T
+
+    say(f"reading archive {args.archive}")
+    rows = T.read_archive(spark, args.archive)
+    selected = rows
+    if args.since:
+        since = args.since.astimezone(timezone.utc).replace(minute=0, second=0, microsecond=0)
+        selected = selected.where(
+            (F.col("date") > since.strftime("%Y-%m-%d"))
+            | ((F.col("date") == since.strftime("%Y-%m-%d")) & (F.col("hour") >= since.strftime("%H")))
+        )
+    if args.until:
+        until = args.until.astimezone(timezone.utc)
+        if until.minute or until.second or until.microsecond:
+            until = until.replace(minute=0, second=0, microsecond=0) + timedelta(hours=1)
+        last = until - timedelta(hours=1)
+        selected = selected.where(
+            (F.col("date") < last.strftime("%Y-%m-%d"))
+            | ((F.col("date") == last.strftime("%Y-%m-%d")) & (F.col("hour") <= last.strftime("%H")))
+        )
+    written = write_partitions(T.compute(selected, args.json_field), args.out)
+    written["last_value"] = write_last_value(spark, rows, args.out)
+    return written
+
+
+def run_stream(args, spark):
+    from pyspark.sql import functions as F
+
+    from mqttgw.pipeline import tables as T
+
+    totals = {}
+
+    def recompute(batch, batch_id):
+        # The hours that new segments touched are recomputed from the whole
+        # archive, so the tables equal a batch run, late segments included.
+        touched = [(r["date"], r["hour"]) for r in batch.select("date", "hour").distinct().collect()]
+        if not touched:
+            return
+        say(f"micro-batch {batch_id}: {len(touched)} hour(s) touched")
+        rows = T.read_archive(spark, args.archive)
+        wanted = F.lit(False)
+        for date, hour in touched:
+            wanted = wanted | ((F.col("date") == date) & (F.col("hour") == hour))
+        for name, count in write_partitions(T.compute(rows.where(wanted), args.json_field), args.out).items():
+            totals[name] = totals.get(name, 0) + count
+        totals["last_value"] = write_last_value(spark, rows, args.out)
+
+    stream = (
+        spark.readStream.schema(T.ARCHIVE_SCHEMA)
+        .option("basePath", args.archive)
+        .parquet(args.archive)
+        .writeStream.foreachBatch(recompute)
+        .option("checkpointLocation", args.checkpoint)
+    )
+    if args.trigger == "available-now":
+        stream = stream.trigger(availableNow=True)
+    else:
+        stream = stream.trigger(processingTime=f"{float(args.trigger)} seconds")
+    say(f"streaming from {args.archive} (trigger {args.trigger})")
+    query = stream.start()
+    query.awaitTermination()
+    return totals
+
+
+def publish_rollups(spark, out, target, prefix):
+    """
+    The latest minute and hour of each topic, as retained JSON messages on
+    PREFIX/<topic>/1m and PREFIX/<topic>/1h, over MQTT (QoS 1).
+    """
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    from mqttgw import packets as P
+    from mqttgw.framing import Framer
+
+    messages = []
+    for table, suffix in (("topic_minute", "1m"), ("topic_hour", "1h")):
+        frame = spark.read.parquet(str(Path(out) / table))
+        newest = Window.partitionBy("topic").orderBy(F.col("window_start").desc())
+        for row in frame.withColumn("rank", F.row_number().over(newest)).where("rank = 1").collect():
+            body = {
+                "window_start": row["window_start"].replace(tzinfo=timezone.utc).isoformat(),
+                **{k: row[k] for k in ("messages", "bytes", "publishers", "qos0", "qos1", "qos2", "retained")},
+            }
+            messages.append((f"{prefix}/{row['topic']}/{suffix}", json.dumps(body).encode()))
+    host, _, port = target.rpartition(":")
+    sock = socket.create_connection((host, int(port)), timeout=30)
+    sock.sendall(P.Connect(client_id=f"mqttgw-pipeline-{int(time.time())}"[:23], keepalive=0).encode())
+    framer = Framer()
+    pending = set()
+    data = b""
+    connack = None
+    while connack is None:
+        for packet in framer.feed(sock.recv(4096)):
+            connack = packet
+    if connack.return_code:
+        raise SystemExit(f"pipeline: {target} refused CONNECT (code {connack.return_code})")
+    for mid, (topic, payload) in enumerate(messages, start=1):
+        sock.sendall(P.Publish(topic, payload, 1, True, message_id=mid).encode())
+        pending.add(mid)
+    while pending:
+        data = sock.recv(65536)
+        if not data:
+            raise SystemExit(f"pipeline: {target} closed the connection")
+        for packet in framer.feed(data):
+            if isinstance(packet, P.Puback):
+                pending.discard(packet.message_id)
+    sock.sendall(P.Disconnect().encode())
+    sock.close()
+    return len(messages)
+
+
+def main(argv=None):
+    args = _parser().parse_args(argv)
+    if not Path(args.archive).is_dir():
+        print(f"pipeline: archive {args.archive} is not a directory", file=sys.stderr)
+        return 2
+    started = time.monotonic()
+    spark = _spark(args.master)
+    try:
+        written = run_batch(args, spark) if args.command == "batch" else run_stream(args, spark)
+        if args.publish:
+            if not (Path(args.out) / "topic_minute").exists():
+                say("nothing to publish yet")
+            else:
+                n = publish_rollups(spark, args.out, args.publish, args.prefix)
+                written["published"] = n
+    finally:
+        spark.stop()
+    print(f"{args.command} done in {time.monotonic() - started:.1f}s; written to {args.out}:")
+    for name, count in written.items():
+        print(f"  {name}: {count} {'messages' if name == 'published' else 'rows'}")
+    return 0

@@ -1,0 +1,239 @@
+"""
+The PySpark pipeline, run as users run it (``python -m mqttgw.pipeline``):
+tables from a gateway's archive checked against values computed here,
+streaming equal to batch with a late segment, and rollups published back
+into the gateway as retained messages.
+"""
+
+import json
+import subprocess
+import sys
+from collections import defaultdict
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pyarrow.dataset as ds
+import pytest
+from twisted.internet.task import Clock
+
+from mqttgw import packets as P
+from mqttgw.archive import Archive
+from tests.conftest import require_program
+from tests.gateway import REPO, Gateway, gateway_env
+from tests.paho import PahoClient
+
+
+@pytest.fixture(autouse=True)
+def java():
+    require_program("java")
+
+
+def pipeline(*args, cwd):
+    out = subprocess.run(
+        [sys.executable, "-m", "mqttgw.pipeline", *args],
+        capture_output=True, text=True, cwd=cwd, timeout=600, env=gateway_env(),
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out
+
+
+def table(path):
+    if not path.exists():
+        return []
+    return ds.dataset(path, format="parquet", partitioning="hive").to_table().to_pylist()
+
+
+def by(rows, *keys):
+    return {tuple(r[k] for k in keys): r for r in rows}
+
+
+# A known mix: (client, topic, payload, qos, retain), published in order.
+MIX = (
+    [("dev-1", "sensors/t1", json.dumps({"celsius": 20 + i}).encode(), 1, False) for i in range(6)]
+    + [("dev-2", "sensors/t1", json.dumps({"celsius": 30}).encode(), 0, False)]
+    + [("dev-2", "sensors/t2", json.dumps({"celsius": -5.5 + i}).encode(), 2, i == 2) for i in range(3)]
+    + [("dev-3", "bin/blob", bytes(range(256)) * (i + 1), 1, False) for i in range(4)]
+    + [("dev-3", "status/dev-3", b"online", 1, True)]
+)
+
+
+def test_batch_tables_match_what_was_published(tmp_path):
+    archive = tmp_path / "archive"
+    gw = Gateway(tmp_path, "--archive", str(archive), "--no-persistence")
+    clients = {}
+    for client_id, topic, payload, qos, retain in MIX:
+        if client_id not in clients:
+            clients[client_id] = PahoClient(gw.port, client_id, "MQTTv311")
+            clients[client_id].connect()
+        clients[client_id].publish(topic, payload, qos, retain)
+    gw.stop()
+    out = tmp_path / "tables"
+    result = pipeline("batch", "--archive", str(archive), "--out", str(out), "--json-field", "celsius", cwd=tmp_path)
+    assert "topic_minute:" in result.stdout and "last_value:" in result.stdout
+
+    # Independent: totals from MIX, minutes from the archive's own rows.
+    expected = defaultdict(lambda: {"messages": 0, "bytes": 0, "publishers": set(), "qos": [0, 0, 0], "retained": 0})
+    for client_id, topic, payload, qos, retain in MIX:
+        e = expected[topic]
+        e["messages"] += 1
+        e["bytes"] += len(payload)
+        e["publishers"].add(client_id)
+        e["qos"][qos] += 1
+        e["retained"] += retain
+    hours = defaultdict(int)
+    for row in table(archive):
+        hours[row["topic"]] += 1
+    for name in ("topic_hour", "topic_minute"):
+        rows = table(out / name)
+        totals = defaultdict(lambda: [0, 0, 0, 0, 0, 0])
+        for r in rows:
+            t = totals[r["topic"]]
+            for i, k in enumerate(("messages", "bytes", "qos0", "qos1", "qos2", "retained")):
+                t[i] += r[k]
+        assert set(totals) == set(expected), name
+        for topic, e in expected.items():
+            assert totals[topic] == [e["messages"], e["bytes"], *e["qos"], e["retained"]], (name, topic)
+    minutes = defaultdict(int)
+    for row in table(archive):
+        minutes[(row["topic"], row["timestamp"].replace(second=0, microsecond=0))] += 1
+    got = {(r["topic"], r["window_start"].replace(tzinfo=timezone.utc)): r["messages"] for r in table(out / "topic_minute")}
+    assert got == dict(minutes)
+    publishers = defaultdict(set)
+    for row in table(archive):
+        publishers[(row["topic"], row["timestamp"].replace(minute=0, second=0, microsecond=0))].add(row["client_id"])
+    got = {(r["topic"], r["window_start"].replace(tzinfo=timezone.utc)): r["publishers"] for r in table(out / "topic_hour")}
+    assert got == {k: len(v) for k, v in publishers.items()}
+
+    clients_rows = defaultdict(lambda: [0, 0])
+    for r in table(out / "client_hour"):
+        assert r["direction"] == "in"
+        clients_rows[r["client_id"]][0] += r["messages"]
+        clients_rows[r["client_id"]][1] += r["bytes"]
+    expected_clients = defaultdict(lambda: [0, 0])
+    for client_id, _, payload, *_ in MIX:
+        expected_clients[client_id][0] += 1
+        expected_clients[client_id][1] += len(payload)
+    assert dict(clients_rows) == dict(expected_clients)
+
+    last = by(table(out / "last_value"), "topic")
+    final = {}  # the last publish on each topic wins
+    for client_id, topic, payload, qos, retain in MIX:
+        final[topic] = (client_id, payload, qos, retain)
+    assert {t: (r["last_client_id"], r["payload"], r["qos"], r["retain"]) for (t,), r in last.items()} == final
+
+    stats = defaultdict(list)
+    for _, topic, payload, *_ in MIX:
+        if topic.startswith("sensors/"):
+            stats[topic].append(json.loads(payload)["celsius"])
+    json_rows = defaultdict(lambda: [0, float("inf"), float("-inf"), 0.0])
+    for r in table(out / "json_minute"):
+        s = json_rows[r["topic"]]
+        s[0] += r["count"]
+        s[1] = min(s[1], r["min"])
+        s[2] = max(s[2], r["max"])
+        s[3] += r["avg"] * r["count"]
+    assert set(json_rows) == set(stats)
+    for topic, values in stats.items():
+        count, low, high, total = json_rows[topic]
+        assert (count, low, high) == (len(values), min(values), max(values))
+        assert total / count == pytest.approx(sum(values) / len(values))
+
+
+class ThreadClock(Clock):
+    def callFromThread(self, f, *args, **kwargs):
+        f(*args, **kwargs)
+
+
+def write_segment(archive, start, topics, count, gateway_id="gw"):
+    """One archive segment of ``count`` rows from ``start`` (ISO, UTC) on."""
+    now = [datetime.fromisoformat(start).replace(tzinfo=timezone.utc).timestamp()]
+
+    def clock():
+        now[0] += 1.5
+        return now[0]
+
+    a = Archive(archive, ThreadClock(), gateway_id, clock=clock)
+    a.start()
+    for i in range(count):
+        a.record("in", f"c{i % 3}", P.Publish(topics[i % len(topics)], b"x" * (i % 7), i % 3, False))
+    a.stop()
+
+
+def snapshot(out):
+    result = {}
+    for name in ("topic_minute", "topic_hour", "client_hour", "last_value"):
+        rows = table(out / name)
+        result[name] = sorted(json.dumps(r, default=str, sort_keys=True) for r in rows)
+    return result
+
+
+def test_streaming_equals_batch_with_a_late_segment(tmp_path):
+    archive, out, checkpoint = tmp_path / "archive", tmp_path / "stream", tmp_path / "checkpoint"
+    stream = ["stream", "--archive", str(archive), "--out", str(out), "--checkpoint", str(checkpoint)]
+    write_segment(archive, "2026-11-22T10:00:00", ["a", "b"], 40)
+    pipeline(*stream, cwd=tmp_path)
+    first = snapshot(out)
+    assert first["topic_hour"]
+    write_segment(archive, "2026-11-22T11:10:00", ["a", "c"], 30, gateway_id="gw2")
+    # Late: a segment for the earlier hour arrives after it was processed.
+    write_segment(archive, "2026-11-22T10:40:00", ["b", "d"], 25, gateway_id="late")
+    result = pipeline(*stream, cwd=tmp_path)
+    assert "hour(s) touched" in result.stderr
+    batch_out = tmp_path / "batch"
+    pipeline("batch", "--archive", str(archive), "--out", str(batch_out), cwd=tmp_path)
+    assert snapshot(out) == snapshot(batch_out)
+    hours = {(r["topic"], r["hour"]): r["messages"] for r in table(out / "topic_hour")}
+    assert sum(hours.values()) == 95
+    # Re-running is idempotent.
+    pipeline("batch", "--archive", str(archive), "--out", str(batch_out), cwd=tmp_path)
+    assert snapshot(out) == snapshot(batch_out)
+
+
+def test_rollups_are_published_back_as_retained_messages(tmp_path):
+    archive = tmp_path / "archive"
+    write_segment(archive, "2026-11-22T10:00:00", ["plant/a", "plant/b"], 20)
+    gw = Gateway(tmp_path, "--no-persistence")
+    try:
+        pipeline(
+            "batch", "--archive", str(archive), "--out", str(tmp_path / "t"),
+            "--publish", f"127.0.0.1:{gw.port}", "--prefix", "$analytics", cwd=tmp_path,
+        )
+        dashboard = PahoClient(gw.port, "dashboard", "MQTTv311")
+        dashboard.connect()
+        dashboard.subscribe("$analytics/#", 1)
+        got = {m.topic: (json.loads(m.payload), m.retain) for m in dashboard.receive(4)}
+        assert set(got) == {f"$analytics/plant/{x}/{w}" for x in "ab" for w in ("1m", "1h")}
+        assert all(retain for _, retain in got.values())
+        assert got["$analytics/plant/a/1h"][0]["messages"] == 10
+        assert got["$analytics/plant/a/1h"][0]["window_start"] == "2026-11-22T10:00:00+00:00"
+    finally:
+        gw.stop()
+
+
+def test_missing_archive_is_a_clear_error(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-m", "mqttgw.pipeline", "batch", "--archive", str(tmp_path / "nope"), "--out", str(tmp_path / "o")],
+        capture_output=True, text=True, env=gateway_env(), timeout=60,
+    )
+    assert out.returncode == 2
+    assert "is not a directory" in out.stderr
+
+
+def test_the_same_module_runs_under_spark_submit(tmp_path):
+    """As the README shows for a cluster; here with a local master."""
+    import pyspark
+
+    archive = tmp_path / "archive"
+    write_segment(archive, "2026-11-22T10:00:00", ["x"], 12)
+    package = tmp_path / "mqttgw.zip"
+    subprocess.run([sys.executable, "-m", "zipfile", "-c", str(package), str(REPO / "mqttgw")], check=True, cwd=tmp_path)
+    spark_home = Path(pyspark.__file__).parent
+    env = dict(gateway_env(), SPARK_HOME=str(spark_home), PYSPARK_PYTHON=sys.executable)
+    env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
+    out = subprocess.run(
+        [str(spark_home / "bin" / "spark-submit"), "--master", "local[1]", "--py-files", str(package),
+         str(REPO / "mqttgw" / "pipeline" / "__main__.py"), "batch", "--archive", str(archive), "--out", str(tmp_path / "t")],
+        capture_output=True, text=True, cwd=tmp_path, timeout=600, env=env,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert sum(r["messages"] for r in table(tmp_path / "t" / "topic_hour")) == 12
