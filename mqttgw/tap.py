@@ -163,34 +163,22 @@ def build_router(settings, clock, store=None):
     )
 
 
-class StoreService(Service):
-    """Runs the store's writer thread; on shutdown, commits what is left."""
+class WorkerService(Service):
+    """
+    Runs a worker thread (the store's writer, the archive's) from start-up;
+    on shutdown it finishes its work, stopped off the reactor thread.
+    """
 
-    def __init__(self, store):
-        self.store = store
-
-    def startService(self):
-        super().startService()
-        self.store.start()
-
-    def stopService(self):
-        super().stopService()
-        return deferToThread(self.store.stop)
-
-
-class ArchiveService(Service):
-    """Runs the archive's writer; on shutdown, closes the open segment."""
-
-    def __init__(self, archive):
-        self.archive = archive
+    def __init__(self, worker):
+        self.worker = worker
 
     def startService(self):
         super().startService()
-        self.archive.start()
+        self.worker.start()
 
     def stopService(self):
         super().stopService()
-        return deferToThread(self.archive.stop)
+        return deferToThread(self.worker.stop)
 
 
 def open_archive(settings, reactor):
@@ -274,11 +262,11 @@ def makeService(options, reactor=None):
     top = MultiService()
     if store is not None:
         # First in, so last to stop: connections close before it commits.
-        StoreService(store).setServiceParent(top)
+        WorkerService(store).setServiceParent(top)
     archive = open_archive(settings, reactor)
     if archive is not None:
         router.recorder = archive
-        ArchiveService(archive).setServiceParent(top)
+        WorkerService(archive).setServiceParent(top)
     listeners = [
         ("listeners.tcp", lambda: factory),
         ("listeners.tls", lambda: tls(tls_factory)),
