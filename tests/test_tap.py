@@ -184,3 +184,24 @@ def test_port_in_use_fails_start_up_with_a_message(tmp_path):
 def test_python_is_the_one_running_the_tests():
     # The gateway helper runs the twistd beside this interpreter.
     assert TWISTD.parent == type(TWISTD)(sys.executable).parent
+
+
+def test_twist_runs_the_plugin_too(tmp_path):
+    import time
+
+    process = subprocess.Popen(
+        [str(TWISTD.parent / "twist"), "mqttgw", "--tcp", "tcp:0:interface=127.0.0.1", "--no-persistence"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path, env=gateway_env(),
+    )
+    try:
+        deadline = time.monotonic() + 30
+        lines = []
+        while time.monotonic() < deadline:
+            line = process.stdout.readline()
+            lines.append(line)
+            if "MQTTServerFactory starting on" in line:
+                break
+        assert "MQTTServerFactory starting on" in lines[-1], "".join(lines)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(30)
