@@ -96,23 +96,6 @@ def _decode_connack(flags, data, start, end, strict):
     return P.Connack(return_code=data[start + 1], session_present=bool(data[start] & 1))
 
 
-def _decode_publish(flags, data, start, end, strict):
-    qos = (flags >> 1) & 0x03
-    if qos == 3:
-        raise ProtocolViolation("PUBLISH with QoS 3")
-    topic, o = _string(data, start, end, strict)
-    if qos:
-        mid = _message_id(data, o, end)
-        o += 2
-    else:
-        if strict and flags & 0x08:
-            raise ProtocolViolation("DUP set on a QoS 0 PUBLISH")
-        mid = None
-    return P.Publish(
-        topic, data[o:end], qos, bool(flags & 1), bool(flags & 8), mid
-    )
-
-
 def _id_only(cls):
     def decode(flags, data, start, end, strict):
         if end - start != 2 and strict:
@@ -168,7 +151,7 @@ def _empty(cls):
 _DECODERS = {
     P.CONNECT: _decode_connect,
     P.CONNACK: _decode_connack,
-    P.PUBLISH: _decode_publish,
+    P.PUBLISH: None,  # the hot path: decoded inline in Framer._packets
     P.PUBACK: _id_only(P.Puback),
     P.PUBREC: _id_only(P.Pubrec),
     P.PUBREL: _id_only(P.Pubrel),
@@ -245,8 +228,7 @@ class Framer:
                     return
                 packet_type = first >> 4
                 flags = first & 0x0F
-                decode = decoders.get(packet_type)
-                if decode is None:
+                if packet_type not in decoders:
                     raise ProtocolViolation(f"reserved packet type {packet_type}")
                 if self.strict and packet_type != P.PUBLISH:
                     if flags != _REQUIRED_FLAGS[packet_type]:
@@ -286,7 +268,7 @@ class Framer:
                     if self.strict and "\x00" in topic:
                         raise ProtocolViolation("string contains U+0000")
                 else:
-                    packet = decode(flags, data, pos, end, self.strict)
+                    packet = decoders[packet_type](flags, data, pos, end, self.strict)
                 offset = end
                 yield packet
         except (IndexError, ValueError, struct.error) as e:
