@@ -158,14 +158,15 @@ class Session:
                 self._drop(message, qos)
                 return False
             self._seq = seq = self._seq + 1
-            self.store.add_delivery(self.client_id, seq, message, qos, retain)
         if (
             self._writable
             and not self._queue
             and len(self.inflight) < self.limits.max_inflight_messages
         ):
-            self._send(message, qos, retain, seq)
+            self._send(message, qos, retain, seq, stored=False)
         else:
+            if seq is not None:
+                self.store.add_delivery(self.client_id, seq, message, qos, retain)
             self._enqueue(self._queue, message, qos, retain, seq)
         return seq is not None
 
@@ -221,7 +222,7 @@ class Session:
         while queue and self._writable and len(self.inflight) < window:
             message, qos, retain, seq = queue.popleft()
             self.queued_bytes -= len(message.payload)
-            self._send(message, qos, retain, seq)
+            self._send(message, qos, retain, seq, stored=True)
 
     def _next_message_id(self):
         mid = self._last_mid
@@ -232,7 +233,8 @@ class Session:
                 self._last_mid = mid
                 return mid
 
-    def _send(self, message, qos, retain, seq):
+    def _send(self, message, qos, retain, seq, stored):
+        """``stored``: the delivery is in the store already, without its id."""
         mid = self._next_message_id()
         self.inflight[mid] = _InFlight(
             message, qos, retain, seq, self.clock.seconds() + self.limits.retry_interval
@@ -243,7 +245,12 @@ class Session:
         else:
             # The message id is on disk before the client can see it, so a
             # restart re-sends it under the same id: exactly once holds.
-            self.store.update_delivery(self.client_id, seq, mid, AWAITING_ACK)
+            if stored:
+                self.store.update_delivery(self.client_id, seq, mid, AWAITING_ACK)
+            else:
+                self.store.add_delivery(
+                    self.client_id, seq, message, qos, retain, mid, AWAITING_ACK
+                )
             self.store.after_commit(self._write_if_still, self.connection, frame)
         if self._retry_call is None:
             self._schedule_retry()

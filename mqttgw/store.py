@@ -210,10 +210,10 @@ class Store:
             (client_id, topic_filter),
         )
 
-    def add_delivery(self, client_id, seq, message, qos, retain):
+    def add_delivery(self, client_id, seq, message, qos, retain, message_id=None, state=0):
         self.write(
-            "INSERT INTO deliveries VALUES (?, ?, ?, ?, ?, ?, NULL, 0)",
-            (client_id, seq, message.topic, message.payload, qos, int(retain)),
+            "INSERT INTO deliveries VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (client_id, seq, message.topic, message.payload, qos, int(retain), message_id, state),
         )
 
     def update_delivery(self, client_id, seq, message_id, state):
@@ -269,15 +269,21 @@ class Store:
         db = self._db
         barriers = []
         carry_on = True
+        # Runs of the same statement go to SQLite as one executemany.
+        runs = []
+        for item in batch:
+            if item is _STOP:
+                carry_on = False
+            elif isinstance(item, _Barrier):
+                barriers.append(item)
+            elif runs and runs[-1][0] == item[0]:
+                runs[-1][1].append(item[1])
+            else:
+                runs.append((item[0], [item[1]]))
         try:
             db.execute("BEGIN")
-            for item in batch:
-                if item is _STOP:
-                    carry_on = False
-                elif isinstance(item, _Barrier):
-                    barriers.append(item)
-                else:
-                    db.execute(*item)
+            for sql, args in runs:
+                db.executemany(sql, args)
             db.execute("COMMIT")
         except sqlite3.Error as e:
             # The disk failed us: nothing in this batch is acknowledged as
