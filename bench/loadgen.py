@@ -109,6 +109,9 @@ class Shared:
         self.first = ctx.RawArray("q", subscribers)
         self.last = ctx.RawArray("q", subscribers)
         self.errors = ctx.RawValue("i", 0)
+        # CPU seconds each client used: publishers, subscribers, the probe.
+        self.publishers = publishers
+        self.cpu = ctx.RawArray("d", publishers + subscribers + 1)
 
     def outstanding(self):
         received = self.received
@@ -209,6 +212,8 @@ def publisher(port, index, topic, qos, payload_size, shared, window, batch, rate
     except Exception as e:
         shared.errors.value += 1
         print(f"publisher {index}: {e!r}", flush=True)
+    finally:
+        shared.cpu[index] = time.process_time()
 
 
 def subscriber(port, index, topic_filter, qos, psize, shared, persistent=False):
@@ -283,6 +288,8 @@ def subscriber(port, index, topic_filter, qos, psize, shared, persistent=False):
     except Exception as e:
         shared.errors.value += 1
         print(f"subscriber {index}: {e!r}", flush=True)
+    finally:
+        shared.cpu[shared.publishers + index] = time.process_time()
 
 
 def probe(port, topic, interval, shared, results):
@@ -322,6 +329,8 @@ def probe(port, topic, interval, shared, results):
     except Exception as e:
         shared.errors.value += 1
         print(f"probe: {e!r}", flush=True)
+    finally:
+        shared.cpu[len(shared.cpu) - 1] = time.process_time()
 
 
 def hold_connections(port, count, concurrency, results):
