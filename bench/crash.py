@@ -272,10 +272,9 @@ def run(cycles=3, seed=None, workdir=None, durability="fsync", min_gap=0.3, max_
     gateway.start()
     stop = threading.Event()
     online = [Subscriber(port, f"crash-sub-{i}", stop) for i in range(2)]
-    offline = Subscriber(port, "crash-sub-offline", stop)
     # The offline subscriber subscribes once, then stays away until the end.
     offline_stop = threading.Event()
-    offline.stop_event = offline_stop
+    offline = Subscriber(port, "crash-sub-offline", offline_stop)
     offline.start()
     deadline = time.monotonic() + 10
     while not offline.subscribed and time.monotonic() < deadline:
@@ -314,9 +313,6 @@ def run(cycles=3, seed=None, workdir=None, durability="fsync", min_gap=0.3, max_
             break
         time.sleep(0.05)
     # The offline subscriber comes back now and takes its queue.
-    offline.stop_event = stop
-    offline.subscribed = True
-    offline._started = threading.Event()
     late = Subscriber(port, "crash-sub-offline", stop)
     late.subscribed = True
     late.start()

@@ -24,6 +24,7 @@ from mqttgw.config import ConfigError
 from mqttgw.framing import Framer
 from mqttgw.session import SessionLimits
 from mqttgw.store import OrderedAcks
+from mqttgw.tls import pem_certificates, read_file
 from mqttgw.topics import InvalidTopic, matches, validate_topic_filter
 
 log = Logger()
@@ -217,18 +218,16 @@ class MQTTBridgeKind:
 
 
 def _tls_options(settings, hostname):
-    from mqttgw.tls import _certificates, _read
-
     where = f"bridge {settings.name!r}"
     trust = None
     if settings.ca:
-        [authority, *_] = _certificates(_read(settings.ca, f"{where} ca"), settings.ca, f"{where} ca")
+        [authority, *_] = pem_certificates(read_file(settings.ca, f"{where} ca"), settings.ca, f"{where} ca")
         trust = ssl.Certificate(authority)
     client = None
     if settings.cert:
         try:
             client = ssl.PrivateCertificate.loadPEM(
-                _read(settings.cert, f"{where} cert") + b"\n" + _read(settings.key or settings.cert, f"{where} key")
+                read_file(settings.cert, f"{where} cert") + b"\n" + read_file(settings.key or settings.cert, f"{where} key")
             )
         except Exception as e:
             raise ConfigError(f"{where}: client certificate {settings.cert}: {e}") from None

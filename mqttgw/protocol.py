@@ -92,12 +92,15 @@ class MQTTServerProtocol(Protocol):
 
     def dataReceived(self, data):
         self._last_received = self.clock.seconds()
-        handlers = self._handlers
         try:
             for packet in self.framer.feed(data):
-                if self.state is CLOSED:
+                state = self.state
+                if state is CONNECTED:
+                    self._handlers[packet.packet_type](self, packet)
+                elif state is AWAITING_CONNECT:
+                    self._before_connect[packet.packet_type](self, packet)
+                else:
                     break
-                handlers[packet.packet_type](self, packet)
         except ProtocolViolation as e:
             self.protocol_error(str(e))
         except Exception:
@@ -210,8 +213,6 @@ class MQTTServerProtocol(Protocol):
     # Packet handlers
 
     def handle_CONNECT(self, packet):
-        if self.state is not AWAITING_CONNECT:
-            return self.protocol_error("second CONNECT")
         self._cancel_timer()
         level = packet.protocol_level
         if (packet.protocol_name, level) not in (
@@ -289,8 +290,6 @@ class MQTTServerProtocol(Protocol):
             )
 
     def handle_PUBLISH(self, packet):
-        if self.state is not CONNECTED:
-            return self.protocol_error("PUBLISH before CONNECT")
         topic = packet.topic
         if not topic or "+" in topic or "#" in topic or "\x00" in topic:
             return self.protocol_error(f"invalid topic name {topic!r} in PUBLISH")
@@ -320,29 +319,19 @@ class MQTTServerProtocol(Protocol):
             self.write(data)
 
     def handle_PUBACK(self, packet):
-        if self.state is not CONNECTED:
-            return self.protocol_error("PUBACK before CONNECT")
         self.session.puback(packet.message_id)
 
     def handle_PUBREC(self, packet):
-        if self.state is not CONNECTED:
-            return self.protocol_error("PUBREC before CONNECT")
         self.session.pubrec(packet.message_id)
 
     def handle_PUBREL(self, packet):
-        if self.state is not CONNECTED:
-            return self.protocol_error("PUBREL before CONNECT")
         mid = packet.message_id
         self._acknowledge(_PUBCOMP(mid).encode(), self.session.qos2_released(mid))
 
     def handle_PUBCOMP(self, packet):
-        if self.state is not CONNECTED:
-            return self.protocol_error("PUBCOMP before CONNECT")
         self.session.pubcomp(packet.message_id)
 
     def handle_SUBSCRIBE(self, packet):
-        if self.state is not CONNECTED:
-            return self.protocol_error("SUBSCRIBE before CONNECT")
         accepted = []
         codes = []
         for topic_filter, qos in packet.topics:
@@ -366,19 +355,13 @@ class MQTTServerProtocol(Protocol):
         self.router.send_retained(self.session, [f for f, _ in accepted])
 
     def handle_UNSUBSCRIBE(self, packet):
-        if self.state is not CONNECTED:
-            return self.protocol_error("UNSUBSCRIBE before CONNECT")
         self.router.unsubscribe(self.session, packet.topics)
         self.write(P.Unsuback(packet.message_id).encode())
 
     def handle_PINGREQ(self, packet):
-        if self.state is not CONNECTED:
-            return self.protocol_error("PINGREQ before CONNECT")
         self.write(P.PINGRESP_WIRE)
 
     def handle_DISCONNECT(self, packet):
-        if self.state is not CONNECTED:
-            return self.protocol_error("DISCONNECT before CONNECT")
         log.info("client {client_id} disconnected", client_id=self.client_id)
         self.state = CLOSED
         self._cancel_timer()
@@ -386,6 +369,12 @@ class MQTTServerProtocol(Protocol):
         self._end_session(publish_will=False)
         self.flush()
         self.transport.loseConnection()
+
+    def _second_connect(self, packet):
+        self.protocol_error("second CONNECT")
+
+    def _not_connected(self, packet):
+        self.protocol_error(f"{P.PACKET_NAMES[packet.packet_type]} before CONNECT")
 
     def _unexpected(self, packet):
         self.protocol_error(
@@ -398,6 +387,12 @@ class MQTTServerProtocol(Protocol):
 MQTTServerProtocol._handlers = {
     t: getattr(MQTTServerProtocol, "handle_" + name)
     for t, name in P.PACKET_NAMES.items()
+}
+MQTTServerProtocol._handlers[P.CONNECT] = MQTTServerProtocol._second_connect
+# Until CONNECT, every other packet is a protocol violation.
+MQTTServerProtocol._before_connect = {
+    t: MQTTServerProtocol.handle_CONNECT if t == P.CONNECT else MQTTServerProtocol._not_connected
+    for t in P.PACKET_NAMES
 }
 
 

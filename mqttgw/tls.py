@@ -9,7 +9,7 @@ from twisted.internet import ssl
 from mqttgw.config import ConfigError
 
 
-def _read(path, what):
+def read_file(path, what):
     try:
         with open(path, "rb") as f:
             return f.read()
@@ -17,7 +17,7 @@ def _read(path, what):
         raise ConfigError(f"{what} {path}: cannot read: {e.strerror}") from None
 
 
-def _certificates(pem, path, what):
+def pem_certificates(pem, path, what):
     """Every certificate in a PEM file, in order."""
     marker = b"-----BEGIN CERTIFICATE-----"
     blocks = [marker + b for b in pem.split(marker)[1:]]
@@ -36,14 +36,14 @@ def server_options(cert, key, ca=None, require_client_cert=False):
     client certificates are checked against.  Any unreadable or mismatched
     file is a ConfigError naming it.
     """
-    chain = _certificates(_read(cert, "tls.cert"), cert, "tls.cert")
+    chain = pem_certificates(read_file(cert, "tls.cert"), cert, "tls.cert")
     try:
         private_key = crypto.load_privatekey(
-            crypto.FILETYPE_PEM, _read(key, "tls.key")
+            crypto.FILETYPE_PEM, read_file(key, "tls.key")
         )
     except crypto.Error as e:
         raise ConfigError(f"tls.key {key}: not a valid private key: {e}") from None
-    authorities = _certificates(_read(ca, "tls.ca"), ca, "tls.ca") if ca else None
+    authorities = pem_certificates(read_file(ca, "tls.ca"), ca, "tls.ca") if ca else None
     if require_client_cert and not authorities:
         raise ConfigError("tls.require_client_cert needs tls.ca")
     try:
