@@ -177,28 +177,67 @@ class Framer:
     returns an iterator of the complete packets; iterate it before feeding
     more.  ``strict`` turns on the MQTT 3.1.1 reserved-bit checks and may be
     changed between packets (the CONNECT decides it).
+
+    With ``first_packet`` set, the stream must begin with a packet of that
+    type, checked on its first byte, and that packet may be at most
+    ``first_packet_size`` bytes: a server learns at once that a peer is not
+    speaking MQTT, and buffers little for a peer that has not connected.
     """
 
-    def __init__(self, max_packet_size=1024 * 1024, strict=False):
+    def __init__(
+        self, max_packet_size=1024 * 1024, strict=False, first_packet=None, first_packet_size=None
+    ):
         if not 0 < max_packet_size <= P.MAX_REMAINING_LENGTH + 5:
             raise ValueError("max_packet_size out of range")
         self.max_packet_size = max_packet_size
         self.strict = strict
+        self._first = first_packet
+        self._first_size = first_packet_size or max_packet_size
         self._buffer = b""
+        # A packet whose length is known but whose bytes are still arriving
+        # is kept as a list of chunks, joined once when complete: however
+        # finely it is split, reassembly stays linear.
+        self._chunks = None
+        self._have = 0
+        self._need = 0
 
     def feed(self, data):
-        self._buffer = self._buffer + data if self._buffer else data
+        if self._chunks is not None:
+            self._chunks.append(data)
+            self._have += len(data)
+            if self._have < self._need:
+                return ()
+            data = b"".join(self._chunks)
+            self._chunks = None
+        elif self._buffer:
+            data = self._buffer + data
+        self._buffer = data
         return self._packets()
+
+    @property
+    def buffered(self):
+        """Bytes held of packets not yet complete."""
+        return self._have if self._chunks is not None else len(self._buffer)
 
     def _packets(self):
         data = self._buffer
         offset = 0
         size = len(data)
-        max_packet_size = self.max_packet_size
         decoders = _DECODERS
+        need = 0
         try:
-            while size - offset >= 2:
+            while size - offset >= 1:
                 first = data[offset]
+                max_packet_size = self.max_packet_size
+                if self._first is not None:
+                    if first >> 4 != self._first:
+                        raise ProtocolViolation(
+                            f"first packet is not {P.PACKET_NAMES[self._first]}"
+                            f" (byte {first:#04x})"
+                        )
+                    max_packet_size = self._first_size
+                if size - offset < 2:
+                    break
                 # Remaining Length, least significant group first.
                 length = data[offset + 1]
                 pos = offset + 2
@@ -221,11 +260,14 @@ class Framer:
                 if pos - offset + length > max_packet_size:
                     raise ProtocolViolation(
                         f"packet of {pos - offset + length} bytes exceeds"
-                        f" maximum packet size {max_packet_size}"
+                        f" maximum {'CONNECT' if self._first else 'packet'}"
+                        f" size {max_packet_size}"
                     )
                 end = pos + length
                 if end > size:
+                    need = end - offset
                     return
+                self._first = None
                 packet_type = first >> 4
                 flags = first & 0x0F
                 if packet_type not in decoders:
@@ -274,4 +316,8 @@ class Framer:
         except (IndexError, ValueError, struct.error) as e:
             raise ProtocolViolation(f"malformed packet: {e}") from None
         finally:
-            self._buffer = data[offset:] if offset else data
+            rest = self._buffer = data[offset:] if offset else data
+            if need > len(rest):
+                self._chunks = [rest]
+                self._have = len(rest)
+                self._need = need

@@ -14,6 +14,7 @@ from zope.interface import implementer
 
 from mqttgw import packets as P
 from mqttgw.framing import Framer, ProtocolViolation
+from mqttgw.printable import printable
 from mqttgw.store import OrderedAcks
 from mqttgw.tls import peer_identity
 from mqttgw.topics import InvalidTopic, validate_topic_filter, validate_topic_name
@@ -30,6 +31,8 @@ class ConnectionLimits:
     """Per-connection bounds; see ``[limits]`` in the configuration."""
 
     max_packet_size = attr.ib(default=1024 * 1024)
+    # A CONNECT is small; until one arrives little is buffered.
+    max_connect_size = attr.ib(default=16 * 1024)
     connect_timeout = attr.ib(default=10.0)
     max_connections = attr.ib(default=100_000)
 
@@ -37,6 +40,10 @@ class ConnectionLimits:
 _PUBACK = P.Puback
 _PUBREC = P.Pubrec
 _PUBCOMP = P.Pubcomp
+
+# Output of one reactor turn is written at once past this many bytes, so
+# that a full socket pauses delivery (and reading) before more piles up.
+OUTPUT_HIGH_WATER = 64 * 1024
 
 
 @implementer(IPushProducer)
@@ -56,8 +63,14 @@ class MQTTServerProtocol(Protocol):
         self.clock = clock
         self._flusher = flusher
         self._out = []
-        self.framer = Framer(limits.max_packet_size)
+        self._out_size = 0
+        self.framer = Framer(
+            limits.max_packet_size,
+            first_packet=P.CONNECT,
+            first_packet_size=min(limits.max_connect_size, limits.max_packet_size),
+        )
         self.peer = "?"
+        self.log_id = None
         self._last_received = 0.0
         self._timer = None
 
@@ -84,14 +97,14 @@ class MQTTServerProtocol(Protocol):
         if self.session is not None:
             log.info(
                 "client {client_id} connection lost: {reason}",
-                client_id=self.client_id,
+                client_id=self.log_id,
                 reason=reason.getErrorMessage(),
             )
             self._end_session(publish_will=True)
         self.state = CLOSED
 
     def dataReceived(self, data):
-        self._last_received = self.clock.seconds()
+        packet = None
         try:
             for packet in self.framer.feed(data):
                 state = self.state
@@ -101,12 +114,16 @@ class MQTTServerProtocol(Protocol):
                     self._before_connect[packet.packet_type](self, packet)
                 else:
                     break
+            # Keepalive counts whole packets only: a peer dripping the bytes
+            # of a packet it never finishes is not alive for MQTT.
+            if packet is not None:
+                self._last_received = self.clock.seconds()
         except ProtocolViolation as e:
             self.protocol_error(str(e))
         except Exception:
             log.failure(
                 "internal error handling data from {client_id} at {peer}",
-                client_id=self.client_id,
+                client_id=self.log_id,
                 peer=self.peer,
             )
             self._close(publish_will=True)
@@ -120,18 +137,38 @@ class MQTTServerProtocol(Protocol):
         if not out:
             self._flusher.mark(self)
         out.append(data)
+        self._out_size += len(data)
+        if self._out_size > OUTPUT_HIGH_WATER:
+            self.flush()
 
     def flush(self):
         out = self._out
         if out:
             self._out = []
-            self.transport.write(out[0] if len(out) == 1 else b"".join(out))
+            self._out_size = 0
+            try:
+                self.transport.write(out[0] if len(out) == 1 else b"".join(out))
+            except Exception:
+                self.flush_failed()
+
+    def flush_failed(self):
+        """Writing to the transport raised: this connection cannot go on."""
+        self._out = []
+        self._out_size = 0
+        if self.state is CLOSED:
+            return
+        log.failure(
+            "cannot write to client {client_id} at {peer}: closing",
+            client_id=self.log_id,
+            peer=self.peer,
+        )
+        self._close(publish_will=True)
 
     def protocol_error(self, reason):
         """Log, count and close: the peer broke the protocol."""
         log.warn(
             "closing connection of client {client_id} from {peer}: {reason}",
-            client_id=self.client_id,
+            client_id=self.log_id,
             peer=self.peer,
             reason=reason,
         )
@@ -159,7 +196,7 @@ class MQTTServerProtocol(Protocol):
         log.info(
             "refusing CONNECT from {peer} (client {client_id}): {reason}",
             peer=self.peer,
-            client_id=self.client_id,
+            client_id=self.log_id,
             reason=reason,
         )
         self.router.stats.connections_refused += 1
@@ -190,7 +227,7 @@ class MQTTServerProtocol(Protocol):
             self._timer = None
             log.info(
                 "client {client_id} keepalive expired ({idle:.1f}s silent)",
-                client_id=self.client_id,
+                client_id=self.log_id,
                 idle=idle,
             )
             self._close(publish_will=True)
@@ -200,10 +237,17 @@ class MQTTServerProtocol(Protocol):
     # Flow control from the transport (IPushProducer)
 
     def pauseProducing(self):
+        # The peer is not reading what we send: hold its deliveries in the
+        # session's bounded queue, and stop reading its requests, whose
+        # answers would pile up here.
         if self.session is not None:
             self.session.pause()
+        self.transport.pauseProducing()
 
     def resumeProducing(self):
+        if self.state is CLOSED:
+            return
+        self.transport.resumeProducing()
         if self.session is not None:
             self.session.resume()
 
@@ -226,6 +270,7 @@ class MQTTServerProtocol(Protocol):
         self.protocol_level = level
         self.framer.strict = level == P.MQTT_311
         client_id = self.client_id = packet.client_id
+        self.log_id = printable(client_id)
         if "\x00" in client_id:
             # The router keeps such ids for bridges.
             return self._refuse(P.CONNACK_IDENTIFIER_REJECTED, "client id contains U+0000")
@@ -241,7 +286,7 @@ class MQTTServerProtocol(Protocol):
                     P.CONNACK_IDENTIFIER_REJECTED,
                     "empty client id needs clean session",
                 )
-            client_id = self.client_id = f"mqttgw-{uuid.uuid4().hex}"
+            client_id = self.client_id = self.log_id = f"mqttgw-{uuid.uuid4().hex}"
         self.username = packet.username
         if self.identity_as_username:
             identity = peer_identity(self.transport)
@@ -275,9 +320,9 @@ class MQTTServerProtocol(Protocol):
         log.info(
             "client {client_id} connected from {peer} (MQTT {version},"
             " clean session {clean}, keepalive {keepalive}s, user {username})",
-            client_id=client_id,
+            client_id=self.log_id,
             peer=self.peer,
-            username=self.username,
+            username=printable(self.username),
             version="3.1.1" if level == P.MQTT_311 else "3.1",
             clean=packet.clean_session,
             keepalive=packet.keepalive,
@@ -342,7 +387,7 @@ class MQTTServerProtocol(Protocol):
                     return self.protocol_error(f"SUBSCRIBE: {e}")
                 log.info(
                     "client {client_id} SUBSCRIBE refused: {reason}",
-                    client_id=self.client_id,
+                    client_id=self.log_id,
                     reason=str(e),
                 )
                 codes.append(None)
@@ -362,7 +407,7 @@ class MQTTServerProtocol(Protocol):
         self.write(P.PINGRESP_WIRE)
 
     def handle_DISCONNECT(self, packet):
-        log.info("client {client_id} disconnected", client_id=self.client_id)
+        log.info("client {client_id} disconnected", client_id=self.log_id)
         self.state = CLOSED
         self._cancel_timer()
         # A clean DISCONNECT discards the will.
@@ -421,7 +466,12 @@ class Flusher:
         while self.pending:
             pending, self.pending = self.pending, []
             for connection in pending:
-                connection.flush()
+                try:
+                    connection.flush()
+                except Exception:
+                    # One connection's failure must not keep the others'
+                    # output from leaving.
+                    connection.flush_failed()
 
 
 class MQTTServerFactory(Factory):
@@ -445,14 +495,19 @@ class MQTTServerFactory(Factory):
         self.identity_as_username = identity_as_username
 
     def buildProtocol(self, addr):
-        if self.router.stats.connections >= self.limits.max_connections:
+        stats = self.router.stats
+        if stats.connections + stats.handshakes >= self.limits.max_connections:
             log.warn(
                 "refusing connection from {addr}: {n} connections is the limit",
-                addr=addr,
+                addr=f"{getattr(addr, 'host', addr)}:{getattr(addr, 'port', '')}",
                 n=self.limits.max_connections,
             )
-            self.router.stats.connections_refused += 1
+            stats.connections_refused += 1
             return None
+        return self.admit(addr)
+
+    def admit(self, addr):
+        """A protocol for a connection already counted (a WebSocket)."""
         protocol = MQTTServerProtocol(self.router, self.limits, self.clock, self.flusher)
         protocol.identity_as_username = self.identity_as_username
         return protocol

@@ -8,8 +8,9 @@ learns which transport a session came from.
 from twisted.logger import Logger
 
 from mqttgw.packets import Publish
+from mqttgw.printable import printable
 from mqttgw.session import Session, SessionLimits
-from mqttgw.topics import SubscriptionTrie, is_wildcard, matches
+from mqttgw.topics import RetainedTree, SubscriptionTrie
 
 log = Logger()
 
@@ -19,6 +20,8 @@ class Stats:
 
     __slots__ = (
         "connections",
+        # Connections to WebSocket ports that have not upgraded yet.
+        "handshakes",
         "messages_received",
         "messages_delivered",
         "messages_dropped",
@@ -45,8 +48,7 @@ class Router:
         self.recorder = None
         self.sessions = {}
         self.subscriptions = SubscriptionTrie()
-        # topic -> retained Publish
-        self.retained = {}
+        self.retained = RetainedTree()
         self.stats = Stats()
 
     # Sessions
@@ -63,7 +65,7 @@ class Router:
             old = session.connection
             log.info(
                 "client {client_id} taken over by a new connection",
-                client_id=client_id,
+                client_id=printable(client_id),
             )
             old.taken_over()
             session = self.sessions.get(client_id)
@@ -90,8 +92,8 @@ class Router:
         if publish_will and will is not None:
             log.info(
                 "publishing will of {client_id} on {topic}",
-                client_id=session.client_id,
-                topic=will.topic,
+                client_id=printable(session.client_id),
+                topic=printable(will.topic),
             )
             self.publish(will, sender=session)
 
@@ -114,7 +116,7 @@ class Router:
     def restore(self, retained, sessions):
         """Retained messages and persistent sessions loaded from the store."""
         for topic, payload, qos in retained:
-            self.retained[topic] = Publish(topic, payload, qos, True)
+            self.retained.set(topic, Publish(topic, payload, qos, True))
         for stored in sessions:
             session = self._new_session(stored.client_id, False)
             for topic_filter, qos in stored.subscriptions.items():
@@ -156,12 +158,12 @@ class Router:
     def _retain(self, message):
         store = self.store
         if message.payload:
-            self.retained[message.topic] = message
+            self.retained.set(message.topic, message)
             if store is not None:
                 store.set_retained(message.topic, message.payload, message.qos)
         else:
             # A zero-length retained publish clears the topic's value.
-            self.retained.pop(message.topic, None)
+            self.retained.delete(message.topic)
             if store is not None:
                 store.delete_retained(message.topic)
         return store is not None
@@ -184,20 +186,15 @@ class Router:
         return granted
 
     def send_retained(self, session, topic_filters):
-        """After SUBACK: the retained messages matching the new filters."""
-        for topic_filter in topic_filters:
-            granted = session.subscriptions.get(topic_filter)
-            if granted is None:
-                continue
-            if is_wildcard(topic_filter):
-                found = [
-                    m for t, m in self.retained.items() if matches(topic_filter, t)
-                ]
-            else:
-                m = self.retained.get(topic_filter)
-                found = [m] if m is not None else []
-            for message in found:
-                session.deliver(message, min(message.qos, granted), retain=True)
+        """
+        After SUBACK: the retained messages matching the new filters, each
+        topic once at the highest QoS granted for it.  The session draws
+        them from the tree as its connection takes them.
+        """
+        granted = session.subscriptions
+        filters = [(f, granted[f]) for f in topic_filters if f in granted]
+        if filters and len(self.retained):
+            session.send_retained(self.retained.walk(filters))
 
     def unsubscribe(self, session, topic_filters):
         for topic_filter in topic_filters:

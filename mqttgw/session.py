@@ -11,6 +11,7 @@ import attr
 from twisted.logger import Logger
 
 from mqttgw.packets import Publish, Pubrel
+from mqttgw.printable import printable
 
 log = Logger()
 
@@ -90,6 +91,9 @@ class Session:
         self._writable = False
         self._last_mid = 0
         self._retry_call = None
+        # Walks of the retained tree still to be delivered, oldest first.
+        self._retained = deque()
+        self._retained_call = None
 
     def __repr__(self):
         return f"<Session {self.client_id!r}>"
@@ -122,6 +126,11 @@ class Session:
             if self._retry_call.active():
                 self._retry_call.cancel()
             self._retry_call = None
+        if self._retained_call is not None:
+            self._retained_call.cancel()
+            self._retained_call = None
+        if self.clean_session:
+            self._retained.clear()
         if not self.limits.queue_qos0_messages:
             for message, _, _, _ in self._queue0:
                 self.queued_bytes -= len(message.payload)
@@ -185,9 +194,9 @@ class Session:
             log.warn(
                 "client {client_id} queue full: dropped QoS {qos} message"
                 " on {topic} ({dropped} dropped so far)",
-                client_id=self.client_id,
+                client_id=printable(self.client_id),
                 qos=qos,
-                topic=message.topic,
+                topic=printable(message.topic),
                 dropped=self.dropped,
             )
 
@@ -223,6 +232,46 @@ class Session:
             message, qos, retain, seq = queue.popleft()
             self.queued_bytes -= len(message.payload)
             self._send(message, qos, retain, seq, stored=True)
+        if self._retained and self._writable and not queue and not queue0:
+            self._pump_retained()
+
+    # Retained messages on SUBSCRIBE
+
+    def send_retained(self, walk):
+        """
+        Deliver what ``walk`` (:meth:`RetainedTree.walk`) yields, drawn only
+        as fast as the connection and the in-flight window take it, so no
+        number of retained messages can swell the queue or stall the reactor.
+        """
+        self._retained.append(walk)
+        self.pump()
+
+    # Work per reactor turn on retained messages (a message sent, or a
+    # step of the walk), so one large walk cannot hold up other connections.
+    RETAINED_BUDGET = 1024
+    _WALK_STEP_COST = 16
+
+    def _pump_retained(self):
+        retained = self._retained
+        budget = self.RETAINED_BUDGET
+        while retained and self._writable and not self._queue:
+            if budget <= 0:
+                if self._retained_call is None:
+                    self._retained_call = self.clock.callLater(0, self._retained_turn)
+                return
+            item = next(retained[0], False)
+            if item is False:
+                retained.popleft()
+            elif item is None:
+                budget -= self._WALK_STEP_COST
+            else:
+                message, granted = item
+                budget -= 1
+                self.deliver(message, min(message.qos, granted), retain=True)
+
+    def _retained_turn(self):
+        self._retained_call = None
+        self.pump()
 
     def _next_message_id(self):
         mid = self._last_mid

@@ -8,6 +8,7 @@ from twisted.application import strports
 from twisted.application.service import MultiService, Service
 from twisted.internet.threads import deferToThread
 from twisted.internet.endpoints import serverFromString
+from twisted.logger import Logger
 from twisted.python import usage
 
 from twisted.protocols.tls import TLSMemoryBIOFactory
@@ -22,9 +23,65 @@ from mqttgw.tls import server_options
 from mqttgw.topics import InvalidTopic, validate_topic_filter
 from mqttgw.websocket import websocket_site
 
-def endpoint_description(listener):
-    """A bare port number means TCP on every interface."""
-    return f"tcp:{listener}" if listener.isdigit() else listener
+log = Logger()
+
+
+def endpoint_description(listener, backlog=None):
+    """
+    A bare port number means TCP on every interface.  Listening endpoints
+    get ``backlog`` unless they name one: Twisted's default of 50 leaves a
+    site's devices reconnecting after a power cut waiting for minutes.
+    """
+    description = f"tcp:{listener}" if listener.isdigit() else listener
+    kind = description.split(":", 1)[0]
+    if (
+        backlog is not None
+        and kind in ("tcp", "tcp6", "ssl", "unix")
+        and "backlog=" not in description
+    ):
+        description += f":backlog={backlog}"
+    return description
+
+
+# Descriptors kept back from max_connections for the store, the archive,
+# bridges, log files and listening sockets.
+RESERVED_DESCRIPTORS = 100
+
+
+def connection_limit(configured, log):
+    """
+    ``limits.max_connections``, or with 0 the open-file limit (raised to its
+    hard limit first) less a reserve, said at start-up either way.
+    """
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = hard if hard != resource.RLIM_INFINITY else 1024 * 1024
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+            soft = wanted
+        except (ValueError, OSError):
+            pass
+    available = max(1, soft - RESERVED_DESCRIPTORS)
+    if configured == 0:
+        log.info(
+            "max_connections {n}: the open-file limit {soft} less {reserve}"
+            " kept for the store, archive and bridges",
+            n=available,
+            soft=soft,
+            reserve=RESERVED_DESCRIPTORS,
+        )
+        return available
+    if configured > available:
+        log.warn(
+            "limits.max_connections {n} is above what the open-file limit {soft}"
+            " allows ({available}): connections beyond it will fail",
+            n=configured,
+            soft=soft,
+            available=available,
+        )
+    return configured
 
 
 def _flag_keys():
@@ -231,8 +288,9 @@ def makeService(options, reactor=None):
     limits = settings.section("limits")
     connection_limits = ConnectionLimits(
         max_packet_size=limits["max_packet_size"],
+        max_connect_size=limits["max_connect_size"],
         connect_timeout=limits["connect_timeout"],
-        max_connections=limits["max_connections"],
+        max_connections=connection_limit(limits["max_connections"], log),
     )
     # One flusher for the reactor: output of all listeners leaves together.
     flusher = Flusher(reactor)
@@ -276,7 +334,9 @@ def makeService(options, reactor=None):
     for path, make_factory in listeners:
         for listener in settings[path]:
             strports.service(
-                endpoint_description(listener), make_factory(), reactor=reactor
+                endpoint_description(listener, limits["listen_backlog"]),
+                make_factory(),
+                reactor=reactor,
             ).setServiceParent(top)
     for kind, bridge in options.bridges:
         kind.make_service(router, bridge, reactor).setServiceParent(top)

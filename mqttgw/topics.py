@@ -64,17 +64,26 @@ class _Node:
         self.subscribers = {}
 
 
+# What one cached match costs beyond its topic: the entry and, per
+# subscriber, a (session, QoS) pair.
+_CACHE_ENTRY_COST = 100
+_CACHE_PAIR_COST = 64
+
+
 class SubscriptionTrie:
     """
     Topic filters arranged by level.  ``match(topic)`` gives each matching
     subscriber once, at the highest QoS among its matching filters; results
-    are cached per topic until the subscriptions change.
+    are cached per topic until the subscriptions change.  The cache is
+    bounded by an estimate of its bytes, so long topics or long subscriber
+    lists cannot grow it past ``cache_bytes``.
     """
 
-    def __init__(self, cache_size=65536):
+    def __init__(self, cache_bytes=16 * 1024 * 1024):
         self._root = _Node()
         self._cache = {}
-        self._cache_size = cache_size
+        self._cache_bytes = cache_bytes
+        self._cached_bytes = 0
         self.count = 0
 
     def add(self, topic_filter, subscriber, qos):
@@ -87,7 +96,7 @@ class SubscriptionTrie:
         if subscriber not in node.subscribers:
             self.count += 1
         node.subscribers[subscriber] = qos
-        self._cache.clear()
+        self._clear_cache()
 
     def remove(self, topic_filter, subscriber):
         path = [self._root]
@@ -100,7 +109,7 @@ class SubscriptionTrie:
         if path[-1].subscribers.pop(subscriber, None) is None:
             return False
         self.count -= 1
-        self._cache.clear()
+        self._clear_cache()
         # Prune empty branches so churn does not grow the trie.
         for depth in range(len(levels), 0, -1):
             node = path[depth]
@@ -118,10 +127,17 @@ class SubscriptionTrie:
         levels = topic.split("/")
         self._collect(self._root, levels, 0, len(levels), result, topic[:1] == "$")
         found = tuple(result.items())
-        if len(self._cache) >= self._cache_size:
-            self._cache.clear()
-        self._cache[topic] = found
+        cost = _CACHE_ENTRY_COST + len(topic) + _CACHE_PAIR_COST * len(found)
+        if cost * 16 <= self._cache_bytes:
+            if self._cached_bytes + cost > self._cache_bytes:
+                self._clear_cache()
+            self._cache[topic] = found
+            self._cached_bytes += cost
         return found
+
+    def _clear_cache(self):
+        self._cache.clear()
+        self._cached_bytes = 0
 
     def _collect(self, node, levels, i, n, result, dollar):
         children = node.children
@@ -149,3 +165,136 @@ class SubscriptionTrie:
         for subscriber, qos in subscribers.items():
             if result.get(subscriber, -1) < qos:
                 result[subscriber] = qos
+
+
+class _RetainedNode:
+    __slots__ = ("children", "message")
+
+    def __init__(self):
+        self.children = {}
+        self.message = None
+
+
+class RetainedTree:
+    """
+    Retained messages arranged by topic level, like subscriptions, so that
+    a filter visits only the branches it can match.  :meth:`walk` yields
+    matches parent first (``a`` before ``a/b`` before ``a/b/c``).
+    """
+
+    def __init__(self):
+        self._root = _RetainedNode()
+        self._count = 0
+
+    def __len__(self):
+        return self._count
+
+    def __contains__(self, topic):
+        return self.get(topic) is not None
+
+    def get(self, topic):
+        node = self._root
+        for level in topic.split("/"):
+            node = node.children.get(level)
+            if node is None:
+                return None
+        return node.message
+
+    def set(self, topic, message):
+        node = self._root
+        for level in topic.split("/"):
+            child = node.children.get(level)
+            if child is None:
+                child = node.children[level] = _RetainedNode()
+            node = child
+        if node.message is None:
+            self._count += 1
+        node.message = message
+
+    def delete(self, topic):
+        levels = topic.split("/")
+        path = [self._root]
+        for level in levels:
+            node = path[-1].children.get(level)
+            if node is None:
+                return
+            path.append(node)
+        if path[-1].message is None:
+            return
+        path[-1].message = None
+        self._count -= 1
+        for depth in range(len(levels), 0, -1):
+            node = path[depth]
+            if node.children or node.message is not None:
+                break
+            del path[depth - 1].children[levels[depth - 1]]
+
+    def __iter__(self):
+        """Every retained message, parent first."""
+        stack = [self._root]
+        while stack:
+            node = stack.pop()
+            if node.message is not None:
+                yield node.message
+            stack.extend(reversed(node.children.values()))
+
+    def walk(self, filters, step=256):
+        """
+        The retained messages matching any of ``filters`` (``[(filter,
+        granted QoS)]``), each once, as ``(message, highest granted QoS)``,
+        parent first.  After every ``step`` units of work (a filter's visit
+        to a node) it also yields None, so a caller can spread a large walk
+        over several reactor turns.
+        """
+        # A filter's progress through the tree: (levels, index, QoS).
+        states = [(f.split("/"), 0, qos) for f, qos in filters]
+        stack = [(self._root, states, True)]
+        work = 0
+        while stack:
+            node, states, at_root = stack.pop()
+            work += len(states)
+            if work >= step:
+                work = 0
+                yield None
+            if not at_root and node.message is not None:
+                best = -1
+                for levels, i, qos in states:
+                    n = len(levels)
+                    if (i == n or (i == n - 1 and levels[i] == "#")) and qos > best:
+                        best = qos
+                if best >= 0:
+                    yield node.message, best
+            children = node.children
+            if not children:
+                continue
+            literal = {}
+            wild = []
+            for state in states:
+                levels, i, _ = state
+                if i < len(levels):
+                    level = levels[i]
+                    if level == "+" or level == "#":
+                        wild.append(state)
+                    else:
+                        literal.setdefault(level, []).append(state)
+            if wild:
+                # Wildcards at the first level do not match "$" topics.
+                pushes = []
+                for name, child in children.items():
+                    hidden = at_root and name[:1] == "$"
+                    next_states = [] if hidden else [
+                        (levels, i if levels[i] == "#" else i + 1, qos)
+                        for levels, i, qos in wild
+                    ]
+                    for levels, i, qos in literal.get(name, ()):
+                        next_states.append((levels, i + 1, qos))
+                    if next_states:
+                        pushes.append((child, next_states, False))
+            else:
+                pushes = [
+                    (children[name], [(lv, i + 1, q) for lv, i, q in group], False)
+                    for name, group in literal.items()
+                    if name in children
+                ]
+            # Reversed onto the stack, so children come out in order.
+            stack.extend(reversed(pushes))

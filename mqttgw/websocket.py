@@ -1,7 +1,11 @@
 """
 MQTT over WebSocket (autobahn): binary messages carry the MQTT byte
 stream, so a packet may span messages and a message may hold several
-packets.  The same port answers plain HTTP: ``GET /healthz``.
+packets.  The same port answers plain HTTP: ``GET /healthz``.  Until a
+connection has upgraded it is held to the same bounds as an MQTT one:
+counted against ``max_connections``, closed if not upgraded within
+``connect_timeout``, and never allowed to send more than a request's worth
+of bytes.
 """
 
 import json
@@ -12,10 +16,13 @@ from autobahn.twisted.resource import WebSocketResource
 from autobahn.twisted.websocket import WebSocketServerFactory, WebSocketServerProtocol
 from twisted.internet.address import IPv4Address, IPv6Address
 from twisted.internet.error import ConnectionDone, ConnectionLost
+from twisted.internet.interfaces import ISSLTransport
 from twisted.logger import Logger
+from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
 from twisted.python.failure import Failure
 from twisted.web.resource import Resource
 from twisted.web.server import Site
+from zope.interface import directlyProvides, providedBy
 
 log = Logger()
 
@@ -25,14 +32,24 @@ SUBPROTOCOLS = ("mqtt", "mqttv3.1")
 class _Transport:
     """What the MQTT protocol sees as its transport: one WebSocket."""
 
-    def __init__(self, websocket, peer):
+    def __init__(self, websocket, peer, max_message_size):
         self._websocket = websocket
         self._peer = peer
+        self._max_message_size = max_message_size
         self.disconnecting = False
 
     def write(self, data):
-        if not self.disconnecting:
-            self._websocket.sendMessage(data, isBinary=True)
+        if self.disconnecting:
+            return
+        # MQTT packets may span messages: output larger than the peer's
+        # message limit goes in several.
+        size = self._max_message_size
+        send = self._websocket.sendMessage
+        if len(data) <= size:
+            send(data, isBinary=True)
+        else:
+            for start in range(0, len(data), size):
+                send(data[start : start + size], isBinary=True)
 
     def writeSequence(self, data):
         self.write(b"".join(data))
@@ -65,6 +82,19 @@ class _Transport:
 
     def unregisterProducer(self):
         self._websocket.transport.unregisterProducer()
+
+    # Reading: the MQTT protocol stops reading from a peer that does not
+    # read what it is sent.
+
+    def pauseProducing(self):
+        below = self._websocket.transport
+        if below is not None:
+            below.pauseProducing()
+
+    def resumeProducing(self):
+        below = self._websocket.transport
+        if below is not None:
+            below.resumeProducing()
 
     def setTcpNoDelay(self, enabled):
         setter = getattr(self._websocket.transport, "setTcpNoDelay", None)
@@ -109,12 +139,9 @@ class MQTTWebSocketProtocol(WebSocketServerProtocol):
         return peer
 
     def onOpen(self):
-        mqtt = self.factory.mqtt_factory.buildProtocol(self._peer)
-        if mqtt is None:
-            self.dropConnection(abort=True)
-            return
-        self._mqtt = mqtt
-        self._transport = _Transport(self, self._peer)
+        # The connection was counted against the limit when it was accepted.
+        mqtt = self._mqtt = self.factory.mqtt_factory.admit(self._peer)
+        self._transport = _Transport(self, self._peer, self.maxMessagePayloadSize)
         mqtt.makeConnection(self._transport)
 
     # MQTT is a byte stream, so frames are fed to it as they arrive through
@@ -223,9 +250,130 @@ class _Root(Resource):
         return self._websocket.render(request)
 
 
+# Bytes a connection may send before its upgrade: a request line and
+# headers (twisted.web allows 16 KiB of them) and a small body.
+MAX_REQUEST_BYTES = 64 * 1024
+
+
+class _HandshakeGuard(ProtocolWrapper):
+    """
+    One connection to the WebSocket port, until it becomes a WebSocket:
+    anything that is not HTTP, a request larger than ``MAX_REQUEST_BYTES``,
+    or no upgrade within ``connect_timeout`` closes it.
+    """
+
+    _received = 0
+    _http = None
+    _timer = None
+
+    def makeConnection(self, transport):
+        self._http = self.wrappedProtocol
+        factory = self.factory
+        self._timer = factory.clock.callLater(
+            factory.limits.connect_timeout, self._timed_out
+        )
+        super().makeConnection(transport)
+        # Not a TLS transport itself (autobahn would ask it for TLS channel
+        # details); the TLS below is still reached through it.
+        directlyProvides(
+            self, *(i for i in providedBy(transport) if not i.isOrExtends(ISSLTransport))
+        )
+
+    def dataReceived(self, data):
+        if self._http is None:
+            self.wrappedProtocol.dataReceived(data)
+            return
+        if self._received < 0:
+            return
+        if self._received == 0 and not b"A" <= data[:1] <= b"Z":
+            # MQTT (0x10), TLS (0x16) or anything else that is not HTTP.
+            return self._refuse(f"not HTTP (first byte {data[0]:#04x})", None)
+        self._received += len(data)
+        if self._received > MAX_REQUEST_BYTES:
+            return self._refuse(
+                f"request over {MAX_REQUEST_BYTES} bytes",
+                b"HTTP/1.1 413 Request Entity Too Large\r\n"
+                b"Connection: close\r\nContent-Length: 0\r\n\r\n",
+            )
+        self.wrappedProtocol.dataReceived(data)
+        if self.wrappedProtocol is not self._http:
+            self._upgraded()
+
+    def _refuse(self, reason, response):
+        log.info("closing connection from {peer} to the WebSocket port: {reason}",
+                 peer=_peer_text(self.transport.getPeer()), reason=reason)
+        self.factory.router.stats.protocol_errors += 1
+        # Whatever else it sends is ignored.
+        self._received = -1
+        if response is None:
+            self.transport.abortConnection()
+        else:
+            self.transport.write(response)
+            self.transport.loseConnection()
+
+    def _upgraded(self):
+        self._http = None
+        self.factory.handshake_done(self)
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self._timer = None
+
+    def _timed_out(self):
+        self._timer = None
+        if self._http is not None:
+            log.info(
+                "no WebSocket upgrade from {peer} in time: closing",
+                peer=_peer_text(self.transport.getPeer()),
+            )
+            self.transport.abortConnection()
+
+    def connectionLost(self, reason):
+        if self._http is not None:
+            self._upgraded()
+        super().connectionLost(reason)
+
+
+def _peer_text(peer):
+    host = getattr(peer, "host", None)
+    return f"{host}:{peer.port}" if host else str(peer)
+
+
+class _GuardedSite(WrappingFactory):
+    """The WebSocket port's factory: connections counted from the accept."""
+
+    protocol = _HandshakeGuard
+
+    def __init__(self, site, mqtt_factory):
+        super().__init__(site)
+        self.router = mqtt_factory.router
+        self.limits = mqtt_factory.limits
+        self.clock = mqtt_factory.clock
+        self.noisy = False
+
+    def buildProtocol(self, addr):
+        stats = self.router.stats
+        if stats.connections + stats.handshakes >= self.limits.max_connections:
+            log.warn(
+                "refusing connection from {addr}: {n} connections is the limit",
+                addr=_peer_text(addr),
+                n=self.limits.max_connections,
+            )
+            stats.connections_refused += 1
+            return None
+        stats.handshakes += 1
+        return super().buildProtocol(addr)
+
+    def handshake_done(self, guard):
+        self.router.stats.handshakes -= 1
+
+
 def websocket_site(mqtt_factory, router, clock, max_message_size, trusted_proxies=(), compression=False):
-    """A twisted.web Site serving MQTT over WebSocket and /healthz."""
+    """
+    The WebSocket port's factory: a twisted.web Site serving MQTT over
+    WebSocket and /healthz, behind the guard that bounds connections
+    that have not upgraded yet.
+    """
     ws = MQTTWebSocketFactory(mqtt_factory, max_message_size, trusted_proxies, compression)
     site = Site(_Root(WebSocketResource(ws), Health(router, clock)))
     site.noisy = False
-    return site
+    return _GuardedSite(site, mqtt_factory)

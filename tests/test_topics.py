@@ -4,8 +4,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mqttgw.packets import Publish
 from mqttgw.topics import (
     InvalidTopic,
+    RetainedTree,
     SubscriptionTrie,
     matches,
     validate_topic_filter,
@@ -128,12 +130,21 @@ def test_remove_prunes_empty_branches_and_reports_misses():
     assert trie.count == 0
 
 
-def test_match_cache_is_bounded():
-    trie = SubscriptionTrie(cache_size=10)
+def test_match_cache_is_bounded_by_bytes():
+    trie = SubscriptionTrie(cache_bytes=64 * 1024)
+    trie.add("#", "s", 0)
+    for i in range(1000):
+        trie.match(f"t/{i}")
+    assert 0 < trie._cached_bytes <= 64 * 1024
+    assert sum(len(t) for t in trie._cache) < 64 * 1024
+
+
+def test_match_cache_does_not_keep_very_long_topics():
+    trie = SubscriptionTrie(cache_bytes=64 * 1024)
     trie.add("#", "s", 0)
     for i in range(100):
-        trie.match(f"t/{i}")
-    assert len(trie._cache) <= 10
+        assert trie.match(f"{i}/" + "x" * 60_000) == (("s", 0),)
+    assert trie._cache == {}
 
 
 levels = st.lists(st.sampled_from(["a", "b", "", "$x"]), min_size=1, max_size=4)
@@ -162,3 +173,70 @@ def test_trie_agrees_with_matches(filters, topic_levels):
         if matches(topic_filter, topic):
             expected.add(i)
     assert {s for s, _ in trie.match(topic)} == expected
+
+
+def retained_tree(topics):
+    tree = RetainedTree()
+    for topic in topics:
+        tree.set(topic, Publish(topic, b"v", 1, True))
+    return tree
+
+
+def walked(tree, filters):
+    return [(m.topic, q) for m, q in filter(None, tree.walk(filters))]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(levels.map("/".join), max_size=30),
+    st.lists(
+        st.lists(st.sampled_from(["a", "b", "", "+", "#"]), min_size=1, max_size=4)
+        .map("/".join)
+        .filter(lambda f: "#" not in f[:-1]),
+        min_size=1,
+        max_size=4,
+    ),
+)
+def test_retained_walk_gives_each_matching_topic_once_at_the_highest_qos(topics, filters):
+    tree = retained_tree(topics)
+    requests = [(f, qos % 3) for qos, f in enumerate(filters)]
+    got = walked(tree, requests)
+    expected = {}
+    for topic in set(topics):
+        granted = [q for f, q in requests if matches(f, topic)]
+        if granted:
+            expected[topic] = max(granted)
+    assert dict(got) == expected
+    assert len(got) == len(expected)
+
+
+def test_retained_walk_is_parent_first():
+    tree = retained_tree(["a/b/c", "a/b", "x", "a", "a/c"])
+    order = [t for t, _ in walked(tree, [("#", 0)])]
+    assert order.index("a") < order.index("a/b") < order.index("a/b/c")
+    assert order.index("a") < order.index("a/c")
+
+
+def test_retained_walk_visits_only_the_matching_branch():
+    tree = retained_tree([f"a/{i}/{j}" for i in range(100) for j in range(100)])
+    steps = list(tree.walk([("a/7/+", 1)], step=1))
+    assert sorted(t.topic for t, _ in filter(None, steps)) == sorted(
+        f"a/7/{j}" for j in range(100)
+    )
+    # A step per node on the way: the root, a, a/7 and its 100 children.
+    assert steps.count(None) == 103
+
+
+def test_retained_walk_keeps_dollar_topics_from_leading_wildcards():
+    tree = retained_tree(["$SYS/x", "a"])
+    assert walked(tree, [("#", 0), ("+/x", 0)]) == [("a", 0)]
+    assert walked(tree, [("$SYS/#", 0)]) == [("$SYS/x", 0)]
+
+
+def test_retained_tree_delete_prunes_and_counts():
+    tree = retained_tree(["a/b/c", "a"])
+    tree.delete("a/b/c")
+    tree.delete("nope")
+    assert len(tree) == 1 and tree.get("a/b/c") is None
+    assert tree._root.children["a"].children == {}
+    assert [m.topic for m in tree] == ["a"]
