@@ -379,21 +379,30 @@ class MQTTServerProtocol(Protocol):
     def handle_SUBSCRIBE(self, packet):
         accepted = []
         codes = []
+        refused = 0
+        first_reason = None
         for topic_filter, qos in packet.topics:
             try:
                 validate_topic_filter(topic_filter)
             except InvalidTopic as e:
                 if self.protocol_level == P.MQTT_31:
                     return self.protocol_error(f"SUBSCRIBE: {e}")
-                log.info(
-                    "client {client_id} SUBSCRIBE refused: {reason}",
-                    client_id=self.log_id,
-                    reason=str(e),
-                )
+                refused += 1
+                if first_reason is None:
+                    first_reason = str(e)
                 codes.append(None)
                 continue
             accepted.append((topic_filter, qos))
             codes.append(topic_filter)
+        if refused:
+            # One line per packet, however many filters it refuses.
+            log.info(
+                "client {client_id} SUBSCRIBE refused {refused} of {n} filters: {reason}",
+                client_id=self.log_id,
+                refused=refused,
+                n=len(codes),
+                reason=printable(first_reason),
+            )
         granted = iter(self.router.subscribe(self.session, accepted))
         suback = [P.SUBACK_FAILURE if c is None else next(granted) for c in codes]
         self.write(P.Suback(packet.message_id, suback).encode())

@@ -420,3 +420,51 @@ def test_v31_tolerates_unused_bits_set_in_fixed_headers():
 def test_topic_name_over_64k_cannot_be_encoded():
     with pytest.raises(ValueError, match="65535"):
         P.Publish("x" * 65536).encode()
+
+
+def test_a_packet_fed_byte_by_byte_is_joined_once_when_complete():
+    framer = Framer(1024 * 1024)
+    data = P.Publish("t", bytes(256 * 1024)).encode()
+    parses = 0
+    parse = framer._packets
+
+    def counting():
+        nonlocal parses
+        parses += 1
+        return parse()
+
+    framer._packets = counting
+    out = []
+    for i in range(len(data)):
+        out.extend(framer.feed(data[i : i + 1]))
+    assert out == [P.Publish("t", bytes(256 * 1024))]
+    # Once per byte of the fixed header, then once when the packet is whole.
+    assert parses <= 5
+    assert framer.buffered == 0
+
+
+def test_bytes_of_an_incomplete_packet_are_counted_as_buffered():
+    framer = Framer()
+    data = P.Publish("t", bytes(1000)).encode()
+    assert list(framer.feed(data[:10])) == []
+    assert list(framer.feed(data[10:500])) == []
+    assert framer.buffered == 500
+    assert list(framer.feed(data[500:] + data[:3])) == [P.Publish("t", bytes(1000))]
+    assert framer.buffered == 3
+
+
+@pytest.mark.parametrize("first", [0x30, 0x82, 0xC0, 0x20])
+def test_a_stream_that_must_open_with_connect_is_refused_on_its_first_byte(first):
+    framer = Framer(first_packet=P.CONNECT)
+    with pytest.raises(ProtocolViolation, match="first packet is not CONNECT"):
+        list(framer.feed(bytes((first,))))
+
+
+def test_the_first_packet_has_its_own_size_bound():
+    framer = Framer(1024 * 1024, first_packet=P.CONNECT, first_packet_size=100)
+    with pytest.raises(ProtocolViolation, match="maximum CONNECT size 100"):
+        list(framer.feed(P.Connect(client_id="x" * 200).encode()[:4]))
+    framer = Framer(1024 * 1024, first_packet=P.CONNECT, first_packet_size=100)
+    connect = P.Connect(client_id="ok").encode()
+    big = P.Publish("t", bytes(1000)).encode()
+    assert [p.packet_type for p in framer.feed(connect + big)] == [P.CONNECT, P.PUBLISH]

@@ -261,6 +261,16 @@ def test_any_packet_resets_the_keepalive(broker):
     assert client.closed
 
 
+def test_bytes_of_an_unfinished_packet_do_not_reset_the_keepalive(broker):
+    client = connected(broker, "c", keepalive=10)
+    data = P.Publish("t", b"x" * 100).encode()
+    for i in range(14):
+        broker.clock.advance(1)
+        client.send_bytes(data[i : i + 1])
+    broker.clock.advance(1.1)
+    assert client.closed
+
+
 def test_keepalive_zero_means_no_timeout(broker):
     client = connected(broker, "c", keepalive=0)
     broker.clock.advance(100000)
@@ -694,6 +704,93 @@ def test_transport_full_buffer_pauses_delivery(broker):
     assert sub.received() == []
     sub.transport.producer.resumeProducing()
     assert publishes(sub.received()) == [("a", b"held", 0)]
+
+
+def test_a_paused_connection_is_not_read_from_until_it_resumes(broker):
+    client = subscribed(broker, "s", ("a", 0))
+    client.protocol.pauseProducing()
+    assert client.transport.producerState == "paused"
+    client.protocol.resumeProducing()
+    assert client.transport.producerState == "producing"
+
+
+def test_output_past_the_high_water_mark_is_written_at_once(broker):
+    from mqttgw.protocol import OUTPUT_HIGH_WATER
+
+    sub = subscribed(broker, "s", ("a", 0))
+    pub = connected(broker, "p")
+    payload = b"x" * 1000
+    writes = []
+    write = sub.transport.write
+    sub.transport.write = lambda data: (writes.append(len(data)), write(data))
+    pub.send(*[P.Publish("a", payload) for _ in range(200)])
+    # Written as the output grows, not all in one turn-end write.
+    assert len(writes) > 1
+    assert max(writes) <= OUTPUT_HIGH_WATER + 2000
+    assert len(publishes(sub.received())) == 200
+
+
+def test_one_connection_failing_to_write_does_not_stop_the_others(broker, logged):
+    subs = [subscribed(broker, f"s{i}", ("a", 0)) for i in range(3)]
+
+    def broken(data):
+        raise ValueError("payload too large for this transport")
+
+    subs[1].transport.write = broken
+    pub = connected(broker, "p")
+    pub.send(P.Publish("a", b"one"))
+    assert publishes(subs[0].received()) == [("a", b"one", 0)]
+    assert publishes(subs[2].received()) == [("a", b"one", 0)]
+    assert subs[1].closed
+    assert any("cannot write to client s1" in line for line in logged())
+    pub.send(P.Publish("a", b"two"))
+    assert publishes(subs[0].received()) == [("a", b"two", 0)]
+    assert publishes(subs[2].received()) == [("a", b"two", 0)]
+
+
+def test_retained_messages_go_out_a_bounded_amount_per_turn():
+    broker = FakeBroker()
+    pub = connected(broker, "p")
+    pub.send(*[P.Publish(f"r/{i}", b"v", 0, retain=True) for i in range(5000)])
+    sub = connected(broker, "s")
+    sub.protocol.dataReceived(P.Subscribe(1, [("r/#", 0)]).encode())
+    sub.protocol.flush()
+    first_turn = list(sub._framer.feed(sub.transport.value()))
+    sub.transport.clear()
+    assert isinstance(first_turn[0], P.Suback)
+    assert 0 < len(first_turn) - 1 < 5000
+    rest = sub.received()
+    while len(first_turn) - 1 + len(rest) < 5000:
+        more = sub.received()
+        assert more, "retained delivery stopped"
+        rest += more
+    topics = [p.topic for p in first_turn[1:] + rest]
+    assert sorted(topics) == sorted(f"r/{i}" for i in range(5000))
+
+
+def test_retained_messages_wait_for_a_paused_connection():
+    broker = FakeBroker(SessionLimits(max_queued_messages=10))
+    pub = connected(broker, "p")
+    pub.send(*[P.Publish(f"r/{i}", b"v", 1, retain=True, message_id=i + 1) for i in range(100)])
+    sub = connected(broker, "s")
+    sub.protocol.pauseProducing()
+    sub.send(P.Subscribe(1, [("r/#", 0)]))
+    assert broker.router.sessions["s"].dropped == 0
+    sub.protocol.resumeProducing()
+    got = []
+    for _ in range(100):
+        got += publishes(sub.received())
+        if len(got) == 100:
+            break
+    assert len(got) == 100
+
+
+def test_control_characters_in_a_client_id_are_escaped_in_log_lines(broker, logged):
+    client = connected(broker, "a\nb\x1b[31mc\x85")
+    client.lose_connection()
+    lines = [line for line in logged() if "a\\x0ab" in line]
+    assert lines and all("\x1b" not in line and "\n" not in line for line in lines)
+    assert any("a\\x0ab\\x1b[31mc\\x85 connected" in line for line in lines)
 
 
 def test_offline_queue_is_bounded():

@@ -1,0 +1,335 @@
+"""
+One client must never hurt the others.  Each test runs a careless or
+hostile client (bench/hostile.py) against a gateway running under twistd,
+and checks the bound: the gateway's memory growth, a well-behaved client's
+round trips going on meanwhile, the offender's connection closed.
+"""
+
+import re
+import socket
+import threading
+import time
+
+import pytest
+
+from bench import hostile
+from mqttgw import packets as P
+from tests.conftest import require_program
+from tests.test_transports import endpoint, free_port
+
+MiB = 1024
+
+
+def rss_kib(gw):
+    with open(f"/proc/{gw.process.pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+class Probe:
+    """
+    A well-behaved client doing QoS 1 round trips to itself in a thread
+    while something else happens; every round trip must be answered.
+    """
+
+    TIMEOUT = 5.0
+
+    def __init__(self, port, name="probe"):
+        self.sock, self.framer = hostile.mqtt_connect(port, name)
+        self.topic = f"{name}/rt"
+        self.sock.sendall(P.Subscribe(1, [(self.topic, 1)]).encode())
+        assert isinstance(hostile.recv_packets(self.sock, self.framer, 1)[0], P.Suback)
+        self.round_trips = []
+        self.failures = []
+        self._stop = threading.Event()
+        self._thread = None
+
+    def round_trip(self, mid):
+        started = time.monotonic()
+        self.sock.sendall(P.Publish(self.topic, b"ping", 1, message_id=mid).encode())
+        got = hostile.recv_packets(self.sock, self.framer, 2, timeout=self.TIMEOUT)
+        for packet in got:
+            if isinstance(packet, P.Publish):
+                self.sock.sendall(P.Puback(packet.message_id).encode())
+        kinds = sorted(type(p).__name__ for p in got)
+        if kinds != ["Puback", "Publish"]:
+            self.failures.append(f"round trip {mid}: got {kinds}")
+            return None
+        return time.monotonic() - started
+
+    def _run(self):
+        mid = 0
+        while not self._stop.is_set():
+            mid = mid % 60000 + 1
+            rt = self.round_trip(mid)
+            if rt is None:
+                return
+            self.round_trips.append(rt)
+            time.sleep(0.02)
+
+    def __enter__(self):
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join(self.TIMEOUT * 2)
+        self.sock.close()
+
+    def check(self):
+        assert not self.failures, self.failures
+        assert self.round_trips, "no round trip completed"
+
+
+def start(gateway_with, *args, ws=False):
+    ws_port = free_port() if ws else None
+    extra = ("--ws", endpoint(ws_port)) if ws else ()
+    gw = gateway_with(*extra, *args)
+    gw.ws_port = ws_port
+    return gw
+
+
+# 1. A WebSocket client's output over its message size wedged the others.
+
+
+def test_websocket_output_larger_than_a_message_is_split_and_wedges_nobody(gateway_with):
+    gw = start(gateway_with, ws=True)
+    other, framer = hostile.mqtt_connect(gw.port, "bystander")
+    other.sendall(P.Subscribe(1, [("other/#", 0)]).encode())
+    hostile.recv_packets(other, framer, 1)
+    with Probe(gw.port) as probe:
+        got = hostile.big_retained_ws_subscriber(gw.port, gw.ws_port, "wedge", count=3, size=500_000)
+        assert sorted(p.topic for p in got) == [f"wedge/big/{i}" for i in range(3)]
+        assert all(len(p.payload) == 500_000 and p.retain for p in got)
+        # The bystander's output still leaves after the large flush.
+        for i in range(3):
+            pub, _ = hostile.mqtt_connect(gw.port, f"pub{i}")
+            pub.sendall(P.Publish("other/x", b"%d" % i).encode() + P.Disconnect().encode())
+            pub.close()
+            [message] = hostile.recv_packets(other, framer, 1)
+            assert message.payload == b"%d" % i
+    probe.check()
+
+
+# 2. Retained amplification.
+
+
+def test_retained_message_is_sent_once_however_many_filters_match_it(gateway_with):
+    gw = start(gateway_with)
+    before = rss_kib(gw)
+    got = hostile.retained_amplification(gw.port, "amp", copies=4000, size=64 * 1024)
+    suback = [p for p in got if isinstance(p, P.Suback)]
+    publishes = [p for p in got if isinstance(p, P.Publish)]
+    assert len(suback) == 1 and len(suback[0].granted_qos) == 4000
+    assert len(publishes) == 1 and publishes[0].retain
+    assert rss_kib(gw) - before < 40 * MiB
+
+
+# 3. The topic-match cache.
+
+
+def test_long_distinct_topics_do_not_grow_the_match_cache(gateway_with):
+    gw = start(gateway_with)
+    hostile.long_topics(gw.port, "warmup", count=50, length=60_000)
+    before = rss_kib(gw)
+    hostile.long_topics(gw.port, "long", count=2000, length=60_000)
+    with Probe(gw.port) as probe:
+        time.sleep(0.2)
+    probe.check()
+    # 120 MB of topics went through; the cache keeps none of them.
+    assert rss_kib(gw) - before < 40 * MiB
+
+
+# 4. Quadratic reassembly.
+
+
+def test_publish_in_one_byte_websocket_messages_arrives_and_others_are_served(gateway_with):
+    gw = start(gateway_with, ws=True)
+    sub, framer = hostile.mqtt_connect(gw.port, "drip-sub")
+    sub.sendall(P.Subscribe(1, [("drip/#", 1)]).encode())
+    hostile.recv_packets(sub, framer, 1)
+    with Probe(gw.port) as probe:
+        got = hostile.ws_one_byte_messages(gw.ws_port, "drip", size=256 * 1024)
+    probe.check()
+    assert got == [P.Puback(1)]
+    [message] = hostile.recv_packets(sub, framer, 1, timeout=30)
+    assert len(message.payload) == 256 * 1024
+
+
+# 5. Work per packet: wildcard SUBSCRIBE over many retained, invalid filters.
+
+
+def test_wide_subscribe_over_many_retained_messages_does_not_stall_others(gateway_with):
+    gw = start(gateway_with, "--no-persistence")
+    pub, _ = hostile.mqtt_connect(gw.port, "filler")
+    for i in range(10_000):
+        pub.sendall(P.Publish(f"wide/{i % 100}/{i}", b"r", 0, retain=True).encode())
+    pub.sendall(P.Disconnect().encode())
+    pub.close()
+    time.sleep(0.5)
+    with Probe(gw.port) as probe:
+        sock, framer = hostile.wildcard_subscribe(gw.port, "wide", filters=500)
+        got = hostile.recv_packets(sock, framer, 10_001, timeout=60)
+    probe.check()
+    topics = [p.topic for p in got if isinstance(p, P.Publish)]
+    # Each retained topic once, though up to two filters match it.
+    assert len(topics) == len(set(topics)) == 10_000
+    sock.close()
+
+
+def test_subscribe_with_many_invalid_filters_logs_one_line(gateway_with):
+    gw = start(gateway_with)
+    [suback] = hostile.invalid_filters(gw.port, "bad", count=100_000)
+    assert suback.granted_qos == [P.SUBACK_FAILURE] * 100_000
+    gw.wait_for_log("SUBSCRIBE refused 100000 of 100000 filters")
+    assert gw.log().count("SUBSCRIBE refused") == 1
+
+
+# 6. Answers that are never read.
+
+
+def test_client_that_never_reads_its_answers_is_not_read_from(gateway_with):
+    gw = start(gateway_with)
+    before = rss_kib(gw)
+    with Probe(gw.port) as probe:
+        sent = hostile.unread_pings(gw.port, "flood", seconds=8.0)
+    probe.check()
+    # Only what the socket buffers hold is taken in, however long it sends.
+    assert sent < 16 * 1024 * 1024
+    assert rss_kib(gw) - before < 20 * MiB
+
+
+# 7. Before CONNECT.
+
+
+def test_first_packet_other_than_connect_is_refused_on_its_first_byte(gateway_with):
+    gw = start(gateway_with)
+    sock = hostile.connection(gw.port)
+    sock.sendall(b"\x30")  # the first byte of a PUBLISH
+    assert hostile.closed_by_peer(sock, 5)
+    gw.wait_for_log("first packet is not CONNECT")
+
+
+def test_large_connect_is_refused_before_it_is_buffered(gateway_with):
+    gw = start(gateway_with)
+    before = rss_kib(gw)
+    opened, still_open = hostile.pre_connect_hoard(gw.port, connections=64, seconds=2.0)
+    assert opened == 64 and still_open == 0
+    assert rss_kib(gw) - before < 10 * MiB
+    gw.wait_for_log("exceeds maximum CONNECT size 16384")
+
+
+def test_connect_size_limit_is_configurable(gateway_with, tmp_path):
+    config = tmp_path / "c.toml"
+    config.write_text("[limits]\nmax_connect_size = 100\n")
+    gw = start(gateway_with, "--config", str(config))
+    sock = hostile.connection(gw.port)
+    sock.sendall(P.Connect(client_id="x" * 200).encode())
+    assert hostile.closed_by_peer(sock, 5)
+    sock, _ = hostile.mqtt_connect(gw.port, "small")
+    sock.close()
+
+
+# 8. The HTTP side of the WebSocket port.
+
+
+def test_large_request_body_to_the_websocket_port_is_cut_off(gateway_with):
+    gw = start(gateway_with, ws=True)
+    before = rss_kib(gw)
+    sent = hostile.http_post(gw.ws_port, seconds=2.0)
+    assert sent < 16 * 1024 * 1024
+    assert rss_kib(gw) - before < 10 * MiB
+    gw.wait_for_log("request over 65536 bytes")
+
+
+def test_slow_upgrade_request_is_closed_after_the_connect_timeout(gateway_with, tmp_path):
+    config = tmp_path / "c.toml"
+    config.write_text("[limits]\nconnect_timeout = 1.0\n")
+    gw = start(gateway_with, "--config", str(config), ws=True)
+    assert hostile.slow_upgrade(gw.ws_port, interval=0.2, limit=20) < 10
+    gw.wait_for_log("no WebSocket upgrade from")
+
+
+def test_mqtt_bytes_to_the_websocket_port_close_the_connection(gateway_with):
+    gw = start(gateway_with, ws=True)
+    assert hostile.raw_mqtt_to_websocket_port(gw.ws_port)
+    gw.wait_for_log("not HTTP (first byte 0x10)")
+
+
+def test_upgrading_connections_count_against_max_connections(gateway_with, tmp_path):
+    config = tmp_path / "c.toml"
+    config.write_text("[limits]\nmax_connections = 3\n")
+    gw = start(gateway_with, "--config", str(config), ws=True)
+    idle = [hostile.connection(gw.ws_port) for _ in range(3)]
+    time.sleep(0.3)
+    refused = hostile.connection(gw.port)
+    assert hostile.closed_by_peer(refused, 5)
+    gw.wait_for_log("3 connections is the limit")
+    for s in idle:
+        s.close()
+    time.sleep(0.3)
+    sock, _ = hostile.mqtt_connect(gw.port, "fits-again")
+    sock.close()
+
+
+# 9. Reconnect storms.
+
+
+def test_listeners_have_a_large_backlog(gateway_with):
+    ss = require_program("ss")
+    import subprocess
+
+    gw = start(gateway_with, ws=True)
+    out = subprocess.run([ss, "-ltnH"], capture_output=True, text=True, check=True).stdout
+    somaxconn = int(open("/proc/sys/net/core/somaxconn").read())
+    for port in (gw.port, gw.ws_port):
+        [line] = [line for line in out.splitlines() if re.search(rf":{port}\s", line)]
+        # For a listening socket, Send-Q is its backlog.
+        assert int(line.split()[2]) == min(4096, somaxconn)
+
+
+def test_two_thousand_clients_connecting_at_once_all_get_connack(gateway_with):
+    gw = start(gateway_with, "--no-persistence")
+    with Probe(gw.port) as probe:
+        connected = hostile.reconnect_storm(gw.port, "storm", count=2000)
+    probe.check()
+    assert connected == 2000
+
+
+# 10. Keepalive counts whole packets.
+
+
+def test_client_dripping_an_unfinished_packet_is_closed_at_keepalive(gateway_with):
+    gw = start(gateway_with)
+    assert hostile.keepalive_drip(gw.port, "drip", keepalive=1, limit=15) < 10
+    gw.wait_for_log("keepalive expired")
+
+
+# 11. Logs.
+
+
+def test_control_characters_in_client_ids_are_escaped_in_the_log(gateway_with):
+    gw = start(gateway_with)
+    sock, _ = hostile.mqtt_connect(gw.port, "evil\r\x1b[2Jid\x7f")
+    sock.close()
+    gw.wait_for_log("client evil\\x0d\\x1b[2Jid\\x7f connected")
+    raw = gw.log_path.read_bytes()
+    assert b"\x1b" not in raw and b"\r" not in raw and b"\x00" not in raw
+
+
+# 12. Descriptors.
+
+
+def test_max_connections_default_follows_the_open_file_limit(gateway_with):
+    gw = start(gateway_with)
+    gw.wait_for_log("max_connections ")
+    match = re.search(r"max_connections (\d+): the open-file limit (\d+) less (\d+)", gw.log())
+    assert match, gw.log()
+    n, soft, reserve = map(int, match.groups())
+    assert n == soft - reserve
+    with open(f"/proc/{gw.process.pid}/limits") as f:
+        [line] = [line for line in f if line.startswith("Max open files")]
+    assert int(line.split()[3]) == soft
