@@ -333,3 +333,131 @@ def test_max_connections_default_follows_the_open_file_limit(gateway_with):
     with open(f"/proc/{gw.process.pid}/limits") as f:
         [line] = [line for line in f if line.startswith("Max open files")]
     assert int(line.split()[3]) == soft
+
+
+# Slow consumers: a subscriber that stops reading, then reads again.
+
+
+class QoS1Publisher:
+    """Publishes numbered QoS 1 messages as fast as its PUBACKs come back."""
+
+    def __init__(self, port, name):
+        self.sock, self.framer = hostile.mqtt_connect(port, name)
+        self.acked = 0
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self):
+        self.sock.settimeout(None)
+        while True:
+            try:
+                data = self.sock.recv(1 << 16)
+            except OSError:
+                return
+            if not data:
+                return
+            self.acked += sum(isinstance(p, P.Puback) for p in self.framer.feed(data))
+
+    def publish(self, topic, first, count, size):
+        for n in range(first, first + count):
+            self.sock.sendall(
+                P.Publish(topic, n.to_bytes(4, "big") + bytes(size - 4), 1, message_id=n % 65535 + 1).encode()
+            )
+        deadline = time.monotonic() + 60
+        while self.acked < first + count and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert self.acked == first + count
+
+    def close(self):
+        self.sock.close()
+
+
+class SlowSubscriber:
+    """A QoS 1 subscriber over TCP or WebSocket that can stop reading."""
+
+    def __init__(self, gw, transport, persistent):
+        self.transport = transport
+        if transport == "ws":
+            sock, rest = hostile.ws_upgrade(gw.ws_port)
+            connect = P.Connect(client_id="slow", clean_session=not persistent)
+            sock.sendall(hostile.ws_frame(connect.encode()))
+            self.reader = hostile.WSReader(sock, rest)
+            self._packets = self.reader.packets
+        else:
+            sock = hostile.connection(gw.port)
+            framer = hostile.Framer(P.MAX_REMAINING_LENGTH + 5)
+            sock.sendall(P.Connect(client_id="slow", clean_session=not persistent).encode())
+            self._packets = lambda n, timeout=10: hostile.recv_packets(sock, framer, n, timeout)
+        self.sock = sock
+        # A small receive buffer: the gateway's socket fills quickly.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 32 * 1024)
+        assert self._packets(1)[0].return_code == 0
+        self.send(P.Subscribe(1, [("slow/#", 1)]))
+        assert isinstance(self._packets(1)[0], P.Suback)
+
+    def send(self, packet):
+        data = packet.encode()
+        self.sock.sendall(hostile.ws_frame(data) if self.transport == "ws" else data)
+
+    def read(self, until, timeout=60):
+        """Messages read (and acknowledged) until one numbered ``until``."""
+        numbers = []
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and (not numbers or numbers[-1] != until):
+            for packet in self._packets(1, timeout=1):
+                if isinstance(packet, P.Publish):
+                    self.send(P.Puback(packet.message_id))
+                    numbers.append(int.from_bytes(packet.payload[:4], "big"))
+        return numbers
+
+
+@pytest.mark.parametrize("persistent", [False, True], ids=["clean", "persistent"])
+@pytest.mark.parametrize("transport", ["tcp", "ws"])
+def test_slow_subscriber_is_held_at_its_queue_bound_and_resumes(gateway_with, tmp_path, transport, persistent):
+    config = tmp_path / "slow.toml"
+    config.write_text(
+        "[limits]\nmax_queued_messages = 500\nmax_queued_bytes = 1048576\n"
+        '[persistence]\ndurability = "os"\n'
+    )
+    gw = start(gateway_with, "--config", str(config), ws=True)
+    slow = SlowSubscriber(gw, transport, persistent)
+    # A bystander reading everything at QoS 0 (no acknowledgement round
+    # trips to keep up with).
+    bystander, framer = hostile.mqtt_connect(gw.port, "bystander")
+    bystander.sendall(P.Subscribe(1, [("slow/#", 0)]).encode())
+    hostile.recv_packets(bystander, framer, 1)
+    received = []
+
+    def read_all():
+        while len(received) < 30_000:
+            got = hostile.recv_packets(bystander, framer, 1, timeout=30)
+            if not got:
+                return
+            received.extend(got)
+
+    reader = threading.Thread(target=read_all, daemon=True)
+    reader.start()
+    before = rss_kib(gw)
+    publisher = QoS1Publisher(gw.port, "producer")
+    with Probe(gw.port) as probe:
+        # 60 MB for a subscriber that reads none of it, in batches the
+        # bystander reads as they come: it has each batch, so nothing
+        # wedged behind the slow subscriber.
+        for batch in range(30):
+            publisher.publish("slow/a", batch * 1000, 1000, 2000)
+            deadline = time.monotonic() + 20
+            while len(received) < (batch + 1) * 1000 and time.monotonic() < deadline:
+                time.sleep(0.005)
+            assert len(received) == (batch + 1) * 1000
+        grown = rss_kib(gw) - before
+    probe.check()
+    # The queue bound (1 MiB), the in-flight window and socket buffers.
+    assert grown < 40 * MiB, grown
+    reader.join(10)
+    # Reading again: what was held comes out in order, then new traffic.
+    numbers = slow.read(until=None, timeout=3)
+    assert 500 <= len(numbers) < 30_000
+    assert numbers == sorted(numbers)
+    publisher.publish("slow/a", 30_000, 10, 2000)
+    assert slow.read(until=30_009)[-10:] == list(range(30_000, 30_010))
+    publisher.close()
