@@ -8,6 +8,7 @@ figures also go to a JSON file.
 """
 
 import argparse
+import functools
 import json
 import multiprocessing
 import os
@@ -19,7 +20,7 @@ import threading
 import time
 from pathlib import Path
 
-from bench import loadgen
+from bench import loadgen, neighbours
 from bench.brokers import BROKERS, MAX_INFLIGHT, MAX_QUEUED
 
 PAYLOAD = 64
@@ -42,7 +43,10 @@ THROUGHPUT = {
     "fan-out qos0": (1, 8, 0),
     "fan-out qos1": (1, 8, 1),
 }
-ALL_SCENARIOS = list(THROUGHPUT) + ["latency", "connections"]
+# QoS 1 round trips at a steady rate, alone and beside every hostile client
+# of bench/hostile.py (bench/neighbours.py).
+NEIGHBOURS = {"calm qos1": False, "calm qos1 + hostile": True}
+ALL_SCENARIOS = list(THROUGHPUT) + ["latency", "connections"] + list(NEIGHBOURS)
 
 
 def _ctx():
@@ -224,6 +228,16 @@ def main(argv=None):
                         )
                         r["rate"] = rate
                         print(f"p50 {r.get('p50_ms', 0):.2f} ms p99 {r.get('p99_ms', 0):.2f} ms at {rate:,.0f}/s", flush=True)
+                    elif scenario in NEIGHBOURS:
+                        r = neighbours.run(
+                            broker, args.duration, NEIGHBOURS[scenario], _ctx(),
+                            functools.partial(_pinned, load_cpu),
+                        )
+                        print(
+                            f"p50 {r['p50_ms']:.2f} ms p99 {r['p99_ms']:.2f} ms, lost {r['lost']}"
+                            f" of {r['sent']}, peak RSS {r['peak_rss_mib']} MiB",
+                            flush=True,
+                        )
                     else:
                         r = run_connections(broker, args.connections, cpu=load_cpu)
                         kib = r["kib_per_connection"]
@@ -255,7 +269,7 @@ def _figure(scenario, r):
         return None
     if scenario in THROUGHPUT:
         return r["per_second"]
-    if scenario == "latency":
+    if scenario == "latency" or scenario in NEIGHBOURS:
         return r.get("p99_ms")
     return r["kib_per_connection"]
 
@@ -268,7 +282,7 @@ def table(results):
     rows = []
     scenarios = [s for s in ALL_SCENARIOS if any(s in results[n] for n in names)]
     for s in scenarios:
-        unit = {"latency": " (p99 ms)", "connections": " (KiB/conn)"}.get(s, " (msg/s)")
+        unit = {"connections": " (KiB/conn)"}.get(s, " (p99 ms)" if s == "latency" or s in NEIGHBOURS else " (msg/s)")
         row = [s + unit]
         figures = {n: _figure(s, results[n].get(s)) for n in names}
         for n in names:

@@ -5,6 +5,7 @@ connection with a log line and nothing else.
 """
 
 import uuid
+from collections import deque
 
 import attr
 from twisted.internet.interfaces import IPushProducer
@@ -56,6 +57,12 @@ class MQTTServerProtocol(Protocol):
     username = None
     identity_as_username = False
     _acks = None
+    # Packets handled per reactor turn before the rest wait for the next.
+    PACKETS_PER_TURN = 256
+    _backlog = None
+    _reading_paused = False
+    _output_full = False
+    _awaiting_admission = False
 
     def __init__(self, router, limits, clock, flusher):
         self.router = router
@@ -64,6 +71,7 @@ class MQTTServerProtocol(Protocol):
         self._flusher = flusher
         self._out = []
         self._out_size = 0
+        self._held = []
         self.framer = Framer(
             limits.max_packet_size,
             first_packet=P.CONNECT,
@@ -90,6 +98,15 @@ class MQTTServerProtocol(Protocol):
         self._timer = self.clock.callLater(
             self.limits.connect_timeout, self._connect_timed_out
         )
+        if not self._flusher.admit(self):
+            # Too many connections arrived this turn: read this one later.
+            self._awaiting_admission = True
+            self._pause_reading()
+
+    def admitted(self):
+        """Our turn has come to be read from (see :meth:`Flusher.admit`)."""
+        self._awaiting_admission = False
+        self._resume_reading()
 
     def connectionLost(self, reason):
         self.router.stats.connections -= 1
@@ -104,15 +121,35 @@ class MQTTServerProtocol(Protocol):
         self.state = CLOSED
 
     def dataReceived(self, data):
+        if self._backlog is not None:
+            # Reading is paused; what was already on its way waits here.
+            self._held.append(data)
+            return
+        self._consume(self.framer.feed(data))
+
+    def _consume(self, packets):
+        """
+        Handle ``packets`` (the framer's iterator), at most
+        ``PACKETS_PER_TURN`` of them: the rest wait for the next reactor
+        turn with reading paused, so a peer that sends a great many packets
+        at once takes no more than its share of a turn.
+        """
+        budget = self.PACKETS_PER_TURN
         packet = None
         try:
-            for packet in self.framer.feed(data):
+            for packet in packets:
                 state = self.state
                 if state is CONNECTED:
                     self._handlers[packet.packet_type](self, packet)
                 elif state is AWAITING_CONNECT:
                     self._before_connect[packet.packet_type](self, packet)
                 else:
+                    break
+                budget -= 1
+                if budget <= 0 and self.state is not CLOSED:
+                    self._backlog = packets
+                    self._pause_reading()
+                    self.clock.callLater(0, self._next_turn)
                     break
             # Keepalive counts whole packets only: a peer dripping the bytes
             # of a packet it never finishes is not alive for MQTT.
@@ -127,6 +164,36 @@ class MQTTServerProtocol(Protocol):
                 peer=self.peer,
             )
             self._close(publish_will=True)
+
+    def _next_turn(self):
+        packets, self._backlog = self._backlog, None
+        if self.state is CLOSED:
+            return
+        self._consume(packets)
+        if self._backlog is None and self._held:
+            held, self._held = self._held, []
+            self._consume(self.framer.feed(b"".join(held)))
+        if self._backlog is None:
+            self._resume_reading()
+
+    # Reading stops while the peer's output is full or its input is
+    # waiting for a later turn, and goes on when neither holds.
+
+    def _pause_reading(self):
+        if not self._reading_paused:
+            self._reading_paused = True
+            self.transport.pauseProducing()
+
+    def _resume_reading(self):
+        if (
+            self._reading_paused
+            and not self._output_full
+            and self._backlog is None
+            and not self._awaiting_admission
+        ):
+            self._reading_paused = False
+            if self.state is not CLOSED:
+                self.transport.resumeProducing()
 
     def write(self, data):
         """
@@ -240,14 +307,16 @@ class MQTTServerProtocol(Protocol):
         # The peer is not reading what we send: hold its deliveries in the
         # session's bounded queue, and stop reading its requests, whose
         # answers would pile up here.
+        self._output_full = True
         if self.session is not None:
             self.session.pause()
-        self.transport.pauseProducing()
+        self._pause_reading()
 
     def resumeProducing(self):
+        self._output_full = False
         if self.state is CLOSED:
             return
-        self.transport.resumeProducing()
+        self._resume_reading()
         if self.session is not None:
             self.session.resume()
 
@@ -452,15 +521,45 @@ MQTTServerProtocol._before_connect = {
 
 class Flusher:
     """
-    Connections with output waiting, flushed on the next reactor turn: all
-    the reads of one turn (over every listener) cost each subscriber a
-    single transport write, rather than one per message.
+    Work shared out per reactor turn, one for every listener.  Connections
+    with output waiting are flushed on the next turn: all the reads of one
+    turn cost each subscriber a single transport write, rather than one per
+    message.  New connections are read from at most ``ADMISSIONS_PER_TURN``
+    a turn, so a storm of reconnecting clients is taken in over several
+    turns instead of holding up everyone else for one long one.
     """
+
+    ADMISSIONS_PER_TURN = 64
 
     def __init__(self, clock):
         self.clock = clock
         self.pending = []
         self._call = None
+        self._admissions = 0
+        self._waiting = deque()
+        self._admit_call = None
+
+    def admit(self, connection):
+        """Whether ``connection`` may be read from now; if not, it is told later."""
+        if self._admissions < self.ADMISSIONS_PER_TURN and not self._waiting:
+            self._admissions += 1
+            if self._admit_call is None:
+                self._admit_call = self.clock.callLater(0, self._admit_turn)
+            return True
+        self._waiting.append(connection)
+        return False
+
+    def _admit_turn(self):
+        self._admit_call = None
+        self._admissions = 0
+        waiting = self._waiting
+        while waiting and self._admissions < self.ADMISSIONS_PER_TURN:
+            connection = waiting.popleft()
+            if connection.state is not CLOSED:
+                self._admissions += 1
+                connection.admitted()
+        if self._admissions:
+            self._admit_call = self.clock.callLater(0, self._admit_turn)
 
     def mark(self, connection):
         self.pending.append(connection)

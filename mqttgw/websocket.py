@@ -28,6 +28,7 @@ log = Logger()
 
 SUBPROTOCOLS = ("mqtt", "mqttv3.1")
 _INPUT_SLICE = 2048
+FRAMES_PER_TURN = 256
 
 
 class _Transport:
@@ -94,7 +95,8 @@ class _Transport:
 
     def resumeProducing(self):
         below = self._websocket.transport
-        if below is not None:
+        # Input the WebSocket layer put off keeps reading paused too.
+        if below is not None and self._websocket._backlog is None:
             below.resumeProducing()
 
     def setTcpNoDelay(self, enabled):
@@ -145,15 +147,43 @@ class MQTTWebSocketProtocol(WebSocketServerProtocol):
         self._transport = _Transport(self, self._peer, self.maxMessagePayloadSize)
         mqtt.makeConnection(self._transport)
 
+    _frames = 0
+    _backlog = None
+
     def dataReceived(self, data):
+        if self._backlog is not None:
+            self._backlog.append(data)
+            return
+        self._feed(data)
+
+    def _feed(self, data):
         # autobahn copies its unparsed input after every frame it takes off
         # the front, which makes one read of many small frames quadratic:
-        # fed in small slices, each copy stays short.
-        if len(data) <= _INPUT_SLICE:
-            self._dataReceived(data)
+        # fed in small slices, each copy stays short.  Past FRAMES_PER_TURN
+        # frames the rest waits for the next reactor turn, reading paused,
+        # so tiny frames cannot take a whole turn.
+        self._frames = 0
+        size = len(data)
+        for start in range(0, size, _INPUT_SLICE):
+            self._dataReceived(data[start : start + _INPUT_SLICE] if size > _INPUT_SLICE else data)
+            if self._frames >= FRAMES_PER_TURN and start + _INPUT_SLICE < size:
+                self._backlog = [data[start + _INPUT_SLICE :]]
+                self.transport.pauseProducing()
+                self.factory.mqtt_factory.clock.callLater(0, self._next_turn)
+                return
+
+    def _next_turn(self):
+        backlog, self._backlog = self._backlog, None
+        if self.transport is None:
             return
-        for start in range(0, len(data), _INPUT_SLICE):
-            self._dataReceived(data[start : start + _INPUT_SLICE])
+        self._feed(b"".join(backlog))
+        mqtt = self._mqtt
+        if self._backlog is None and not (mqtt is not None and mqtt._reading_paused):
+            self.transport.resumeProducing()
+
+    def onFrameBegin(self):
+        self._frames += 1
+        super().onFrameBegin()
 
     # MQTT is a byte stream, so frames are fed to it as they arrive through
     # autobahn's streaming hooks, without assembling whole messages.

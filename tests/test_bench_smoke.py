@@ -39,6 +39,12 @@ def test_benchmark_reports_every_figure_and_loses_nothing(tmp_path, monkeypatch)
                 assert 0 <= r["lost"] <= r["sent"] * subs, (broker, scenario, r)
         latency = results["latency"]
         assert latency["probes"] > 0 and latency["p99_ms"] >= latency["p50_ms"] > 0
+        for scenario in run.NEIGHBOURS:
+            calm = results[scenario]
+            assert calm["sent"] > 0 and calm["p99_ms"] >= calm["p50_ms"] > 0, (broker, scenario)
+            assert calm["peak_rss_mib"] > 0
+            if broker == "mqttgw":
+                assert calm["lost"] == 0, (broker, scenario, calm)
         connections = results["connections"]
         assert connections["connections"] == 300
         assert connections["kib_per_connection"] is not None
