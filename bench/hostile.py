@@ -194,9 +194,11 @@ def ws_mqtt_connect(port, client_id):
 
 def big_retained_ws_subscriber(tcp_port, ws_port, tag, count=3, size=500_000):
     """1: retained messages that together exceed a WebSocket message, sent to a WS '#'."""
-    pub, _ = mqtt_connect(tcp_port, f"{tag}-retainer")
+    pub, framer = mqtt_connect(tcp_port, f"{tag}-retainer")
     for i in range(count):
-        pub.sendall(P.Publish(f"{tag}/big/{i}", bytes(size), 0, retain=True).encode())
+        pub.sendall(P.Publish(f"{tag}/big/{i}", bytes(size), 1, retain=True, message_id=i + 1).encode())
+    # Retained before the subscriber comes: every PUBACK is in.
+    recv_packets(pub, framer, count, timeout=20)
     pub.close()
     sock, reader = ws_mqtt_connect(ws_port, f"{tag}-ws")
     sock.sendall(ws_frame(P.Subscribe(1, [(f"{tag}/big/#", 0)]).encode()))
