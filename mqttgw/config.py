@@ -201,6 +201,21 @@ KEYS = [
     Key("mqtt", "max_qos", int, 2, "highest QoS granted to subscriptions", 0, 2),
     Key(
         "mqtt",
+        "reject_control_characters",
+        bool,
+        True,
+        "close MQTT 3.1.1 connections whose strings hold control characters or non-characters",
+        flag_name="allow-control-characters",
+    ),
+    Key(
+        "mqtt",
+        "allow_long_client_ids",
+        bool,
+        False,
+        "accept MQTT 3.1 client ids longer than 23 characters",
+    ),
+    Key(
+        "mqtt",
         "retry_interval",
         float,
         20.0,

@@ -4,6 +4,7 @@ clock.  Anything that is not a well-formed packet raises
 :class:`ProtocolViolation`, and nothing else.
 """
 
+import re
 import struct
 
 from mqttgw import packets as P
@@ -14,6 +15,29 @@ _unpack_u16 = struct.Struct(">H").unpack_from
 
 class ProtocolViolation(Exception):
     """The peer sent bytes that are not a valid MQTT packet stream."""
+
+
+# How strictly strings and reserved bits are checked: MQTT 3.1 as written;
+# MQTT 3.1.1's MUSTs (reserved bits, no U+0000); and 3.1.1 with its MAYs
+# too: control characters and Unicode non-characters refused (3.1.1
+# section 1.5.3), as current mosquitto does.
+LAX, STRICT, STRICT_TEXT = 0, 1, 2
+
+_NONCHARACTERS = "".join(
+    f"{chr(plane | 0xFFFE)}{chr(plane | 0xFFFF)}" for plane in range(0x10000, 0x110000, 0x10000)
+)
+_REFUSED_TEXT = re.compile(f"[\x00-\x1f\x7f-\x9f\ufdd0-\ufdef\ufffe\uffff{_NONCHARACTERS}]")
+
+
+def check_text(s, strict):
+    """Raise ProtocolViolation for characters ``strict`` refuses in ``s``."""
+    if strict == STRICT_TEXT:
+        # ASCII without control characters is by far the common case.
+        if (not s.isprintable() if s.isascii() else _REFUSED_TEXT.search(s) is not None):
+            bad = _REFUSED_TEXT.search(s).group()
+            raise ProtocolViolation(f"string contains U+{ord(bad):04X}")
+    elif strict and "\x00" in s:
+        raise ProtocolViolation("string contains U+0000")
 
 
 def _u16(data, offset, end):
@@ -37,8 +61,7 @@ def _string(data, offset, end, strict):
         s = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise ProtocolViolation("string is not valid UTF-8") from None
-    if strict and "\x00" in s:
-        raise ProtocolViolation("string contains U+0000")
+    check_text(s, strict)
     return s, offset
 
 
@@ -50,7 +73,13 @@ def _message_id(data, offset, end):
 
 
 def _decode_connect(flags, data, start, end, strict):
-    name, o = _string(data, start, end, False)
+    """``strict``: the checks a 3.1.1 connection is held to (STRICT or STRICT_TEXT)."""
+    name, o = _string(data, start, end, LAX)
+    if name == "MQTT" and flags:
+        raise ProtocolViolation(f"CONNECT fixed header flags {flags:#x} are reserved")
+    if name not in ("MQIsdp", "MQTT"):
+        # Not MQTT at all: closed without a CONNACK (3.1.1 section 3.1.2.1).
+        raise ProtocolViolation(f"unknown protocol name {name!r}")
     if o + 4 > end:
         raise ProtocolViolation("CONNECT variable header truncated")
     level = data[o]
@@ -67,7 +96,7 @@ def _decode_connect(flags, data, start, end, strict):
     if (name, level) not in (("MQIsdp", P.MQTT_31), ("MQTT", P.MQTT_311)):
         # The caller answers CONNACK 1; the rest of the packet may not parse.
         return connect
-    strict = level == P.MQTT_311
+    strict = (strict or STRICT) if level == P.MQTT_311 else LAX
     if strict and cflags & 0x01:
         raise ProtocolViolation("CONNECT reserved flag is set")
     connect.client_id, o = _string(data, o, end, strict)
@@ -109,17 +138,34 @@ def _decode_subscribe(flags, data, start, end, strict):
     mid = _message_id(data, start, end)
     o = start + 2
     topics = []
+    append = topics.append
+    # Inline rather than through _string: a SUBSCRIBE may hold a great
+    # many filters, and this is the whole of its decoding cost.
     while o < end:
-        topic, o = _string(data, o, end, strict)
-        if o >= end:
+        if o + 2 > end:
+            raise ProtocolViolation("packet truncated")
+        s = o + 2
+        e = s + ((data[o] << 8) | data[o + 1])
+        if e >= end:
+            if e > end:
+                raise ProtocolViolation("string runs past end of packet")
             raise ProtocolViolation("SUBSCRIBE topic without requested QoS")
-        qos = data[o]
-        o += 1
+        if e == s:
+            raise ProtocolViolation("SUBSCRIBE with a zero-length topic filter")
+        try:
+            topic = data[s:e].decode("utf-8")
+        except UnicodeDecodeError:
+            raise ProtocolViolation("string is not valid UTF-8") from None
+        qos = data[e]
         if (qos > 2) if strict else (qos & 0x03) == 3:
             raise ProtocolViolation("SUBSCRIBE requested QoS is invalid")
-        topics.append((topic, qos & 0x03))
+        append((topic, qos & 0x03))
+        o = e + 1
     if not topics:
         raise ProtocolViolation("SUBSCRIBE with no topics")
+    if strict:
+        for t, _ in topics:
+            check_text(t, strict)
     return P.Subscribe(mid, topics)
 
 
@@ -133,6 +179,8 @@ def _decode_unsubscribe(flags, data, start, end, strict):
     topics = []
     while o < end:
         topic, o = _string(data, o, end, strict)
+        if not topic:
+            raise ProtocolViolation("UNSUBSCRIBE with a zero-length topic filter")
         topics.append(topic)
     if not topics:
         raise ProtocolViolation("UNSUBSCRIBE with no topics")
@@ -185,12 +233,20 @@ class Framer:
     """
 
     def __init__(
-        self, max_packet_size=1024 * 1024, strict=False, first_packet=None, first_packet_size=None
+        self,
+        max_packet_size=1024 * 1024,
+        strict=LAX,
+        first_packet=None,
+        first_packet_size=None,
+        strict_for_311=STRICT_TEXT,
     ):
         if not 0 < max_packet_size <= P.MAX_REMAINING_LENGTH + 5:
             raise ValueError("max_packet_size out of range")
         self.max_packet_size = max_packet_size
         self.strict = strict
+        # What a CONNECT of MQTT 3.1.1 is held to (a CONNECT is decoded
+        # before the connection's version is known).
+        self.strict_for_311 = strict_for_311
         self._first = first_packet
         self._first_size = first_packet_size or max_packet_size
         self._buffer = b""
@@ -307,8 +363,10 @@ class Framer:
                             topic, data[tend + 2 : end], qos, flags & 1 == 1,
                             flags & 8 == 8, mid,
                         )
-                    if self.strict and "\x00" in topic:
-                        raise ProtocolViolation("string contains U+0000")
+                    if self.strict:
+                        check_text(topic, self.strict)
+                elif packet_type == 1:
+                    packet = _decode_connect(flags, data, pos, end, self.strict_for_311)
                 else:
                     packet = decoders[packet_type](flags, data, pos, end, self.strict)
                 offset = end

@@ -8,13 +8,13 @@ import uuid
 from collections import deque
 
 import attr
-from twisted.internet.interfaces import IPushProducer
+from twisted.internet.interfaces import IPushProducer, ISSLTransport, ITCPTransport
 from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
 from zope.interface import implementer
 
 from mqttgw import packets as P
-from mqttgw.framing import Framer, ProtocolViolation
+from mqttgw.framing import LAX, STRICT, STRICT_TEXT, Framer, ProtocolViolation
 from mqttgw.printable import printable
 from mqttgw.store import OrderedAcks
 from mqttgw.tls import peer_identity
@@ -36,6 +36,12 @@ class ConnectionLimits:
     max_connect_size = attr.ib(default=16 * 1024)
     connect_timeout = attr.ib(default=10.0)
     max_connections = attr.ib(default=100_000)
+    # MQTT 3.1.1 strings with control characters or non-characters close
+    # the connection (the spec's MAY); off for fleets that send them.
+    reject_control_characters = attr.ib(default=True)
+    # MQTT 3.1 client ids over the spec's 23 characters (many libraries
+    # generate longer ones).
+    allow_long_client_ids = attr.ib(default=False)
 
 
 _PUBACK = P.Puback
@@ -59,7 +65,12 @@ class MQTTServerProtocol(Protocol):
     _acks = None
     # Packets handled per reactor turn before the rest wait for the next.
     PACKETS_PER_TURN = 256
+    # Seconds a peer has to close its side after we closed ours.
+    CLOSE_GRACE = 2.0
+    # Topic filters of one SUBSCRIBE or UNSUBSCRIBE handled per turn.
+    FILTERS_PER_STEP = 1000
     _backlog = None
+    _work = None
     _reading_paused = False
     _output_full = False
     _awaiting_admission = False
@@ -76,6 +87,7 @@ class MQTTServerProtocol(Protocol):
             limits.max_packet_size,
             first_packet=P.CONNECT,
             first_packet_size=min(limits.max_connect_size, limits.max_packet_size),
+            strict_for_311=STRICT_TEXT if limits.reject_control_characters else STRICT,
         )
         self.peer = "?"
         self.log_id = None
@@ -121,6 +133,9 @@ class MQTTServerProtocol(Protocol):
         self.state = CLOSED
 
     def dataReceived(self, data):
+        if self.state is CLOSED:
+            # Closing: whatever the peer still sends is ignored.
+            return
         if self._backlog is not None:
             # Reading is paused; what was already on its way waits here.
             self._held.append(data)
@@ -146,7 +161,7 @@ class MQTTServerProtocol(Protocol):
                 else:
                     break
                 budget -= 1
-                if budget <= 0 and self.state is not CLOSED:
+                if (budget <= 0 or self._work is not None) and self.state is not CLOSED:
                     self._backlog = packets
                     self._pause_reading()
                     self.clock.callLater(0, self._next_turn)
@@ -166,9 +181,22 @@ class MQTTServerProtocol(Protocol):
             self._close(publish_will=True)
 
     def _next_turn(self):
-        packets, self._backlog = self._backlog, None
         if self.state is CLOSED:
+            self._backlog = self._work = None
             return
+        if self._work is not None:
+            try:
+                more = next(self._work, True) is not True
+            except Exception:
+                self._work = None
+                log.failure("internal error handling a packet from {client_id}", client_id=self.log_id)
+                self._close(publish_will=True)
+                return
+            if more:
+                self.clock.callLater(0, self._next_turn)
+                return
+            self._work = None
+        packets, self._backlog = self._backlog, None
         self._consume(packets)
         if self._backlog is None and self._held:
             held, self._held = self._held, []
@@ -240,20 +268,43 @@ class MQTTServerProtocol(Protocol):
             reason=reason,
         )
         self.router.stats.protocol_errors += 1
-        self._close(publish_will=True)
+        self._close(publish_will=True, graceful=True)
 
-    def taken_over(self):
+    def taken_over(self, publish_will=True):
         """Another connection claims our client id: make way for it now."""
-        self._close(publish_will=True)
+        self._close(publish_will)
 
-    def _close(self, publish_will):
+    def _close(self, publish_will, graceful=False):
         if self.state is CLOSED:
             return
         self.state = CLOSED
         self._cancel_timer()
         if self.session is not None:
             self._end_session(publish_will)
-        self.transport.abortConnection()
+        if graceful:
+            self._close_gracefully()
+        else:
+            self._out = []
+            self._out_size = 0
+            self.transport.abortConnection()
+
+    def _close_gracefully(self):
+        """
+        What is queued (a CONNACK with a refusal, say) goes out, then our
+        side closes, so the peer reads an orderly end of stream rather than
+        a reset.  What it still sends is read and ignored until it closes
+        too; a peer that does not within ``CLOSE_GRACE`` is cut off.
+        """
+        self.flush()
+        transport = self.transport
+        if ITCPTransport.providedBy(transport) and not ISSLTransport.providedBy(transport):
+            transport.loseWriteConnection()
+        else:
+            transport.loseConnection()
+        if self._reading_paused:
+            self._reading_paused = False
+            transport.resumeProducing()
+        self._timer = self.clock.callLater(self.CLOSE_GRACE, transport.abortConnection)
 
     def _end_session(self, publish_will):
         session, self.session = self.session, None
@@ -267,11 +318,8 @@ class MQTTServerProtocol(Protocol):
             reason=reason,
         )
         self.router.stats.connections_refused += 1
-        self.state = CLOSED
-        self._cancel_timer()
         self.write(P.Connack(return_code).encode())
-        self.flush()
-        self.transport.loseConnection()
+        self._close(publish_will=False, graceful=True)
 
     # Timers
 
@@ -283,7 +331,7 @@ class MQTTServerProtocol(Protocol):
     def _connect_timed_out(self):
         self._timer = None
         log.info("no CONNECT from {peer} in time: closing", peer=self.peer)
-        self._close(publish_will=False)
+        self._close(publish_will=False, graceful=True)
 
     def _check_keepalive(self):
         # Rather than re-arming a timer per packet, check on expiry how long
@@ -337,14 +385,14 @@ class MQTTServerProtocol(Protocol):
                 f"unsupported protocol {packet.protocol_name!r} level {level}",
             )
         self.protocol_level = level
-        self.framer.strict = level == P.MQTT_311
+        self.framer.strict = self.framer.strict_for_311 if level == P.MQTT_311 else LAX
         client_id = self.client_id = packet.client_id
         self.log_id = printable(client_id)
         if "\x00" in client_id:
             # The router keeps such ids for bridges.
             return self._refuse(P.CONNACK_IDENTIFIER_REJECTED, "client id contains U+0000")
         if level == P.MQTT_31:
-            if not 1 <= len(client_id) <= 23:
+            if not client_id or (len(client_id) > 23 and not self.limits.allow_long_client_ids):
                 return self._refuse(
                     P.CONNACK_IDENTIFIER_REJECTED,
                     "MQTT 3.1 client id must be 1 to 23 characters",
@@ -413,15 +461,28 @@ class MQTTServerProtocol(Protocol):
         session = self.session
         if qos == 0:
             router.publish(packet, session)
-        elif qos == 1:
-            self._acknowledge(_PUBACK(packet.message_id).encode(), router.publish(packet, session))
+            return
+        # The acknowledgement goes out before the routed copies (the
+        # publisher may be a subscriber too), unless it must wait for the
+        # store to commit the message.
+        if qos == 1:
+            ack = _PUBACK(packet.message_id).encode()
+            if router.may_be_durable(packet):
+                self._acknowledge(ack, router.publish(packet, session))
+            else:
+                self._acknowledge(ack, False)
+                router.publish(packet, session)
+            return
+        mid = packet.message_id
+        ack = _PUBREC(mid).encode()
+        # Exactly once: a re-sent PUBLISH before PUBREL is not routed again.
+        if not session.qos2_received(mid):
+            self._acknowledge(ack, False)
+        elif session.store is None and not router.may_be_durable(packet):
+            self._acknowledge(ack, False)
+            router.publish(packet, session)
         else:
-            mid = packet.message_id
-            durable = False
-            # Exactly once: a re-sent PUBLISH before PUBREL is not routed again.
-            if session.qos2_received(mid):
-                durable = router.publish(packet, session) or session.store is not None
-            self._acknowledge(_PUBREC(mid).encode(), durable)
+            self._acknowledge(ack, router.publish(packet, session) or session.store is not None)
 
     def _acknowledge(self, ack, durable):
         if self._acks is None:
@@ -446,39 +507,66 @@ class MQTTServerProtocol(Protocol):
         self.session.pubcomp(packet.message_id)
 
     def handle_SUBSCRIBE(self, packet):
+        self._in_steps(self._subscribe(packet))
+
+    def handle_UNSUBSCRIBE(self, packet):
+        self._in_steps(self._unsubscribe(packet))
+
+    def _in_steps(self, work):
+        """
+        Run ``work``, a generator that yields between steps of bounded
+        size; what is left of it runs over the next reactor turns, before
+        any further packet of this connection.
+        """
+        if next(work, True) is not True:
+            self._work = work
+
+    def _subscribe(self, packet):
+        suback = []
         accepted = []
-        codes = []
         refused = 0
         first_reason = None
-        for topic_filter, qos in packet.topics:
-            try:
-                validate_topic_filter(topic_filter)
-            except InvalidTopic as e:
-                if self.protocol_level == P.MQTT_31:
-                    return self.protocol_error(f"SUBSCRIBE: {e}")
-                refused += 1
-                if first_reason is None:
-                    first_reason = str(e)
-                codes.append(None)
-                continue
-            accepted.append((topic_filter, qos))
-            codes.append(topic_filter)
+        topics = packet.topics
+        for start in range(0, len(topics), self.FILTERS_PER_STEP):
+            if start:
+                yield
+            chunk = []
+            codes = []
+            for topic_filter, qos in topics[start : start + self.FILTERS_PER_STEP]:
+                try:
+                    validate_topic_filter(topic_filter)
+                except InvalidTopic as e:
+                    if self.protocol_level == P.MQTT_31:
+                        self.protocol_error(f"SUBSCRIBE: {e}")
+                        return
+                    refused += 1
+                    if first_reason is None:
+                        first_reason = str(e)
+                    codes.append(False)
+                    continue
+                chunk.append((topic_filter, qos))
+                codes.append(True)
+            granted = iter(self.router.subscribe(self.session, chunk))
+            suback.extend(next(granted) if ok else P.SUBACK_FAILURE for ok in codes)
+            accepted.extend(f for f, _ in chunk)
         if refused:
             # One line per packet, however many filters it refuses.
             log.info(
                 "client {client_id} SUBSCRIBE refused {refused} of {n} filters: {reason}",
                 client_id=self.log_id,
                 refused=refused,
-                n=len(codes),
+                n=len(topics),
                 reason=printable(first_reason),
             )
-        granted = iter(self.router.subscribe(self.session, accepted))
-        suback = [P.SUBACK_FAILURE if c is None else next(granted) for c in codes]
         self.write(P.Suback(packet.message_id, suback).encode())
-        self.router.send_retained(self.session, [f for f, _ in accepted])
+        self.router.send_retained(self.session, accepted)
 
-    def handle_UNSUBSCRIBE(self, packet):
-        self.router.unsubscribe(self.session, packet.topics)
+    def _unsubscribe(self, packet):
+        topics = packet.topics
+        for start in range(0, len(topics), self.FILTERS_PER_STEP):
+            if start:
+                yield
+            self.router.unsubscribe(self.session, topics[start : start + self.FILTERS_PER_STEP])
         self.write(P.Unsuback(packet.message_id).encode())
 
     def handle_PINGREQ(self, packet):
@@ -486,12 +574,8 @@ class MQTTServerProtocol(Protocol):
 
     def handle_DISCONNECT(self, packet):
         log.info("client {client_id} disconnected", client_id=self.log_id)
-        self.state = CLOSED
-        self._cancel_timer()
-        # A clean DISCONNECT discards the will.
-        self._end_session(publish_will=False)
-        self.flush()
-        self.transport.loseConnection()
+        # A clean DISCONNECT discards the will; anything after it is ignored.
+        self._close(publish_will=False, graceful=True)
 
     def _second_connect(self, packet):
         self.protocol_error("second CONNECT")

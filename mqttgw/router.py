@@ -67,7 +67,10 @@ class Router:
                 "client {client_id} taken over by a new connection",
                 client_id=printable(client_id),
             )
-            old.taken_over()
+            # A persistent session resumed by its own client is a
+            # reconnection, not a failure: its will is published only when
+            # a clean session is involved on either side.
+            old.taken_over(publish_will=clean_session or session.clean_session)
             session = self.sessions.get(client_id)
         present = False
         if session is not None:
@@ -125,6 +128,21 @@ class Router:
             session.restore(stored)
 
     # Publish
+
+    def may_be_durable(self, message):
+        """
+        Whether routing ``message`` may write it to the store: only then
+        must its publisher's acknowledgement wait, and so come after the
+        routed copies.
+        """
+        if self.store is None:
+            return False
+        if message.retain:
+            return True
+        for session, granted in self.subscriptions.match(message.topic):
+            if session.store is not None and granted:
+                return True
+        return False
 
     def publish(self, message, sender=None):
         """

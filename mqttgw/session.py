@@ -10,6 +10,7 @@ from collections import deque
 import attr
 from twisted.logger import Logger
 
+from mqttgw.framing import ProtocolViolation
 from mqttgw.packets import Publish, Pubrel
 from mqttgw.printable import printable
 
@@ -318,15 +319,27 @@ class Session:
 
     # Acknowledgements from the client
 
+    # An acknowledgement for an id not in flight is a late duplicate (its
+    # message was completed after a retry, or before a restart without
+    # persistence): ignored, or for PUBREC answered so the client can
+    # finish.  One that does not fit the flow of an id in flight (PUBREC
+    # for QoS 1, PUBACK for QoS 2, PUBCOMP before PUBREC) breaks the
+    # protocol.
+
     def puback(self, mid):
         flight = self.inflight.get(mid)
-        if flight is not None and flight.qos == 1:
-            self._complete(mid, flight)
+        if flight is None:
+            return
+        if flight.qos != 1:
+            raise ProtocolViolation(f"PUBACK for message {mid}, in flight at QoS 2")
+        self._complete(mid, flight)
 
     def pubrec(self, mid):
         pubrel = Pubrel(mid).encode()
         flight = self.inflight.get(mid)
-        if flight is not None and flight.qos == 2:
+        if flight is not None and flight.qos == 1:
+            raise ProtocolViolation(f"PUBREC for message {mid}, in flight at QoS 1")
+        if flight is not None:
             flight.state = AWAITING_PUBCOMP
             flight.attempts = 0
             flight.due = self.clock.seconds() + self.limits.retry_interval
@@ -341,8 +354,15 @@ class Session:
 
     def pubcomp(self, mid):
         flight = self.inflight.get(mid)
-        if flight is not None and flight.state == AWAITING_PUBCOMP:
-            self._complete(mid, flight)
+        if flight is None:
+            return
+        if flight.state != AWAITING_PUBCOMP:
+            raise ProtocolViolation(
+                f"PUBCOMP for message {mid} before its PUBREC"
+                if flight.qos == 2
+                else f"PUBCOMP for message {mid}, in flight at QoS 1"
+            )
+        self._complete(mid, flight)
 
     def _complete(self, mid, flight):
         del self.inflight[mid]

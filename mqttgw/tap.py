@@ -291,6 +291,8 @@ def makeService(options, reactor=None):
         max_connect_size=limits["max_connect_size"],
         connect_timeout=limits["connect_timeout"],
         max_connections=connection_limit(limits["max_connections"], log),
+        reject_control_characters=settings["mqtt.reject_control_characters"],
+        allow_long_client_ids=settings["mqtt.allow_long_client_ids"],
     )
     # One flusher for the reactor: output of all listeners leaves together.
     flusher = Flusher(reactor)

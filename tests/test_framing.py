@@ -283,10 +283,16 @@ def test_v31_connect_with_user_name_but_no_password_string():
     assert connect.username == "me" and connect.password is None
 
 
-def test_unknown_protocol_name_decodes_enough_to_refuse():
-    body = b"\x00\x04ABCD\x07\x02\x00\x3c\xff"  # the rest may be anything
+def test_known_protocol_name_with_another_level_decodes_enough_to_refuse():
+    body = b"\x00\x04MQTT\x07\x02\x00\x3c\xff"  # the rest may be anything
     connect = feed_whole(b"\x10" + bytes((len(body),)) + body)[0]
-    assert (connect.protocol_name, connect.protocol_level) == ("ABCD", 7)
+    assert (connect.protocol_name, connect.protocol_level) == ("MQTT", 7)
+
+
+def test_unknown_protocol_name_is_a_violation():
+    body = b"\x00\x04ABCD\x04\x02\x00\x3c"
+    with pytest.raises(ProtocolViolation, match="unknown protocol name 'ABCD'"):
+        feed_whole(b"\x10" + bytes((len(body),)) + body)
 
 
 def test_strictness_can_change_between_packets_of_one_chunk():
@@ -311,8 +317,10 @@ def test_partial_packet_is_kept_until_complete():
 
 # Properties
 
+# Text any MQTT 3.1.1 connection may send: no control characters (Cc) or
+# non-characters (among Cn, unassigned).
 text = st.text(
-    st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"),
+    st.characters(blacklist_categories=("Cs", "Cc", "Cn")),
     max_size=20,
 )
 topic = text.filter(lambda s: len(s.encode()) < 100)
@@ -348,9 +356,9 @@ packet_strategy = st.one_of(
     st.builds(P.Pubrec, mid),
     st.builds(P.Pubrel, mid),
     st.builds(P.Pubcomp, mid),
-    st.builds(P.Subscribe, mid, st.lists(st.tuples(topic, qos), min_size=1, max_size=5)),
+    st.builds(P.Subscribe, mid, st.lists(st.tuples(topic.filter(bool), qos), min_size=1, max_size=5)),
     st.builds(P.Suback, mid, st.lists(st.sampled_from([0, 1, 2, 0x80]), max_size=5)),
-    st.builds(P.Unsubscribe, mid, st.lists(topic, min_size=1, max_size=5)),
+    st.builds(P.Unsubscribe, mid, st.lists(topic.filter(bool), min_size=1, max_size=5)),
     st.builds(P.Unsuback, mid),
     st.just(P.Pingreq()),
     st.just(P.Pingresp()),
