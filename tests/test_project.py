@@ -58,12 +58,13 @@ CONFORMANCE_FILES = {
     "mc": "test_interop_mosquitto_clients.py",
     "ts": "test_store.py",
     "td": "test_durability.py",
+    "te": "test_protocol_edges.py",
 }
 
 
 def test_conformance_map_names_only_tests_that_exist():
     text = (REPO / "tests" / "CONFORMANCE.md").read_text()
-    references = re.findall(r"\b(tf|tp|tt|paho|mc|ts|td)::(test_\w+)", text)
+    references = re.findall(r"\b(tf|tp|tt|paho|mc|ts|td|te)::(test_\w+)", text)
     assert len(references) > 100
     for prefix, name in references:
         source = (REPO / "tests" / CONFORMANCE_FILES[prefix]).read_text()
