@@ -20,7 +20,7 @@ import threading
 import time
 from pathlib import Path
 
-from bench import loadgen, neighbours
+from bench import loadgen, neighbours, retained
 from bench.brokers import BROKERS, MAX_INFLIGHT, MAX_QUEUED
 
 PAYLOAD = 64
@@ -46,7 +46,9 @@ THROUGHPUT = {
 # QoS 1 round trips at a steady rate, alone and beside every hostile client
 # of bench/hostile.py (bench/neighbours.py).
 NEIGHBOURS = {"calm qos1": False, "calm qos1 + hostile": True}
-ALL_SCENARIOS = list(THROUGHPUT) + ["latency", "connections"] + list(NEIGHBOURS)
+# A narrow wildcard SUBSCRIBE over many stored retained topics (bench/retained.py).
+RETAINED = "retained narrow"
+ALL_SCENARIOS = list(THROUGHPUT) + ["latency", "connections"] + list(NEIGHBOURS) + [RETAINED]
 
 
 def _ctx():
@@ -189,6 +191,7 @@ def main(argv=None):
     parser.add_argument("--durability", choices=["fsync", "os"], default=None, help="mqttgw's store durability (default: its own default)")
     parser.add_argument("--scenarios", nargs="+", default=ALL_SCENARIOS, choices=ALL_SCENARIOS)
     parser.add_argument("--connections", type=int, default=10_000, help="idle connections to hold")
+    parser.add_argument("--retained", type=int, default=1_000_000, help="retained topics stored for the retained scenario")
     parser.add_argument("--json", default=str(Path(__file__).parent / "results" / "latest.json"))
     parser.add_argument("--no-pin", action="store_true", help="do not pin broker and load to separate CPUs")
     args = parser.parse_args(argv)
@@ -228,6 +231,13 @@ def main(argv=None):
                         )
                         r["rate"] = rate
                         print(f"p50 {r.get('p50_ms', 0):.2f} ms p99 {r.get('p99_ms', 0):.2f} ms at {rate:,.0f}/s", flush=True)
+                    elif scenario == RETAINED:
+                        r = retained.run(broker, args.retained)
+                        print(
+                            f"{r['stored']:,} stored in {r['load_s']} s; "
+                            + ", ".join(f"{f} {r[f]['ms']} ms for {r[f]['matched']}" for f in retained.FILTERS),
+                            flush=True,
+                        )
                     elif scenario in NEIGHBOURS:
                         r = neighbours.run(
                             broker, args.duration, NEIGHBOURS[scenario], _ctx(),
@@ -271,6 +281,8 @@ def _figure(scenario, r):
         return r["per_second"]
     if scenario == "latency" or scenario in NEIGHBOURS:
         return r.get("p99_ms")
+    if scenario == RETAINED:
+        return r["ret/7/+"]["ms"]
     return r["kib_per_connection"]
 
 
@@ -282,7 +294,9 @@ def table(results):
     rows = []
     scenarios = [s for s in ALL_SCENARIOS if any(s in results[n] for n in names)]
     for s in scenarios:
-        unit = {"connections": " (KiB/conn)"}.get(s, " (p99 ms)" if s == "latency" or s in NEIGHBOURS else " (msg/s)")
+        unit = {"connections": " (KiB/conn)", RETAINED: " (ms, ret/7/+)"}.get(
+            s, " (p99 ms)" if s == "latency" or s in NEIGHBOURS else " (msg/s)"
+        )
         row = [s + unit]
         figures = {n: _figure(s, results[n].get(s)) for n in names}
         for n in names:

@@ -20,6 +20,7 @@ def test_benchmark_reports_every_figure_and_loses_nothing(tmp_path, monkeypatch)
             "--duration", "1",
             "--brokers", "mqttgw", "mosquitto",
             "--connections", "300",
+            "--retained", "20000",
             "--json", str(out),
         ]
     )
@@ -45,6 +46,10 @@ def test_benchmark_reports_every_figure_and_loses_nothing(tmp_path, monkeypatch)
             assert calm["peak_rss_mib"] > 0
             if broker == "mqttgw":
                 assert calm["lost"] == 0, (broker, scenario, calm)
+        stored = results[run.RETAINED]
+        assert stored["stored"] == 20000
+        for topic_filter in ("ret/7/+", "ret/+/7"):
+            assert stored[topic_filter]["matched"] == stored[topic_filter]["expected"] > 0, (broker, stored)
         connections = results["connections"]
         assert connections["connections"] == 300
         assert connections["kib_per_connection"] is not None
