@@ -44,6 +44,29 @@ KEYS = [
     Key(
         "listeners", "wss", list, [], "WebSocket over TLS listener: a port or endpoint string"
     ),
+    Key(
+        "auth",
+        "password_file",
+        str,
+        "",
+        "password file in mosquitto's format (mosquitto_passwd, python -m mqttgw.passwd)",
+    ),
+    Key("auth", "acl_file", str, "", "access control list in mosquitto's acl_file format"),
+    Key(
+        "auth",
+        "allow_anonymous",
+        bool,
+        None,
+        "accept clients without a user name (default: only when no password file is set)",
+    ),
+    Key(
+        "auth",
+        "analytics_writers",
+        list,
+        ["mqttgw-pipeline"],
+        "user names that may write $analytics/... (the pipeline's)",
+        flag_name="analytics-writer",
+    ),
     Key("tls", "cert", str, "", "server certificate (PEM), its chain after it"),
     Key("tls", "key", str, "", "server private key (PEM)"),
     Key("tls", "ca", str, "", "authorities client certificates are checked against (PEM)"),

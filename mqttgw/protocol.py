@@ -8,12 +8,16 @@ import uuid
 from collections import deque
 
 import attr
+from twisted.cred.credentials import Anonymous, UsernamePassword
+from twisted.cred.error import UnauthorizedLogin, UnhandledCredentials
 from twisted.internet.interfaces import IPushProducer, ISSLTransport, ITCPTransport
 from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
 from zope.interface import implementer
 
 from mqttgw import packets as P
+from mqttgw.acl import READ, WRITE
+from mqttgw.auth import Busy, IIdentity, Throttle
 from mqttgw.framing import LAX, STRICT, STRICT_TEXT, Framer, ProtocolViolation
 from mqttgw.printable import printable
 from mqttgw.store import OrderedAcks
@@ -71,6 +75,11 @@ class MQTTServerProtocol(Protocol):
     FILTERS_PER_STEP = 1000
     _backlog = None
     _work = None
+    _authenticating = False
+    _denied_topics = None
+    portal = None
+    # Everything may be written until a login says who the client is.
+    _may_write = staticmethod(lambda topic: True)
     _reading_paused = False
     _output_full = False
     _awaiting_admission = False
@@ -101,7 +110,7 @@ class MQTTServerProtocol(Protocol):
         if hasattr(self.transport, "setTcpNoDelay"):
             self.transport.setTcpNoDelay(True)
         peer = self.transport.getPeer()
-        host = getattr(peer, "host", None)
+        host = self._host = getattr(peer, "host", None)
         self.peer = f"{host}:{peer.port}" if host else str(peer)
         self.router.stats.connections += 1
         # We are the producer of the bytes the transport sends: it tells us
@@ -161,10 +170,14 @@ class MQTTServerProtocol(Protocol):
                 else:
                     break
                 budget -= 1
-                if (budget <= 0 or self._work is not None) and self.state is not CLOSED:
+                if (
+                    budget <= 0 or self._work is not None or self._authenticating
+                ) and self.state is not CLOSED:
                     self._backlog = packets
                     self._pause_reading()
-                    self.clock.callLater(0, self._next_turn)
+                    # After a login, its answer carries on.
+                    if not self._authenticating:
+                        self.clock.callLater(0, self._next_turn)
                     break
             # Keepalive counts whole packets only: a peer dripping the bytes
             # of a packet it never finishes is not alive for MQTT.
@@ -197,7 +210,8 @@ class MQTTServerProtocol(Protocol):
                 return
             self._work = None
         packets, self._backlog = self._backlog, None
-        self._consume(packets)
+        if packets is not None:
+            self._consume(packets)
         if self._backlog is None and self._held:
             held, self._held = self._held, []
             self._consume(self.framer.feed(b"".join(held)))
@@ -405,13 +419,6 @@ class MQTTServerProtocol(Protocol):
                 )
             client_id = self.client_id = self.log_id = f"mqttgw-{uuid.uuid4().hex}"
         self.username = packet.username
-        if self.identity_as_username:
-            identity = peer_identity(self.transport)
-            if identity is None:
-                return self._refuse(
-                    P.CONNACK_NOT_AUTHORIZED, "no client certificate identity"
-                )
-            self.username = identity
         will = None
         if packet.will_topic is not None:
             try:
@@ -424,10 +431,71 @@ class MQTTServerProtocol(Protocol):
                 packet.will_qos,
                 packet.will_retain,
             )
+        if self.identity_as_username:
+            identity = peer_identity(self.transport)
+            if identity is None:
+                return self._refuse(
+                    P.CONNACK_NOT_AUTHORIZED, "no client certificate identity"
+                )
+            # The certificate, checked by TLS, is the credential.
+            self.username = identity
+            return self._logged_in(packet, will)
+        portal = self.portal
+        if portal is None:
+            return self._logged_in(packet, will)
+        if packet.username is not None:
+            creds = UsernamePassword(packet.username.encode(), packet.password or b"")
+        else:
+            creds = Anonymous()
+        # Packets that arrive meanwhile wait, in order, with reading paused.
+        self._authenticating = True
+        d = portal.login(creds, None, IIdentity)
+        d.addCallbacks(self._login_succeeded, self._login_failed, (packet, will), None, (packet,))
+
+    def _login_succeeded(self, result, packet, will):
+        self._authenticating = False
+        if self.state is CLOSED:
+            return
+        _, identity, _ = result
+        self.username = identity.username
+        self.factory_throttle.succeeded(self._host)
+        self._logged_in(packet, will)
+        if self._backlog is not None:
+            # What arrived during the login is handled next.
+            self.clock.callLater(0, self._next_turn)
+
+    def _login_failed(self, reason, packet):
+        self._authenticating = False
+        if self.state is CLOSED:
+            return
+        if reason.check(Busy):
+            code, why = P.CONNACK_SERVER_UNAVAILABLE, "too many logins waiting"
+        elif packet.username is None:
+            code, why = P.CONNACK_NOT_AUTHORIZED, "anonymous clients are not allowed"
+        elif reason.check(UnauthorizedLogin, UnhandledCredentials):
+            code, why = P.CONNACK_BAD_CREDENTIALS, f"bad user name or password for {printable(packet.username)!r}"
+        else:
+            log.failure("login of {client_id} failed", reason, client_id=self.log_id)
+            code, why = P.CONNACK_SERVER_UNAVAILABLE, "authentication failed"
+        self.router.stats.logins_refused += 1
+        delay = self.factory_throttle.failed(self._host)
+        # The answer waits, longer for each failure from the same address.
+        self._timer = self.clock.callLater(delay, self._refuse, code, why)
+
+    def _logged_in(self, packet, will):
+        client_id = self.client_id
+        level = self.protocol_level
+        access = self.router.access
+        if will is not None and not access.may_publish(self.username, client_id, will.topic):
+            return self._refuse(
+                P.CONNACK_NOT_AUTHORIZED, f"may not publish its will on {printable(will.topic)!r}"
+            )
+        self._may_write = access.checker(self.username, client_id, WRITE)
         session, present = self.router.connect(
             client_id, packet.clean_session, will
         )
         self.session = session
+        session.may_read = access.checker(self.username, client_id, READ)
         self.state = CONNECTED
         self.write(
             P.Connack(
@@ -459,6 +527,8 @@ class MQTTServerProtocol(Protocol):
         router = self.router
         router.stats.messages_received += 1
         session = self.session
+        if not self._may_write(topic):
+            return self._denied(packet)
         if qos == 0:
             router.publish(packet, session)
             return
@@ -483,6 +553,30 @@ class MQTTServerProtocol(Protocol):
             router.publish(packet, session)
         else:
             self._acknowledge(ack, router.publish(packet, session) or session.store is not None)
+
+    def _denied(self, packet):
+        """
+        A PUBLISH the client may not make: not routed, but acknowledged as
+        the protocol requires, so the client does not send it again.
+        """
+        self.router.stats.messages_denied += 1
+        denied = self._denied_topics
+        if denied is None:
+            denied = self._denied_topics = set()
+        if packet.topic not in denied and len(denied) < 100:
+            # Once per topic and connection, not once per message.
+            denied.add(packet.topic)
+            log.warn(
+                "client {client_id} (user {username}) may not publish on {topic}",
+                client_id=self.log_id,
+                username=printable(self.username),
+                topic=printable(packet.topic),
+            )
+        if packet.qos == 1:
+            self._acknowledge(_PUBACK(packet.message_id).encode(), False)
+        elif packet.qos == 2:
+            self.session.qos2_received(packet.message_id)
+            self._acknowledge(_PUBREC(packet.message_id).encode(), False)
 
     def _acknowledge(self, ack, durable):
         if self._acks is None:
@@ -522,6 +616,7 @@ class MQTTServerProtocol(Protocol):
             self._work = work
 
     def _subscribe(self, packet):
+        access = self.router.access
         suback = []
         accepted = []
         refused = 0
@@ -542,6 +637,16 @@ class MQTTServerProtocol(Protocol):
                     refused += 1
                     if first_reason is None:
                         first_reason = str(e)
+                    codes.append(False)
+                    continue
+                # 3.1 has no failure code: a filter that can match nothing
+                # readable is granted, and nothing is delivered on it.
+                if self.protocol_level == P.MQTT_311 and not access.may_subscribe(
+                    self.username, self.client_id, topic_filter
+                ):
+                    refused += 1
+                    if first_reason is None:
+                        first_reason = f"not authorized for {topic_filter!r}"
                     codes.append(False)
                     continue
                 chunk.append((topic_filter, qos))
@@ -676,6 +781,7 @@ class MQTTServerFactory(Factory):
         clock=None,
         flusher=None,
         identity_as_username=False,
+        portal=None,
     ):
         if clock is None:
             from twisted.internet import reactor as clock
@@ -685,6 +791,9 @@ class MQTTServerFactory(Factory):
         self.flusher = flusher if flusher is not None else Flusher(clock)
         # Take the user name from the client certificate (TLS listeners).
         self.identity_as_username = identity_as_username
+        # The twisted.cred portal logins go through, or None: no checks.
+        self.portal = portal
+        self.throttle = Throttle()
 
     def buildProtocol(self, addr):
         stats = self.router.stats
@@ -702,4 +811,6 @@ class MQTTServerFactory(Factory):
         """A protocol for a connection already counted (a WebSocket)."""
         protocol = MQTTServerProtocol(self.router, self.limits, self.clock, self.flusher)
         protocol.identity_as_username = self.identity_as_username
+        protocol.portal = self.portal
+        protocol.factory_throttle = self.throttle
         return protocol

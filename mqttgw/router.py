@@ -7,6 +7,7 @@ learns which transport a session came from.
 
 from twisted.logger import Logger
 
+from mqttgw.acl import Access
 from mqttgw.packets import Publish
 from mqttgw.printable import printable
 from mqttgw.session import Session, SessionLimits
@@ -27,6 +28,10 @@ class Stats:
         "messages_dropped",
         "protocol_errors",
         "connections_refused",
+        # CONNECTs refused for their credentials (CONNACK 3, 4 or 5).
+        "logins_refused",
+        # PUBLISHes not routed: the client may not write the topic.
+        "messages_denied",
     )
 
     def __init__(self):
@@ -49,6 +54,8 @@ class Router:
         self.sessions = {}
         self.subscriptions = SubscriptionTrie()
         self.retained = RetainedTree()
+        # Who may write and read what (the ACL, reserved topics).
+        self.access = Access()
         self.stats = Stats()
 
     # Sessions
@@ -160,9 +167,13 @@ class Router:
         if self.recorder is not None:
             self.recorder.published(message, sender, subscribers)
         qos = message.qos
+        topic = message.topic
         for session, granted in subscribers:
             # A bridge is not sent back what it brought in: that would loop.
             if session is sender and session.no_local:
+                continue
+            may_read = session.may_read
+            if may_read is not None and not may_read(topic):
                 continue
             if session.deliver(
                 message,

@@ -63,6 +63,9 @@ class Session:
     # as it was published.
     no_local = False
     retain_as_published = False
+    # Whether the client may read a topic (a cached ACL check), or None:
+    # everything.
+    may_read = None
 
     def __init__(
         self, client_id, clean_session, clock, limits=SessionLimits(), stats=None, store=None
@@ -268,7 +271,9 @@ class Session:
             else:
                 message, granted = item
                 budget -= 1
-                self.deliver(message, min(message.qos, granted), retain=True)
+                may_read = self.may_read
+                if may_read is None or may_read(message.topic):
+                    self.deliver(message, min(message.qos, granted), retain=True)
 
     def _retained_turn(self):
         self._retained_call = None

@@ -13,7 +13,11 @@ from twisted.python import usage
 
 from twisted.protocols.tls import TLSMemoryBIOFactory
 
+from twisted.python.threadpool import ThreadPool
+
 from mqttgw import config
+from mqttgw.acl import ACL, Access
+from mqttgw.auth import AuthConfigError, PasswordChecker, PasswordTable, make_portal
 from mqttgw.interfaces import bridge_kinds
 from mqttgw.protocol import ConnectionLimits, Flusher, MQTTServerFactory
 from mqttgw.router import Router
@@ -103,7 +107,7 @@ class Options(usage.Options):
     ]
     optFlags = [
         [k.flag, None, f"{k.help} [{k.path}]"] for k in _flag_keys() if k.type is bool
-    ]
+    ] + [["no-anonymous", None, "refuse clients without a user name [auth.allow_anonymous]"]]
 
     def __init__(self):
         super().__init__()
@@ -129,6 +133,10 @@ class Options(usage.Options):
                 values[key.path] = config.check_value(key, value, f"--{key.flag}")
             except config.ConfigError as e:
                 raise usage.UsageError(str(e)) from None
+        if self["no-anonymous"]:
+            if self["allow-anonymous"]:
+                raise usage.UsageError("--allow-anonymous and --no-anonymous contradict each other")
+            values["auth.allow_anonymous"] = False
         values.update(self.lists)
         return values
 
@@ -140,6 +148,7 @@ class Options(usage.Options):
             _check_listeners(settings)
             self.tls_options = _tls_options(settings)
             self.bridges = _check_bridges(settings)
+            self.auth_files = load_auth_files(settings)
         except config.ConfigError as e:
             # One line naming the problem, not a page of usage.
             sys.exit(f"mqttgw: {e}")
@@ -191,6 +200,65 @@ def _check_bridges(settings):
         names.add(checked.name)
         bridges.append((kind, checked))
     return bridges
+
+
+def load_auth_files(settings):
+    """(password table or None, ACL or None); errors name the file and line."""
+    auth = settings.section("auth")
+    try:
+        table = PasswordTable.from_file(auth["password_file"]) if auth["password_file"] else None
+        acl = ACL.from_file(auth["acl_file"]) if auth["acl_file"] else None
+    except AuthConfigError as e:
+        raise config.ConfigError(str(e)) from None
+    return table, acl
+
+
+class AuthService(Service):
+    """
+    The hashing threads, and reload on SIGHUP: the password file and the
+    ACL are read again (off the reactor thread) and swapped in at once; a
+    file that fails to parse leaves the old rules in force.  SIGUSR1 and
+    SIGUSR2 are ignored rather than left to kill the process.
+    """
+
+    def __init__(self, reactor, settings, checker, access, pool):
+        self.reactor = reactor
+        self.settings = settings
+        self.checker = checker
+        self.access = access
+        self.pool = pool
+
+    def startService(self):
+        super().startService()
+        import signal
+
+        self.pool.start()
+        self.reactor.addSystemEventTrigger("during", "shutdown", self.pool.stop)
+        signal.signal(signal.SIGHUP, lambda *_: self.reactor.callFromThread(self.reload))
+        for name in ("SIGUSR1", "SIGUSR2"):
+            signal.signal(getattr(signal, name), lambda signum, _: self.reactor.callFromThread(
+                log.info, "ignoring signal {signum}", signum=signum))
+
+    def reload(self):
+        log.info("SIGHUP: reading the password file and ACL again")
+        d = deferToThread(load_auth_files, self.settings)
+
+        def swap(files):
+            table, acl = files
+            if self.checker is not None and table is not None:
+                self.checker.replace(table)
+            if acl is not None:
+                self.access.replace(acl)
+            log.info("reloaded: {users} users, ACL {acl}",
+                     users=len(table.entries) if table else 0,
+                     acl="in force" if acl is not None else "none")
+
+        def failed(reason):
+            log.error("reload failed, the old rules stay in force: {error}",
+                      error=reason.getErrorMessage())
+
+        d.addCallbacks(swap, failed)
+        return d
 
 
 def _tls_options(settings):
@@ -294,15 +362,28 @@ def makeService(options, reactor=None):
         reject_control_characters=settings["mqtt.reject_control_characters"],
         allow_long_client_ids=settings["mqtt.allow_long_client_ids"],
     )
+    # Who may connect, and what they may touch.
+    auth = settings.section("auth")
+    table, acl = options.auth_files
+    router.access = Access(acl, auth["analytics_writers"])
+    allow_anonymous = auth["allow_anonymous"]
+    if allow_anonymous is None:
+        allow_anonymous = table is None
+    pool = ThreadPool(0, 2, "mqttgw-auth")
+    checker = PasswordChecker(table, reactor, pool) if table is not None else None
+    portal = None
+    if checker is not None or not allow_anonymous:
+        portal = make_portal(checker, allow_anonymous)
     # One flusher for the reactor: output of all listeners leaves together.
     flusher = Flusher(reactor)
-    factory = MQTTServerFactory(router, connection_limits, reactor, flusher)
+    factory = MQTTServerFactory(router, connection_limits, reactor, flusher, portal=portal)
     tls_factory = MQTTServerFactory(
         router,
         connection_limits,
         reactor,
         flusher,
         identity_as_username=settings["tls.use_identity_as_username"],
+        portal=portal,
     )
     ws = settings.section("websocket")
 
@@ -320,6 +401,7 @@ def makeService(options, reactor=None):
         return TLSMemoryBIOFactory(options.tls_options, False, wrapped)
 
     top = MultiService()
+    AuthService(reactor, settings, checker, router.access, pool).setServiceParent(top)
     if store is not None:
         # First in, so last to stop: connections close before it commits.
         WorkerService(store).setServiceParent(top)
@@ -335,6 +417,14 @@ def makeService(options, reactor=None):
     ]
     for path, make_factory in listeners:
         for listener in settings[path]:
+            if allow_anonymous and not (path.endswith("tls") and settings["tls.use_identity_as_username"]):
+                log.warn(
+                    "listener {listener} ({kind}) accepts anonymous clients: anyone who can"
+                    " reach it may publish and subscribe (set auth.password_file, or"
+                    " auth.allow_anonymous = false)",
+                    listener=listener,
+                    kind=path.split(".")[1],
+                )
             strports.service(
                 endpoint_description(listener, limits["listen_backlog"]),
                 make_factory(),

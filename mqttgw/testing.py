@@ -8,7 +8,11 @@ from twisted.internet.address import IPv4Address
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 
+from twisted.python.failure import Failure
+
 from mqttgw import packets as P
+from mqttgw.acl import ACL, Access
+from mqttgw.auth import PasswordChecker, PasswordTable, _parse_entry, hash_password, make_portal
 from mqttgw.framing import Framer
 from mqttgw.protocol import ConnectionLimits, MQTTServerFactory
 from mqttgw.router import Router
@@ -16,11 +20,38 @@ from mqttgw.session import SessionLimits
 from mqttgw.store import Store
 
 
+class ImmediateThreadPool:
+    """A thread pool that runs its work at once, in the caller's thread."""
+
+    def callInThreadWithCallback(self, on_result, f, *args, **kwargs):
+        try:
+            result = f(*args, **kwargs)
+        except BaseException:
+            on_result(False, Failure())
+        else:
+            on_result(True, result)
+
+
 class FakeBroker:
     """A router and server factory driven by a fake clock."""
 
-    def __init__(self, session_limits=SessionLimits(), store_dir=None, **connection_limits):
+    def __init__(
+        self,
+        session_limits=SessionLimits(),
+        store_dir=None,
+        passwords=None,
+        acl=None,
+        allow_anonymous=None,
+        analytics_writers=("mqttgw-pipeline",),
+        **connection_limits,
+    ):
+        """
+        ``passwords``: {user: password} to check logins against (hashed as
+        a password file would hold them); ``acl``: the lines of an ACL file.
+        """
         self.clock = Clock()
+        # What deferToThreadPool needs of a reactor.
+        self.clock.callFromThread = lambda f, *a, **kw: f(*a, **kw)
         self.store = None
         if store_dir is not None:
             # A real SQLite store, committed only when the test says so.
@@ -28,8 +59,21 @@ class FakeBroker:
         self.router = Router(self.clock, session_limits, store=self.store)
         if self.store is not None:
             self.router.restore(*self.store.load())
+        self.router.access = Access(ACL.parse(acl) if acl is not None else None, analytics_writers)
+        self.checker = None
+        portal = None
+        if allow_anonymous is None:
+            allow_anonymous = passwords is None
+        if passwords is not None:
+            table = PasswordTable(
+                "passwords",
+                {u: _parse_entry(hash_password(p, iterations=1)) for u, p in passwords.items()},
+            )
+            self.checker = PasswordChecker(table, self.clock, ImmediateThreadPool())
+        if passwords is not None or not allow_anonymous:
+            portal = make_portal(self.checker, allow_anonymous)
         self.factory = MQTTServerFactory(
-            self.router, ConnectionLimits(**connection_limits), self.clock
+            self.router, ConnectionLimits(**connection_limits), self.clock, portal=portal
         )
         self._port = 40000
 

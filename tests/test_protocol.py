@@ -400,11 +400,11 @@ def test_wildcard_in_publish_topic_closes(broker, version, topic):
 
 def test_publish_on_dollar_topic_is_not_matched_by_leading_wildcard(broker):
     everything = subscribed(broker, "all", ("#", 0), ("+/x", 0))
-    sys = subscribed(broker, "sys", ("$SYS/#", 0))
+    sys = subscribed(broker, "sys", ("$dev/#", 0))
     pub = connected(broker, "p")
-    pub.send(P.Publish("$SYS/x", b"1"))
+    pub.send(P.Publish("$dev/x", b"1"))
     assert publishes(everything.received()) == []
-    assert publishes(sys.received()) == [("$SYS/x", b"1", 0)]
+    assert publishes(sys.received()) == [("$dev/x", b"1", 0)]
 
 
 def test_publisher_receives_its_own_message_when_subscribed(broker):
@@ -597,7 +597,7 @@ def test_non_retained_publish_does_not_replace_the_retained_message(broker):
 
 def test_retained_messages_match_wildcards_and_respect_dollar_rule(broker):
     pub = connected(broker, "p")
-    for topic in ["a/1", "a/2", "b/1", "$SYS/x"]:
+    for topic in ["a/1", "a/2", "b/1", "$dev/x"]:
         pub.send(P.Publish(topic, topic.encode(), retain=True))
     sub = connected(broker, "s")
     sub.send(P.Subscribe(1, [("#", 0)]))

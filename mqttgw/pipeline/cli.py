@@ -6,6 +6,7 @@ where the master is whatever spark-submit was given.
 
 import argparse
 import json
+import os
 import socket
 import sys
 import time
@@ -29,6 +30,11 @@ def _parser():
         p.add_argument("--json-field", help="also min/max/avg of this numeric JSON field")
         p.add_argument("--publish", metavar="HOST:PORT", help="publish the latest rollups to this broker as retained messages")
         p.add_argument("--prefix", default="$analytics", help="topic prefix of published rollups")
+        p.add_argument(
+            "--username", default="mqttgw-pipeline",
+            help="user name for --publish (the password, if any, from $MQTTGW_PASSWORD);"
+            " the gateway lets only auth.analytics_writers write $analytics/...",
+        )
     batch = sub.choices["batch"]
     batch.add_argument("--since", type=_parse_time, help="first hour to recompute (ISO time, UTC)")
     batch.add_argument("--until", type=_parse_time, help="recompute up to this time (ISO time, UTC)")
@@ -161,7 +167,7 @@ def run_stream(args, spark):
     return totals
 
 
-def publish_rollups(spark, out, target, prefix):
+def publish_rollups(spark, out, target, prefix, username="mqttgw-pipeline"):
     """
     The latest minute and hour of each topic, as retained JSON messages on
     PREFIX/<topic>/1m and PREFIX/<topic>/1h, over MQTT (QoS 1).
@@ -184,7 +190,15 @@ def publish_rollups(spark, out, target, prefix):
             messages.append((f"{prefix}/{row['topic']}/{suffix}", json.dumps(body).encode()))
     host, _, port = target.rpartition(":")
     sock = socket.create_connection((host, int(port)), timeout=30)
-    sock.sendall(P.Connect(client_id=f"mqttgw-pipeline-{int(time.time())}"[:23], keepalive=0).encode())
+    password = os.environ.get("MQTTGW_PASSWORD")
+    sock.sendall(
+        P.Connect(
+            client_id=f"mqttgw-pipeline-{int(time.time())}"[:23],
+            keepalive=0,
+            username=username,
+            password=password.encode() if password else None,
+        ).encode()
+    )
     framer = Framer()
     pending = set()
     data = b""
@@ -222,7 +236,7 @@ def main(argv=None):
             if not (Path(args.out) / "topic_minute").exists():
                 say("nothing to publish yet")
             else:
-                n = publish_rollups(spark, args.out, args.publish, args.prefix)
+                n = publish_rollups(spark, args.out, args.publish, args.prefix, args.username)
                 written["published"] = n
     finally:
         spark.stop()

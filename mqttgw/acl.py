@@ -1,0 +1,226 @@
+"""
+What a client may touch: an access control list in mosquitto's
+``acl_file`` format, and the reserved topics no client may write.  A
+parsed :class:`ACL` is immutable; :class:`Access` holds the one in force
+and a generation number that a reload bumps, so the per-session caches of
+:class:`ReadCheck` notice without anyone walking the sessions.
+"""
+
+import attr
+
+from mqttgw.auth import AuthConfigError
+from mqttgw.topics import InvalidTopic, matches, validate_topic_filter
+
+READ, WRITE, DENY = 1, 2, 4
+_ACCESS = {"read": READ, "write": WRITE, "readwrite": READ | WRITE, "deny": DENY}
+
+
+def filters_intersect(a, b):
+    """Whether some topic name matches both filters ``a`` and ``b``."""
+    if a[:1] == "$" or b[:1] == "$":
+        # A leading wildcard never matches a "$" topic.
+        if a[:1] in ("+", "#") or b[:1] in ("+", "#"):
+            return False
+    return _intersect(a.split("/"), b.split("/"))
+
+
+def _intersect(a, b):
+    i = 0
+    while True:
+        if i < len(a) and a[i] == "#" or i < len(b) and b[i] == "#":
+            return True
+        if i == len(a) or i == len(b):
+            return i == len(a) == len(b)
+        if a[i] != b[i] and a[i] != "+" and b[i] != "+":
+            return False
+        i += 1
+
+
+@attr.s(frozen=True, slots=True)
+class Rule:
+    access = attr.ib()
+    topic = attr.ib()
+    # A pattern line: %u and %c stand for the user name and client id.
+    pattern = attr.ib(default=False)
+
+    def filter_for(self, username, client_id):
+        """The rule's topic filter for this client, or None if it cannot apply."""
+        if not self.pattern:
+            return self.topic
+        topic = self.topic
+        if "%u" in topic:
+            # A name holding wildcards or "/" would widen the rule.
+            if username is None or any(c in username for c in "+#/"):
+                return None
+            topic = topic.replace("%u", username)
+        if "%c" in topic:
+            if any(c in client_id for c in "+#/"):
+                return None
+            topic = topic.replace("%c", client_id)
+        return topic
+
+
+@attr.s(frozen=True, slots=True)
+class ACL:
+    """
+    mosquitto's rules: ``topic`` lines before the first ``user`` line are for
+    anonymous clients, those after a ``user`` line for that user, and
+    ``pattern`` lines for every client.  Access is granted by a matching
+    ``read``, ``write`` or ``readwrite`` rule, and a matching ``deny`` rule
+    takes it away whatever else grants it.
+    """
+
+    anonymous = attr.ib()
+    users = attr.ib()
+    patterns = attr.ib()
+
+    @classmethod
+    def from_file(cls, path):
+        try:
+            with open(path, encoding="utf-8") as f:
+                lines = f.read().splitlines()
+        except (OSError, UnicodeDecodeError) as e:
+            raise AuthConfigError(f"{path}: cannot read: {getattr(e, 'strerror', None) or e}") from None
+        return cls.parse(lines, path)
+
+    @classmethod
+    def parse(cls, lines, where="acl"):
+        anonymous, users, patterns = [], {}, []
+        current = anonymous
+        for number, raw in enumerate(lines, 1):
+            line = raw.strip()
+            if not line or line.startswith("#"):
+                continue
+            keyword, _, rest = line.partition(" ")
+            rest = rest.strip()
+            if keyword == "user":
+                if not rest:
+                    raise AuthConfigError(f"{where}:{number}: 'user' needs a user name")
+                current = users.setdefault(rest, [])
+                continue
+            if keyword not in ("topic", "pattern"):
+                raise AuthConfigError(f"{where}:{number}: unknown keyword {keyword!r}")
+            access_word, _, topic = rest.partition(" ")
+            if access_word in _ACCESS and topic.strip():
+                access, topic = _ACCESS[access_word], topic.strip()
+            else:
+                # No access word: read and write, as in mosquitto.
+                access, topic = READ | WRITE, rest
+            try:
+                validate_topic_filter(topic)
+            except InvalidTopic as e:
+                raise AuthConfigError(f"{where}:{number}: {e}") from None
+            rule = Rule(access, topic, keyword == "pattern")
+            (patterns if keyword == "pattern" else current).append(rule)
+        return cls(tuple(anonymous), {u: tuple(r) for u, r in users.items()}, tuple(patterns))
+
+    def _rules(self, username, client_id):
+        own = self.anonymous if username is None else self.users.get(username, ())
+        for rule in own:
+            yield rule.topic, rule.access
+        for rule in self.patterns:
+            topic = rule.filter_for(username, client_id)
+            if topic is not None:
+                yield topic, rule.access
+
+    def allows(self, username, client_id, topic, access):
+        granted = False
+        for rule_filter, rule_access in self._rules(username, client_id):
+            if matches(rule_filter, topic):
+                if rule_access & DENY:
+                    return False
+                if rule_access & access:
+                    granted = True
+        return granted
+
+    def may_subscribe(self, username, client_id, topic_filter):
+        """Whether ``topic_filter`` can match any topic the client may read."""
+        for rule_filter, rule_access in self._rules(username, client_id):
+            if rule_access & READ and filters_intersect(rule_filter, topic_filter):
+                return True
+        return False
+
+
+# Topics only the gateway itself writes.
+RESERVED_PREFIXES = ("$SYS/",)
+ANALYTICS_PREFIX = "$analytics/"
+
+
+class Access:
+    """
+    The rules in force for every connection: the ACL (or None: everything
+    allowed), the reserved topics (bridge state topics are added by the
+    bridges), and who may write ``$analytics/...``.
+    """
+
+    def __init__(self, acl=None, analytics_writers=()):
+        self.acl = acl
+        self.analytics_writers = frozenset(analytics_writers)
+        self.reserved_topics = set()
+        self.generation = 0
+
+    def replace(self, acl):
+        """A reloaded ACL: cached answers are dropped from the next check on."""
+        self.acl = acl
+        self.generation += 1
+
+    def may_publish(self, username, client_id, topic):
+        if topic.startswith(RESERVED_PREFIXES) or topic == "$SYS" or topic in self.reserved_topics:
+            return False
+        if topic.startswith(ANALYTICS_PREFIX) and username not in self.analytics_writers:
+            return False
+        acl = self.acl
+        return acl is None or acl.allows(username, client_id, topic, WRITE)
+
+    def may_subscribe(self, username, client_id, topic_filter):
+        acl = self.acl
+        return acl is None or acl.may_subscribe(username, client_id, topic_filter)
+
+    def checker(self, username, client_id, kind):
+        """
+        A cached check of one client's right to ``kind`` (READ or WRITE)
+        topics; for reading with no ACL, None (everything may be read).
+        """
+        if kind == READ and self.acl is None:
+            return None
+        return CachedCheck(self, username, client_id, kind)
+
+    def _allows(self, username, client_id, topic, kind):
+        if kind == WRITE:
+            return self.may_publish(username, client_id, topic)
+        acl = self.acl
+        return acl is None or acl.allows(username, client_id, topic, READ)
+
+
+class CachedCheck:
+    """
+    Whether one client may read (or write) a topic, answered from a small
+    cache of its own: the hot path is one dict lookup.  A reload (a new
+    generation) empties it.
+    """
+
+    __slots__ = ("access", "username", "client_id", "kind", "cache", "generation")
+    CACHE_SIZE = 4096
+
+    def __init__(self, access, username, client_id, kind):
+        self.access = access
+        self.username = username
+        self.client_id = client_id
+        self.kind = kind
+        self.cache = {}
+        self.generation = access.generation
+
+    def __call__(self, topic):
+        cache = self.cache
+        allowed = cache.get(topic)
+        if allowed is not None and self.generation == self.access.generation:
+            return allowed
+        access = self.access
+        if self.generation != access.generation:
+            cache.clear()
+            self.generation = access.generation
+        allowed = access._allows(self.username, self.client_id, topic, self.kind)
+        if len(cache) >= self.CACHE_SIZE:
+            cache.clear()
+        cache[topic] = allowed
+        return allowed

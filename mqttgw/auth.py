@@ -1,0 +1,221 @@
+"""
+Who may connect: ``twisted.cred`` checkers plugged into one portal that
+every listener shares.  Passwords come from a file in mosquitto's format
+(``mosquitto_passwd``'s ``$7$`` PBKDF2-SHA512 and older ``$6$`` SHA-512
+entries); hashing runs in a small thread pool, never on the reactor
+thread, with a cache of recent successes so reconnect storms stay cheap.
+"""
+
+import base64
+import hashlib
+import hmac
+import os
+from collections import OrderedDict
+
+import attr
+from twisted.cred import checkers, credentials, error, portal
+from twisted.internet import defer
+from twisted.internet.threads import deferToThreadPool
+from twisted.python.failure import Failure
+from zope.interface import Interface, implementer
+
+
+class AuthConfigError(Exception):
+    """A password or ACL file that cannot be used; the message says where."""
+
+
+class IIdentity(Interface):
+    """What a client is once logged in: see :class:`Identity`."""
+
+
+@implementer(IIdentity)
+@attr.s(frozen=True, slots=True)
+class Identity:
+    # None for an anonymous client.
+    username = attr.ib()
+
+
+# Iterations for the entries this project writes; mosquitto_passwd writes
+# 101, and reads whatever count an entry names, as mqttgw does.
+PBKDF2_ITERATIONS = 20_000
+
+
+def hash_password(password, iterations=PBKDF2_ITERATIONS, salt=None):
+    """A ``$7$`` entry (PBKDF2-HMAC-SHA512) as mosquitto_passwd writes it."""
+    salt = os.urandom(12) if salt is None else salt
+    digest = hashlib.pbkdf2_hmac("sha512", password.encode(), salt, iterations)
+    return f"$7${iterations}${base64.b64encode(salt).decode()}${base64.b64encode(digest).decode()}"
+
+
+def _verify(entry, password):
+    """Whether ``password`` (bytes) matches a parsed entry.  CPU-heavy."""
+    kind, iterations, salt, digest = entry
+    if kind == "7":
+        found = hashlib.pbkdf2_hmac("sha512", password, salt, iterations)
+    else:
+        found = hashlib.sha512(password + salt).digest()
+    return hmac.compare_digest(found, digest)
+
+
+def _parse_entry(text):
+    parts = text.split("$")
+    try:
+        if len(parts) == 5 and parts[0] == "" and parts[1] == "7":
+            iterations = int(parts[2])
+            if iterations < 1:
+                raise ValueError
+            return ("7", iterations, base64.b64decode(parts[3], validate=True),
+                    base64.b64decode(parts[4], validate=True))
+        if len(parts) == 4 and parts[0] == "" and parts[1] == "6":
+            return ("6", 0, base64.b64decode(parts[2], validate=True),
+                    base64.b64decode(parts[3], validate=True))
+    except ValueError:
+        pass
+    return None
+
+
+@attr.s(frozen=True, slots=True)
+class PasswordTable:
+    """A password file, parsed once; replaced whole on reload."""
+
+    path = attr.ib()
+    entries = attr.ib()
+
+    @classmethod
+    def from_file(cls, path):
+        try:
+            with open(path, encoding="utf-8") as f:
+                lines = f.read().splitlines()
+        except (OSError, UnicodeDecodeError) as e:
+            raise AuthConfigError(f"{path}: cannot read: {getattr(e, 'strerror', None) or e}") from None
+        entries = {}
+        for number, line in enumerate(lines, 1):
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            user, sep, hashed = line.partition(":")
+            entry = _parse_entry(hashed) if sep else None
+            if not user or entry is None:
+                # Never echo the line: it holds a hash, or a plain password.
+                raise AuthConfigError(
+                    f"{path}:{number}: not a 'user:$7$...' or 'user:$6$...' entry"
+                    " (plain text passwords are converted with mosquitto_passwd -U"
+                    " or python -m mqttgw.passwd -U)"
+                )
+            entries[user] = entry
+        return cls(str(path), entries)
+
+    def verify(self, username, password):
+        entry = self.entries.get(username)
+        if entry is None:
+            # As costly as a known user, so timing does not tell who exists.
+            _verify(("7", PBKDF2_ITERATIONS, b"0" * 12, b""), password)
+            return False
+        return _verify(entry, password)
+
+
+class Busy(error.UnauthorizedLogin):
+    """Too many logins are waiting for a hashing thread."""
+
+
+@implementer(checkers.ICredentialsChecker)
+class PasswordChecker:
+    """
+    Checks user names and passwords against a :class:`PasswordTable`, in
+    ``pool`` (a ThreadPool).  Successes are remembered for ``cache_seconds``
+    by a digest of the password, so a fleet reconnecting at once is checked
+    without hashing again; the table's replacement empties the cache.
+    """
+
+    credentialInterfaces = (credentials.IUsernamePassword,)
+    MAX_WAITING = 1024
+    CACHE_SIZE = 10_000
+
+    def __init__(self, table, reactor, pool, cache_seconds=300.0):
+        self.table = table
+        self.reactor = reactor
+        self.pool = pool
+        self.cache_seconds = cache_seconds
+        self._cache = OrderedDict()
+        self._waiting = 0
+
+    def replace(self, table):
+        self.table = table
+        self._cache.clear()
+
+    def requestAvatarId(self, creds):
+        username = creds.username.decode("utf-8", "replace")
+        password = creds.password
+        key = (username, hashlib.sha256(password).digest())
+        now = self.reactor.seconds()
+        expires = self._cache.get(key)
+        if expires is not None and expires > now:
+            return defer.succeed(username)
+        if self._waiting >= self.MAX_WAITING:
+            return defer.fail(Busy("too many logins waiting"))
+        self._waiting += 1
+        table = self.table
+        d = deferToThreadPool(self.reactor, self.pool, table.verify, username, password)
+
+        def checked(ok):
+            self._waiting -= 1
+            if not ok:
+                return Failure(error.UnauthorizedLogin())
+            if table is self.table:
+                self._cache[key] = self.reactor.seconds() + self.cache_seconds
+                if len(self._cache) > self.CACHE_SIZE:
+                    self._cache.popitem(last=False)
+            return username
+
+        def failed(reason):
+            self._waiting -= 1
+            return reason
+
+        d.addCallbacks(checked, failed)
+        return d
+
+
+@implementer(portal.IRealm)
+class Realm:
+    """An avatar id (user name, or ANONYMOUS) becomes an :class:`Identity`."""
+
+    def requestAvatar(self, avatarId, mind, *interfaces):
+        if IIdentity not in interfaces:
+            raise NotImplementedError("mqttgw's realm only gives identities")
+        username = None if avatarId is checkers.ANONYMOUS else avatarId
+        return IIdentity, Identity(username), lambda: None
+
+
+def make_portal(password_checker=None, allow_anonymous=False):
+    """The portal every listener asks; ``None`` checkers refuse everything."""
+    found = []
+    if password_checker is not None:
+        found.append(password_checker)
+    if allow_anonymous:
+        found.append(checkers.AllowAnonymousAccess())
+    return portal.Portal(Realm(), found)
+
+
+class Throttle:
+    """
+    Refusals from one address are answered after a delay that doubles with
+    each failure (from ``first`` up to ``longest`` seconds), so guessing
+    passwords is slow; a success forgets the address.  Bounded in size.
+    """
+
+    def __init__(self, first=0.1, longest=10.0, size=10_000):
+        self.first = first
+        self.longest = longest
+        self.size = size
+        self._failures = OrderedDict()
+
+    def failed(self, host):
+        """The delay before this refusal is answered."""
+        n = self._failures.pop(host, 0)
+        self._failures[host] = n + 1
+        if len(self._failures) > self.size:
+            self._failures.popitem(last=False)
+        return min(self.first * 2**n, self.longest)
+
+    def succeeded(self, host):
+        self._failures.pop(host, None)

@@ -1,0 +1,368 @@
+"""
+Who may connect and what they may touch: password files in mosquitto's
+format, the twisted.cred login in CONNECT, CONNACK 4 and 5, the ACL in
+mosquitto's acl_file format (publish, subscribe, wildcard delivery,
+retained messages, wills) and the reserved topics, in both protocol
+versions.
+"""
+
+import subprocess
+
+import pytest
+
+from mqttgw import packets as P
+from mqttgw.acl import ACL, filters_intersect
+from mqttgw.auth import AuthConfigError, PasswordTable, hash_password
+from mqttgw.testing import FakeBroker
+from mqttgw.topics import matches
+from tests.conftest import require_program
+
+V31, V311 = P.MQTT_31, P.MQTT_311
+both_versions = pytest.mark.parametrize("version", [V31, V311], ids=["3.1", "3.1.1"])
+
+
+def login(broker, client_id, version=V311, **fields):
+    client = broker.client(
+        client_id=client_id,
+        protocol_level=version,
+        protocol_name="MQTT" if version == V311 else "MQIsdp",
+        **fields,
+    )
+    # Refusals wait for the throttle's delay.
+    broker.clock.advance(60)
+    return client
+
+
+def connack(client):
+    [packet] = client.received()
+    return packet.return_code
+
+
+def publishes(packets):
+    return [(p.topic, p.payload) for p in packets if isinstance(p, P.Publish)]
+
+
+# Password files.
+
+
+def test_password_file_written_by_mosquitto_passwd_is_accepted_as_is(tmp_path):
+    mosquitto_passwd = require_program("mosquitto_passwd")
+    path = tmp_path / "passwd"
+    subprocess.run([mosquitto_passwd, "-c", "-b", str(path), "alice", "s3cret"], check=True)
+    subprocess.run([mosquitto_passwd, "-H", "sha512", "-b", str(path), "bob", "hunter2"], check=True)
+    table = PasswordTable.from_file(path)
+    assert table.entries["alice"][0] == "7" and table.entries["bob"][0] == "6"
+    assert table.verify("alice", b"s3cret") and table.verify("bob", b"hunter2")
+    assert not table.verify("alice", b"hunter2") and not table.verify("carol", b"s3cret")
+
+
+def test_entries_this_project_writes_verify(tmp_path):
+    path = tmp_path / "passwd"
+    path.write_text(f"# a comment\n\nalice:{hash_password('pw', iterations=10)}\n")
+    table = PasswordTable.from_file(path)
+    assert table.verify("alice", b"pw") and not table.verify("alice", b"pW")
+
+
+@pytest.mark.parametrize("line", ["alice:plaintext", "alice", ":$7$1$AAAA$AAAA", "bob:$7$x$AAAA$AAAA"])
+def test_bad_password_line_names_file_and_line_but_not_the_secret(tmp_path, line):
+    path = tmp_path / "passwd"
+    path.write_text(f"ok:{hash_password('pw', iterations=1)}\n{line}\n")
+    with pytest.raises(AuthConfigError) as e:
+        PasswordTable.from_file(path)
+    assert f"{path}:2:" in str(e.value)
+    assert "plaintext" not in str(e.value)
+
+
+# Logging in.
+
+
+@both_versions
+def test_right_password_is_accepted(version):
+    broker = FakeBroker(passwords={"alice": "s3cret"})
+    client = login(broker, "c", version, username="alice", password=b"s3cret")
+    assert connack(client) == 0
+
+
+@both_versions
+@pytest.mark.parametrize("username,password", [("alice", b"wrong"), ("mallory", b"s3cret"), ("alice", None)])
+def test_wrong_credentials_get_connack_4(version, username, password):
+    broker = FakeBroker(passwords={"alice": "s3cret"})
+    client = login(broker, "c", version, username=username, password=password)
+    assert connack(client) == P.CONNACK_BAD_CREDENTIALS
+    assert client.closed
+    assert broker.router.stats.logins_refused == 1
+
+
+@both_versions
+def test_no_credentials_where_anonymous_is_off_gets_connack_5(version):
+    broker = FakeBroker(passwords={"alice": "s3cret"})
+    client = login(broker, "c", version)
+    assert connack(client) == P.CONNACK_NOT_AUTHORIZED
+
+
+def test_anonymous_may_be_allowed_beside_a_password_file():
+    broker = FakeBroker(passwords={"alice": "s3cret"}, allow_anonymous=True)
+    assert connack(login(broker, "anon")) == 0
+    assert connack(login(broker, "bad", username="alice", password=b"x")) == P.CONNACK_BAD_CREDENTIALS
+
+
+def test_refusals_from_one_address_wait_longer_each_time():
+    broker = FakeBroker(passwords={"alice": "s3cret"})
+    delays = []
+    for _ in range(4):
+        client = broker.client(client_id="c", username="alice", password=b"guess")
+        waited = 0.0
+        while not client.received():
+            broker.clock.advance(0.05)
+            waited += 0.05
+        delays.append(waited)
+    assert delays == sorted(delays) and delays[-1] > 4 * delays[0]
+
+
+def test_packets_sent_with_connect_wait_for_the_login_in_order():
+    broker = FakeBroker(passwords={"alice": "s3cret"})
+    sub = login(broker, "sub", username="alice", password=b"s3cret")
+    sub.received()
+    sub.send(P.Subscribe(1, [("t", 0)]))
+    sub.received()
+    client = broker.client()
+    client.send(
+        P.Connect(client_id="c", username="alice", password=b"s3cret"),
+        P.Publish("t", b"one"),
+        P.Publish("t", b"two"),
+        P.Pingreq(),
+    )
+    assert client.received() == [P.Connack(0), P.Pingresp()]
+    assert publishes(sub.received()) == [("t", b"one"), ("t", b"two")]
+
+
+def test_successful_logins_are_cached(monkeypatch):
+    broker = FakeBroker(passwords={"alice": "s3cret"})
+    calls = []
+    original = PasswordTable.verify
+    monkeypatch.setattr(PasswordTable, "verify", lambda self, u, p: calls.append(u) or original(self, u, p))
+    for i in range(5):
+        assert connack(login(broker, f"c{i}", username="alice", password=b"s3cret")) == 0
+    assert connack(login(broker, "x", username="alice", password=b"other")) == 4
+    assert calls == ["alice", "alice"]
+
+
+# The ACL.
+
+ACL_LINES = [
+    "# anonymous clients",
+    "topic read public/#",
+    "topic write public/anon",
+    "",
+    "user alice",
+    "topic readwrite alice/#",
+    "topic read shared/#",
+    "topic deny shared/secret",
+    "topic read $SYS/#",
+    "",
+    "user bob",
+    "topic shared/#",
+    "",
+    "pattern readwrite users/%u/#",
+    "pattern write devices/%c/state",
+]
+
+
+def acl():
+    return ACL.parse(ACL_LINES)
+
+
+@pytest.mark.parametrize(
+    "user,client_id,topic,read,write",
+    [
+        (None, "a", "public/x", True, False),
+        (None, "a", "public/anon", True, True),
+        (None, "a", "alice/x", False, False),
+        ("alice", "a", "alice/x/y", True, True),
+        ("alice", "a", "shared/x", True, False),
+        ("alice", "a", "shared/secret", False, False),
+        ("alice", "a", "public/x", False, False),
+        ("alice", "a", "$SYS/broker/uptime", True, False),
+        ("bob", "b", "shared/secret", True, True),
+        ("bob", "b", "alice/x", False, False),
+        ("alice", "a", "users/alice/inbox", True, True),
+        ("alice", "a", "users/bob/inbox", False, False),
+        (None, "a", "users/None/inbox", False, False),
+        ("bob", "dev-9", "devices/dev-9/state", False, True),
+        ("bob", "dev-9", "devices/dev-8/state", False, False),
+    ],
+)
+def test_acl_matrix(user, client_id, topic, read, write):
+    rules = acl()
+    assert rules.allows(user, client_id, topic, 1) is read
+    assert rules.allows(user, client_id, topic, 2) is write
+
+
+@pytest.mark.parametrize(
+    "user,topic_filter,allowed",
+    [
+        ("alice", "shared/#", True),
+        ("alice", "+/+/x", True),
+        ("alice", "#", True),
+        ("alice", "other/#", False),
+        ("alice", "$SYS/#", True),
+        (None, "public/+", True),
+        (None, "alice/#", False),
+        ("bob", "users/bob/#", True),
+        ("bob", "users/+/x", True),
+        ("carol", "users/carol/x", True),
+        ("carol", "shared/x", False),
+    ],
+)
+def test_acl_subscribe_is_allowed_when_the_filter_can_match_a_readable_topic(user, topic_filter, allowed):
+    assert acl().may_subscribe(user, "c", topic_filter) is allowed
+
+
+@pytest.mark.parametrize(
+    "a,b",
+    [("a/+", "+/b"), ("a/#", "a"), ("#", "x/y"), ("a/+/c", "a/b/+"), ("$SYS/#", "$SYS/x"), ("+/+", "/x")],
+)
+def test_filters_that_share_a_topic_intersect(a, b):
+    assert filters_intersect(a, b) and filters_intersect(b, a)
+
+
+@pytest.mark.parametrize("a,b", [("a/+", "b/+"), ("a/b", "a/b/c"), ("+/x", "$SYS/x"), ("#", "$SYS/#"), ("a/+", "a")])
+def test_filters_that_share_no_topic_do_not_intersect(a, b):
+    assert not filters_intersect(a, b) and not filters_intersect(b, a)
+
+
+def test_filters_intersect_agrees_with_matching_on_examples():
+    filters = ["a/+", "+/b", "a/#", "#", "+/+", "a/b", "+", "a/+/c", "$x/#", "+/#"]
+    topics = ["a", "a/b", "b/b", "a/x/c", "$x/y", "a/b/c", "x"]
+    for f in filters:
+        for g in filters:
+            common = any(matches(f, t) and matches(g, t) for t in topics)
+            if common:
+                assert filters_intersect(f, g), (f, g)
+
+
+@pytest.mark.parametrize("line", ["topic", "user", "bogus read a", "topic read a/#/b"])
+def test_bad_acl_line_names_its_line(line):
+    with pytest.raises(AuthConfigError, match="acl:2:"):
+        ACL.parse(["topic read ok", line])
+
+
+def acl_broker():
+    return FakeBroker(passwords={"alice": "a", "bob": "b"}, acl=ACL_LINES, allow_anonymous=True)
+
+
+@both_versions
+def test_publish_without_write_access_is_acknowledged_but_not_routed(version):
+    broker = acl_broker()
+    bob = login(broker, "bob", version, username="bob", password=b"b")
+    bob.received()
+    bob.send(P.Subscribe(1, [("shared/#", 1)]))
+    bob.received()
+    alice = login(broker, "alice", version, username="alice", password=b"a")
+    alice.received()
+    alice.send(P.Publish("shared/x", b"no", 1, message_id=3), P.Publish("shared/x", b"no", 2, message_id=4))
+    assert alice.received() == [P.Puback(3), P.Pubrec(4)]
+    alice.send(P.Pubrel(4))
+    assert alice.received() == [P.Pubcomp(4)]
+    assert publishes(bob.received()) == []
+    assert broker.router.stats.messages_denied == 2
+    assert not alice.closed
+
+
+def test_v311_subscribe_to_nothing_readable_gets_0x80():
+    broker = acl_broker()
+    alice = login(broker, "alice", username="alice", password=b"a")
+    alice.received()
+    alice.send(P.Subscribe(1, [("other/#", 0), ("shared/#", 0), ("+/+/x", 0)]))
+    assert alice.received() == [P.Suback(1, [P.SUBACK_FAILURE, 0, 0])]
+
+
+def test_v31_subscribe_to_nothing_readable_is_granted_but_delivers_nothing():
+    broker = acl_broker()
+    alice = login(broker, "alice", V31, username="alice", password=b"a")
+    alice.received()
+    alice.send(P.Subscribe(1, [("other/#", 0)]))
+    assert alice.received() == [P.Suback(1, [0])]
+    pub = login(broker, "anon")
+    pub.send(P.Publish("other/x", b"secret"))
+    assert publishes(alice.received()) == []
+
+
+@both_versions
+def test_wildcard_subscription_receives_only_readable_topics(version):
+    broker = acl_broker()
+    alice = login(broker, "alice", version, username="alice", password=b"a")
+    alice.received()
+    alice.send(P.Subscribe(1, [("#", 0)]))
+    alice.received()
+    bob = login(broker, "bob", version, username="bob", password=b"b")
+    bob.received()
+    for topic in ("shared/x", "shared/secret", "alice/y", "public/x", "users/alice/z"):
+        bob.send(P.Publish(topic, topic.encode()))
+    assert [t for t, _ in publishes(alice.received())] == ["shared/x"]
+
+
+@both_versions
+def test_retained_messages_obey_the_acl(version):
+    broker = acl_broker()
+    bob = login(broker, "bob", version, username="bob", password=b"b")
+    bob.received()
+    for topic in ("shared/x", "shared/secret"):
+        bob.send(P.Publish(topic, b"r", retain=True))
+    alice = login(broker, "alice", version, username="alice", password=b"a")
+    alice.received()
+    alice.send(P.Subscribe(1, [("shared/#", 0)]))
+    assert [t for t, _ in publishes(alice.received())] == ["shared/x"]
+
+
+@both_versions
+def test_will_on_a_topic_the_client_may_not_write_is_refused_at_connect(version):
+    broker = acl_broker()
+    client = login(broker, "anon", version, will_topic="shared/x", will_message=b"gone")
+    assert connack(client) == P.CONNACK_NOT_AUTHORIZED
+    ok = login(broker, "anon2", version, will_topic="public/anon", will_message=b"gone")
+    assert connack(ok) == 0
+
+
+@both_versions
+@pytest.mark.parametrize("topic", ["$SYS/broker/uptime", "$SYS", "mqttgw/bridge/central/state", "$analytics/a/1m"])
+def test_clients_cannot_write_reserved_topics(version, topic):
+    broker = FakeBroker()
+    broker.router.access.reserved_topics.add("mqttgw/bridge/central/state")
+    watcher = login(broker, "w", version)
+    watcher.received()
+    watcher.send(P.Subscribe(1, [(topic, 0)]))
+    watcher.received()
+    client = login(broker, "c", version)
+    client.received()
+    client.send(P.Publish(topic, b"forged", retain=True))
+    assert publishes(watcher.received()) == []
+    assert broker.router.retained.get(topic) is None
+
+
+def test_analytics_writers_may_write_analytics():
+    broker = FakeBroker()
+    watcher = login(broker, "w")
+    watcher.received()
+    watcher.send(P.Subscribe(1, [("$analytics/#", 0)]))
+    watcher.received()
+    pipeline = login(broker, "p", username="mqttgw-pipeline")
+    pipeline.received()
+    pipeline.send(P.Publish("$analytics/a/1m", b"{}"))
+    assert publishes(watcher.received()) == [("$analytics/a/1m", b"{}")]
+
+
+def test_reloaded_acl_applies_from_the_next_message():
+    broker = acl_broker()
+    alice = login(broker, "alice", username="alice", password=b"a")
+    alice.received()
+    alice.send(P.Subscribe(1, [("shared/#", 0)]))
+    alice.received()
+    bob = login(broker, "bob", username="bob", password=b"b")
+    bob.received()
+    bob.send(P.Publish("shared/x", b"before"))
+    assert publishes(alice.received()) == [("shared/x", b"before")]
+    broker.router.access.replace(ACL.parse(["user bob", "topic shared/#"]))
+    bob.send(P.Publish("shared/x", b"after"))
+    assert publishes(alice.received()) == []
+    assert not alice.closed
