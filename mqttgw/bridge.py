@@ -322,6 +322,8 @@ class _Relay:
 class MQTTBridge(Service):
     def __init__(self, router, settings, reactor):
         self.router = router
+        # Only the bridge itself says whether it is connected.
+        router.access.reserved_topics.add(settings.state_topic)
         self.settings = settings
         self.reactor = reactor
         self.name = f"bridge {settings.name}"
