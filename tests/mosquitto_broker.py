@@ -16,7 +16,7 @@ def free_port():
 
 
 class Mosquitto:
-    def __init__(self, workdir, tls=None):
+    def __init__(self, workdir, tls=None, extra=()):
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
@@ -42,6 +42,7 @@ class Mosquitto:
                 f"certfile {tls['cert']}",
                 f"keyfile {tls['key']}",
             ]
+        lines += list(extra)
         self.conf = self.workdir / "mosquitto.conf"
         self.conf.write_text("\n".join(lines) + "\n")
         self.process = None

@@ -366,3 +366,58 @@ def test_reloaded_acl_applies_from_the_next_message():
     bob.send(P.Publish("shared/x", b"after"))
     assert publishes(alice.received()) == []
     assert not alice.closed
+
+
+# python -m mqttgw.passwd
+
+
+def passwd(*args):
+    from mqttgw.passwd import main
+
+    return main([str(a) for a in args])
+
+
+def test_passwd_creates_updates_and_deletes_entries_mosquitto_can_read(tmp_path):
+    path = tmp_path / "passwd"
+    assert passwd("-c", "-b", path, "alice", "one") == 0
+    assert passwd("-b", path, "bob", "two") == 0
+    assert passwd("-b", path, "alice", "three") == 0
+    table = PasswordTable.from_file(path)
+    assert sorted(table.entries) == ["alice", "bob"]
+    assert table.verify("alice", b"three") and table.verify("bob", b"two")
+    assert oct(path.stat().st_mode & 0o777) == "0o600"
+    assert passwd("-D", path, "bob") == 0
+    assert sorted(PasswordTable.from_file(path).entries) == ["alice"]
+    assert passwd("-D", path, "bob") == 1
+
+
+def test_passwd_entries_are_accepted_by_mosquitto(tmp_path):
+    from tests.mosquitto_broker import Mosquitto
+    from tests.mosquitto_clients import pub
+
+    path = tmp_path / "passwd"
+    passwd("-c", "-b", path, "alice", "s3cret")
+    broker = Mosquitto(tmp_path / "m", extra=[f"password_file {path}", "allow_anonymous false"]).start()
+    try:
+        pub(broker.port, "mqttv311", "t", "-m", "x", "-u", "alice", "-P", "s3cret")
+        with pytest.raises(subprocess.CalledProcessError):
+            pub(broker.port, "mqttv311", "t", "-m", "x", "-u", "alice", "-P", "wrong")
+    finally:
+        broker.stop()
+
+
+def test_passwd_hashes_a_plain_text_file(tmp_path):
+    path = tmp_path / "passwd"
+    path.write_text("# users\nalice:one\nbob:two\n")
+    assert passwd("-U", path) == 0
+    table = PasswordTable.from_file(path)
+    assert table.verify("alice", b"one") and table.verify("bob", b"two")
+    assert "one" not in path.read_text()
+    assert passwd("-U", path) == 1
+
+
+def test_passwd_errors_are_one_line(tmp_path, capsys):
+    assert passwd("-b", tmp_path / "absent", "alice", "pw") == 1
+    assert passwd("-c", "-b", tmp_path / "p", "a:b", "pw") == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and all(line.startswith("mqttgw.passwd: ") for line in err)
