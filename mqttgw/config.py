@@ -101,6 +101,14 @@ KEYS = [
     ),
     Key("websocket", "compression", bool, False, "accept permessage-deflate"),
     Key(
+        "websocket",
+        "allowed_origins",
+        list,
+        [],
+        "origins of web pages that may connect besides the gateway's own ('*': any)",
+        flag_name="allowed-origin",
+    ),
+    Key(
         "simple_bridge",
         "addresses",
         list,

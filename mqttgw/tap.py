@@ -387,7 +387,7 @@ def makeService(options, reactor=None):
     )
     ws = settings.section("websocket")
 
-    def site(mqtt_factory):
+    def site(mqtt_factory, secure=False):
         return websocket_site(
             mqtt_factory,
             router,
@@ -395,6 +395,8 @@ def makeService(options, reactor=None):
             ws["max_message_size"],
             ws["trusted_proxies"],
             ws["compression"],
+            ws["allowed_origins"],
+            secure,
         )
 
     def tls(wrapped):
@@ -413,7 +415,7 @@ def makeService(options, reactor=None):
         ("listeners.tcp", lambda: factory),
         ("listeners.tls", lambda: tls(tls_factory)),
         ("listeners.ws", lambda: site(factory)),
-        ("listeners.wss", lambda: tls(site(tls_factory))),
+        ("listeners.wss", lambda: tls(site(tls_factory, secure=True))),
     ]
     for path, make_factory in listeners:
         for listener in settings[path]:

@@ -14,6 +14,7 @@ from ipaddress import ip_address
 
 from autobahn.twisted.resource import WebSocketResource
 from autobahn.twisted.websocket import WebSocketServerFactory, WebSocketServerProtocol
+from autobahn.websocket.types import ConnectionDeny
 from twisted.internet.address import IPv4Address, IPv6Address
 from twisted.internet.error import ConnectionDone, ConnectionLost
 from twisted.internet.interfaces import ISSLTransport
@@ -22,6 +23,8 @@ from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
 from twisted.python.failure import Failure
 from twisted.web.resource import Resource
 from twisted.web.server import Site
+
+from mqttgw.printable import printable
 from zope.interface import directlyProvides, providedBy
 
 log = Logger()
@@ -115,6 +118,15 @@ class MQTTWebSocketProtocol(WebSocketServerProtocol):
 
     def onConnect(self, request):
         self._peer = self._client_address(request)
+        origin = request.headers.get("origin")
+        if origin is not None and not self.factory.origin_allowed(origin, request.headers.get("host")):
+            log.info(
+                "refusing WebSocket from {peer}: origin {origin} is not allowed",
+                peer=_peer_text(self._peer),
+                origin=printable(origin),
+            )
+            self.factory.mqtt_factory.router.stats.connections_refused += 1
+            raise ConnectionDeny(403, "origin not allowed")
         # Offer-less clients still connect; otherwise one MQTT subprotocol.
         for offered in request.protocols:
             if offered in SUBPROTOCOLS:
@@ -218,19 +230,28 @@ class MQTTWebSocketProtocol(WebSocketServerProtocol):
 class MQTTWebSocketFactory(WebSocketServerFactory):
     protocol = MQTTWebSocketProtocol
 
-    def __init__(self, mqtt_factory, max_message_size, trusted_proxies=(), compression=False):
+    def __init__(
+        self,
+        mqtt_factory,
+        max_message_size,
+        trusted_proxies=(),
+        compression=False,
+        allowed_origins=(),
+        secure=False,
+    ):
         super().__init__(protocols=list(SUBPROTOCOLS))
         self.mqtt_factory = mqtt_factory
         self.trusted_proxies = frozenset(trusted_proxies)
+        self.allowed_origins = frozenset(o.rstrip("/").lower() for o in allowed_origins)
+        self.scheme = "https" if secure else "http"
         options = dict(
             maxFramePayloadSize=max_message_size,
             maxMessagePayloadSize=max_message_size,
             # Browsers and proxies close idle sockets; MQTT keepalive covers it.
             openHandshakeTimeout=10,
             failByDrop=False,
-            # Like mosquitto, any page may connect: MQTT authenticates in
-            # CONNECT, not with cookies, so an Origin check guards nothing.
-            # "null" is what pages opened from files and sandboxes send.
+            # Origins are checked in onConnect (origin_allowed), which also
+            # knows the gateway's own origin.
             allowedOrigins=["*"],
             allowNullOrigin=True,
         )
@@ -247,6 +268,21 @@ class MQTTWebSocketFactory(WebSocketServerFactory):
 
             options["perMessageCompressionAccept"] = accept
         self.setProtocolOptions(**options)
+
+
+    def origin_allowed(self, origin, host):
+        """
+        Whether a page from ``origin`` may connect.  Without this check any
+        page a user happens to open could talk to a broker on their network
+        (MQTT over WebSocket has no other defence against that): by default
+        only pages the gateway serves itself, plus ``allowed_origins``
+        (exact origins, or ``*`` for any).
+        """
+        origin = origin.rstrip("/").lower()
+        allowed = self.allowed_origins
+        if "*" in allowed or origin in allowed:
+            return True
+        return host is not None and origin == f"{self.scheme}://{host.lower()}"
 
 
 class Health(Resource):
@@ -408,13 +444,24 @@ class _GuardedSite(WrappingFactory):
         self.router.stats.handshakes -= 1
 
 
-def websocket_site(mqtt_factory, router, clock, max_message_size, trusted_proxies=(), compression=False):
+def websocket_site(
+    mqtt_factory,
+    router,
+    clock,
+    max_message_size,
+    trusted_proxies=(),
+    compression=False,
+    allowed_origins=(),
+    secure=False,
+):
     """
     The WebSocket port's factory: a twisted.web Site serving MQTT over
     WebSocket and /healthz, behind the guard that bounds connections
     that have not upgraded yet.
     """
-    ws = MQTTWebSocketFactory(mqtt_factory, max_message_size, trusted_proxies, compression)
+    ws = MQTTWebSocketFactory(
+        mqtt_factory, max_message_size, trusted_proxies, compression, allowed_origins, secure
+    )
     site = Site(_Root(WebSocketResource(ws), Health(router, clock)))
     site.noisy = False
     return _GuardedSite(site, mqtt_factory)

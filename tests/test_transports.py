@@ -407,3 +407,44 @@ def test_a_reader_that_stops_reading_is_paused_then_dropped_not_buffered(gateway
 def _rss_kib(pid):
     with open(f"/proc/{pid}/status") as f:
         return int(next(line for line in f if line.startswith("VmRSS:")).split()[1])
+
+
+def upgrade_status(port, origin=None, host=None):
+    headers = [f"Origin: {origin}"] if origin else []
+    sock = socket.create_connection((LOCAL, port), timeout=10)
+    lines = [
+        "GET /mqtt HTTP/1.1",
+        f"Host: {host or f'{LOCAL}:{port}'}",
+        "Upgrade: websocket",
+        "Connection: Upgrade",
+        "Sec-WebSocket-Key: bXF0dGd3LWJlbmNobWFyaw==",
+        "Sec-WebSocket-Version: 13",
+        *headers,
+    ]
+    sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
+    response = sock.recv(4096)
+    sock.close()
+    return int(response.split()[1])
+
+
+def test_websocket_origin_check_by_default_allows_only_the_gateways_own_pages(gateway_with):
+    ws = free_port()
+    gw = gateway_with("--ws", endpoint(ws))
+    assert upgrade_status(ws) == 101  # not a browser
+    assert upgrade_status(ws, f"http://{LOCAL}:{ws}") == 101  # its own page
+    assert upgrade_status(ws, "https://evil.example") == 403
+    assert upgrade_status(ws, "null") == 403
+    gw.wait_for_log("origin https://evil.example is not allowed")
+
+
+def test_websocket_allowed_origins_are_configurable(gateway_with, tmp_path):
+    ws = free_port()
+    config = tmp_path / "origins.toml"
+    config.write_text('[websocket]\nallowed_origins = ["https://dash.example"]\n')
+    gateway_with("--ws", endpoint(ws), "--config", str(config))
+    assert upgrade_status(ws, "https://dash.example") == 101
+    assert upgrade_status(ws, "https://DASH.example/") == 101
+    assert upgrade_status(ws, "https://evil.example") == 403
+    any_port = free_port()
+    gateway_with("--ws", endpoint(any_port), "--allowed-origin", "*")
+    assert upgrade_status(any_port, "https://evil.example") == 101
