@@ -172,20 +172,26 @@ class Access:
         acl = self.acl
         return acl is None or acl.allows(username, client_id, topic, WRITE)
 
-    def may_subscribe(self, username, client_id, topic_filter):
+    def may_subscribe(self, username, client_id, topic_filter, limit=None):
+        """``limit``: the filters a token allows, or None."""
+        if limit is not None and not any(filters_intersect(f, topic_filter) for f in limit):
+            return False
         acl = self.acl
         return acl is None or acl.may_subscribe(username, client_id, topic_filter)
 
-    def checker(self, username, client_id, kind):
+    def checker(self, username, client_id, kind, limit=None):
         """
         A cached check of one client's right to ``kind`` (READ or WRITE)
-        topics; for reading with no ACL, None (everything may be read).
+        topics, within ``limit`` (a token's topic filters) if given; for
+        reading with neither an ACL nor a limit, None: everything.
         """
-        if kind == READ and self.acl is None:
+        if kind == READ and self.acl is None and limit is None:
             return None
-        return CachedCheck(self, username, client_id, kind)
+        return CachedCheck(self, username, client_id, kind, limit)
 
-    def _allows(self, username, client_id, topic, kind):
+    def _allows(self, username, client_id, topic, kind, limit):
+        if limit is not None and not any(matches(f, topic) for f in limit):
+            return False
         if kind == WRITE:
             return self.may_publish(username, client_id, topic)
         acl = self.acl
@@ -199,14 +205,15 @@ class CachedCheck:
     generation) empties it.
     """
 
-    __slots__ = ("access", "username", "client_id", "kind", "cache", "generation")
+    __slots__ = ("access", "username", "client_id", "kind", "limit", "cache", "generation")
     CACHE_SIZE = 4096
 
-    def __init__(self, access, username, client_id, kind):
+    def __init__(self, access, username, client_id, kind, limit=None):
         self.access = access
         self.username = username
         self.client_id = client_id
         self.kind = kind
+        self.limit = limit
         self.cache = {}
         self.generation = access.generation
 
@@ -219,7 +226,7 @@ class CachedCheck:
         if self.generation != access.generation:
             cache.clear()
             self.generation = access.generation
-        allowed = access._allows(self.username, self.client_id, topic, self.kind)
+        allowed = access._allows(self.username, self.client_id, topic, self.kind, self.limit)
         if len(cache) >= self.CACHE_SIZE:
             cache.clear()
         cache[topic] = allowed

@@ -33,6 +33,11 @@ class IIdentity(Interface):
 class Identity:
     # None for an anonymous client.
     username = attr.ib()
+    # From a token: the topic filters its holder may publish to and
+    # subscribe to (None: as the ACL says), and when it expires (epoch s).
+    publish = attr.ib(default=None)
+    subscribe = attr.ib(default=None)
+    expires = attr.ib(default=None)
 
 
 # Iterations for the entries this project writes; mosquitto_passwd writes
@@ -175,21 +180,156 @@ class PasswordChecker:
         return d
 
 
+# Signed tokens (JWT) sent as the password.
+
+TOKEN_ALGORITHMS = ("HS256", "HS384", "HS512", "RS256", "ES256")
+
+
+def looks_like_token(password):
+    """Three base64url segments: a JWT rather than a password."""
+    parts = password.split(b".")
+    return len(parts) == 3 and all(parts) and password[:2] == b"ey"
+
+
+@attr.s(frozen=True, slots=True)
+class TokenKeys:
+    """
+    What tokens are checked with: an HS256 secret or an RS256/ES256 public
+    key (PEM), the claim that names the user, and an audience if required.
+    """
+
+    key = attr.ib()
+    algorithms = attr.ib()
+    username_claim = attr.ib(default="sub")
+    audience = attr.ib(default=None)
+
+    @classmethod
+    def from_settings(cls, secret_file, public_key_file, username_claim="sub", audience=""):
+        if secret_file and public_key_file:
+            raise AuthConfigError("auth.jwt_secret_file and auth.jwt_public_key: set one, not both")
+        path = secret_file or public_key_file
+        if not path:
+            return None
+        try:
+            with open(path, "rb") as f:
+                key = f.read().strip()
+        except OSError as e:
+            raise AuthConfigError(f"{path}: cannot read: {e.strerror}") from None
+        if secret_file:
+            if len(key) < 32:
+                raise AuthConfigError(f"{path}: an HS256 secret needs at least 32 bytes")
+            algorithms = ("HS256", "HS384", "HS512")
+        else:
+            from cryptography.hazmat.primitives.asymmetric import ec, rsa
+            from cryptography.hazmat.primitives.serialization import load_pem_public_key
+
+            try:
+                public = load_pem_public_key(key)
+            except ValueError as e:
+                raise AuthConfigError(f"{path}: not a PEM public key: {e}") from None
+            if isinstance(public, ec.EllipticCurvePublicKey):
+                algorithms = ("ES256",)
+            elif isinstance(public, rsa.RSAPublicKey):
+                algorithms = ("RS256",)
+            else:
+                raise AuthConfigError(f"{path}: an RSA or EC public key is needed")
+            key = public
+        return cls(key, algorithms, username_claim, audience or None)
+
+    def verify(self, token, now):
+        """
+        The holder's :class:`Identity`, or UnauthorizedLogin saying why not.
+        ``now`` (epoch seconds, the reactor's) is what ``exp`` is held to.
+        """
+        import jwt
+
+        try:
+            claims = jwt.decode(
+                token,
+                self.key,
+                algorithms=list(self.algorithms),
+                audience=self.audience,
+                options={
+                    "require": ["exp"],
+                    "verify_exp": False,
+                    "verify_nbf": False,
+                    "verify_iat": False,
+                    "verify_aud": self.audience is not None,
+                },
+            )
+        except jwt.PyJWTError as e:
+            raise error.UnauthorizedLogin(f"token refused: {e}") from None
+        expires = claims["exp"]
+        if not isinstance(expires, (int, float)) or expires <= now:
+            raise error.UnauthorizedLogin("token expired")
+        not_before = claims.get("nbf")
+        if isinstance(not_before, (int, float)) and not_before > now + 60:
+            raise error.UnauthorizedLogin("token not valid yet")
+        username = claims.get(self.username_claim)
+        if not isinstance(username, str) or not username:
+            raise error.UnauthorizedLogin(f"token has no {self.username_claim!r} claim")
+        topics = {}
+        for claim in ("publish", "subscribe"):
+            value = claims.get(f"mqtt_{claim}")
+            if value is not None and not (
+                isinstance(value, list) and all(isinstance(v, str) for v in value)
+            ):
+                raise error.UnauthorizedLogin(f"token claim mqtt_{claim} is not a list of topic filters")
+            topics[claim] = tuple(value) if value is not None else None
+        return Identity(username, topics["publish"], topics["subscribe"], float(claims["exp"]))
+
+
+@implementer(checkers.ICredentialsChecker)
+class TokenOrPasswordChecker:
+    """
+    A password that is a JWT is checked as a token (when token keys are
+    set); any other password against the password file (when there is
+    one).  The avatar id is then an :class:`Identity`.
+    """
+
+    credentialInterfaces = (credentials.IUsernamePassword,)
+
+    def __init__(self, tokens, passwords, reactor, pool):
+        self.tokens = tokens
+        self.passwords = passwords
+        self.reactor = reactor
+        self.pool = pool
+
+    def requestAvatarId(self, creds):
+        if self.tokens is not None and looks_like_token(creds.password):
+            tokens = self.tokens
+            return deferToThreadPool(
+                self.reactor,
+                self.pool,
+                tokens.verify,
+                creds.password.decode("ascii", "replace"),
+                self.reactor.seconds(),
+            )
+        if self.passwords is None:
+            return defer.fail(error.UnauthorizedLogin())
+        return self.passwords.requestAvatarId(creds).addCallback(Identity)
+
+
 @implementer(portal.IRealm)
 class Realm:
-    """An avatar id (user name, or ANONYMOUS) becomes an :class:`Identity`."""
+    """An avatar id (an Identity, or ANONYMOUS) becomes an :class:`Identity`."""
 
     def requestAvatar(self, avatarId, mind, *interfaces):
         if IIdentity not in interfaces:
             raise NotImplementedError("mqttgw's realm only gives identities")
-        username = None if avatarId is checkers.ANONYMOUS else avatarId
-        return IIdentity, Identity(username), lambda: None
+        if avatarId is checkers.ANONYMOUS:
+            avatarId = Identity(None)
+        elif not isinstance(avatarId, Identity):
+            avatarId = Identity(avatarId)
+        return IIdentity, avatarId, lambda: None
 
 
-def make_portal(password_checker=None, allow_anonymous=False):
-    """The portal every listener asks; ``None`` checkers refuse everything."""
+def make_portal(password_checker=None, allow_anonymous=False, tokens=None, reactor=None, pool=None):
+    """The portal every listener asks; with no checker, it refuses everything."""
     found = []
-    if password_checker is not None:
+    if tokens is not None:
+        found.append(TokenOrPasswordChecker(tokens, password_checker, reactor, pool))
+    elif password_checker is not None:
         found.append(password_checker)
     if allow_anonymous:
         found.append(checkers.AllowAnonymousAccess())

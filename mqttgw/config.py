@@ -61,6 +61,22 @@ KEYS = [
     ),
     Key(
         "auth",
+        "jwt_secret_file",
+        str,
+        "",
+        "file holding the HS256 secret that signed tokens (JWT) sent as passwords are checked with",
+    ),
+    Key(
+        "auth",
+        "jwt_public_key",
+        str,
+        "",
+        "PEM public key (RSA or EC) that RS256/ES256 tokens sent as passwords are checked with",
+    ),
+    Key("auth", "jwt_username_claim", str, "sub", "the token claim that names the user"),
+    Key("auth", "jwt_audience", str, "", "the audience (aud) tokens must name (empty: not checked)"),
+    Key(
+        "auth",
         "analytics_writers",
         list,
         ["mqttgw-pipeline"],

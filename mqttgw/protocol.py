@@ -17,7 +17,7 @@ from zope.interface import implementer
 
 from mqttgw import packets as P
 from mqttgw.acl import READ, WRITE
-from mqttgw.auth import Busy, IIdentity, Throttle
+from mqttgw.auth import Busy, IIdentity, Identity, Throttle
 from mqttgw.framing import LAX, STRICT, STRICT_TEXT, Framer, ProtocolViolation
 from mqttgw.printable import printable
 from mqttgw.store import OrderedAcks
@@ -77,6 +77,8 @@ class MQTTServerProtocol(Protocol):
     _work = None
     _authenticating = False
     _denied_topics = None
+    identity = Identity(None)
+    _expiry = None
     portal = None
     # Everything may be written until a login says who the client is.
     _may_write = staticmethod(lambda topic: True)
@@ -132,6 +134,7 @@ class MQTTServerProtocol(Protocol):
     def connectionLost(self, reason):
         self.router.stats.connections -= 1
         self._cancel_timer()
+        self._cancel_expiry()
         if self.session is not None:
             log.info(
                 "client {client_id} connection lost: {reason}",
@@ -293,6 +296,7 @@ class MQTTServerProtocol(Protocol):
             return
         self.state = CLOSED
         self._cancel_timer()
+        self._cancel_expiry()
         if self.session is not None:
             self._end_session(publish_will)
         if graceful:
@@ -336,6 +340,12 @@ class MQTTServerProtocol(Protocol):
         self._close(publish_will=False, graceful=True)
 
     # Timers
+
+    def _cancel_expiry(self):
+        if self._expiry is not None:
+            if self._expiry.active():
+                self._expiry.cancel()
+            self._expiry = None
 
     def _cancel_timer(self):
         if self._timer is not None and self._timer.active():
@@ -439,6 +449,7 @@ class MQTTServerProtocol(Protocol):
                 )
             # The certificate, checked by TLS, is the credential.
             self.username = identity
+            self.identity = Identity(identity)
             return self._logged_in(packet, will)
         portal = self.portal
         if portal is None:
@@ -458,6 +469,7 @@ class MQTTServerProtocol(Protocol):
             return
         _, identity, _ = result
         self.username = identity.username
+        self.identity = identity
         self.factory_throttle.succeeded(self._host)
         self._logged_in(packet, will)
         if self._backlog is not None:
@@ -486,16 +498,17 @@ class MQTTServerProtocol(Protocol):
         client_id = self.client_id
         level = self.protocol_level
         access = self.router.access
-        if will is not None and not access.may_publish(self.username, client_id, will.topic):
+        identity = self.identity
+        self._may_write = access.checker(self.username, client_id, WRITE, identity.publish)
+        if will is not None and not self._may_write(will.topic):
             return self._refuse(
                 P.CONNACK_NOT_AUTHORIZED, f"may not publish its will on {printable(will.topic)!r}"
             )
-        self._may_write = access.checker(self.username, client_id, WRITE)
         session, present = self.router.connect(
             client_id, packet.clean_session, will
         )
         self.session = session
-        session.may_read = access.checker(self.username, client_id, READ)
+        session.may_read = access.checker(self.username, client_id, READ, identity.subscribe)
         self.state = CONNECTED
         self.write(
             P.Connack(
@@ -518,6 +531,15 @@ class MQTTServerProtocol(Protocol):
             self._timer = self.clock.callLater(
                 self.keepalive * 1.5, self._check_keepalive
             )
+        if identity.expires is not None:
+            self._expiry = self.clock.callLater(
+                max(0.0, identity.expires - self.clock.seconds()), self._token_expired
+            )
+
+    def _token_expired(self):
+        self._expiry = None
+        log.info("client {client_id}: its token expired: closing", client_id=self.log_id)
+        self._close(publish_will=True, graceful=True)
 
     def handle_PUBLISH(self, packet):
         topic = packet.topic
@@ -642,7 +664,7 @@ class MQTTServerProtocol(Protocol):
                 # 3.1 has no failure code: a filter that can match nothing
                 # readable is granted, and nothing is delivered on it.
                 if self.protocol_level == P.MQTT_311 and not access.may_subscribe(
-                    self.username, self.client_id, topic_filter
+                    self.username, self.client_id, topic_filter, self.identity.subscribe
                 ):
                     refused += 1
                     if first_reason is None:

@@ -17,7 +17,14 @@ from twisted.python.threadpool import ThreadPool
 
 from mqttgw import config
 from mqttgw.acl import ACL, Access
-from mqttgw.auth import AuthConfigError, PasswordChecker, PasswordTable, make_portal
+from mqttgw.auth import (
+    AuthConfigError,
+    PasswordChecker,
+    PasswordTable,
+    TokenKeys,
+    TokenOrPasswordChecker,
+    make_portal,
+)
 from mqttgw.interfaces import bridge_kinds
 from mqttgw.protocol import ConnectionLimits, Flusher, MQTTServerFactory
 from mqttgw.router import Router
@@ -203,14 +210,23 @@ def _check_bridges(settings):
 
 
 def load_auth_files(settings):
-    """(password table or None, ACL or None); errors name the file and line."""
+    """
+    (password table, ACL, token keys), each None when not configured;
+    errors name the file and line.
+    """
     auth = settings.section("auth")
     try:
         table = PasswordTable.from_file(auth["password_file"]) if auth["password_file"] else None
         acl = ACL.from_file(auth["acl_file"]) if auth["acl_file"] else None
+        tokens = TokenKeys.from_settings(
+            auth["jwt_secret_file"],
+            auth["jwt_public_key"],
+            auth["jwt_username_claim"],
+            auth["jwt_audience"],
+        )
     except AuthConfigError as e:
         raise config.ConfigError(str(e)) from None
-    return table, acl
+    return table, acl, tokens
 
 
 class AuthService(Service):
@@ -221,10 +237,10 @@ class AuthService(Service):
     SIGUSR2 are ignored rather than left to kill the process.
     """
 
-    def __init__(self, reactor, settings, checker, access, pool):
+    def __init__(self, reactor, settings, portal, access, pool):
         self.reactor = reactor
         self.settings = settings
-        self.checker = checker
+        self.portal = portal
         self.access = access
         self.pool = pool
 
@@ -244,14 +260,19 @@ class AuthService(Service):
         d = deferToThread(load_auth_files, self.settings)
 
         def swap(files):
-            table, acl = files
-            if self.checker is not None and table is not None:
-                self.checker.replace(table)
+            table, acl, tokens = files
+            for checker in (self.portal.checkers.values() if self.portal else ()):
+                if isinstance(checker, TokenOrPasswordChecker):
+                    checker.tokens = tokens
+                    checker = checker.passwords
+                if isinstance(checker, PasswordChecker) and table is not None:
+                    checker.replace(table)
             if acl is not None:
                 self.access.replace(acl)
-            log.info("reloaded: {users} users, ACL {acl}",
+            log.info("reloaded: {users} users, ACL {acl}, token keys {tokens}",
                      users=len(table.entries) if table else 0,
-                     acl="in force" if acl is not None else "none")
+                     acl="in force" if acl is not None else "none",
+                     tokens="in force" if tokens is not None else "none")
 
         def failed(reason):
             log.error("reload failed, the old rules stay in force: {error}",
@@ -364,16 +385,16 @@ def makeService(options, reactor=None):
     )
     # Who may connect, and what they may touch.
     auth = settings.section("auth")
-    table, acl = options.auth_files
+    table, acl, tokens = options.auth_files
     router.access = Access(acl, auth["analytics_writers"])
     allow_anonymous = auth["allow_anonymous"]
     if allow_anonymous is None:
-        allow_anonymous = table is None
+        allow_anonymous = table is None and tokens is None
     pool = ThreadPool(0, 2, "mqttgw-auth")
     checker = PasswordChecker(table, reactor, pool) if table is not None else None
     portal = None
-    if checker is not None or not allow_anonymous:
-        portal = make_portal(checker, allow_anonymous)
+    if checker is not None or tokens is not None or not allow_anonymous:
+        portal = make_portal(checker, allow_anonymous, tokens, reactor, pool)
     # One flusher for the reactor: output of all listeners leaves together.
     flusher = Flusher(reactor)
     factory = MQTTServerFactory(router, connection_limits, reactor, flusher, portal=portal)
@@ -403,7 +424,7 @@ def makeService(options, reactor=None):
         return TLSMemoryBIOFactory(options.tls_options, False, wrapped)
 
     top = MultiService()
-    AuthService(reactor, settings, checker, router.access, pool).setServiceParent(top)
+    AuthService(reactor, settings, portal, router.access, pool).setServiceParent(top)
     if store is not None:
         # First in, so last to stop: connections close before it commits.
         WorkerService(store).setServiceParent(top)

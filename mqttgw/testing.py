@@ -43,6 +43,7 @@ class FakeBroker:
         acl=None,
         allow_anonymous=None,
         analytics_writers=("mqttgw-pipeline",),
+        tokens=None,
         **connection_limits,
     ):
         """
@@ -63,15 +64,15 @@ class FakeBroker:
         self.checker = None
         portal = None
         if allow_anonymous is None:
-            allow_anonymous = passwords is None
+            allow_anonymous = passwords is None and tokens is None
         if passwords is not None:
             table = PasswordTable(
                 "passwords",
                 {u: _parse_entry(hash_password(p, iterations=1)) for u, p in passwords.items()},
             )
             self.checker = PasswordChecker(table, self.clock, ImmediateThreadPool())
-        if passwords is not None or not allow_anonymous:
-            portal = make_portal(self.checker, allow_anonymous)
+        if passwords is not None or tokens is not None or not allow_anonymous:
+            portal = make_portal(self.checker, allow_anonymous, tokens, self.clock, ImmediateThreadPool())
         self.factory = MQTTServerFactory(
             self.router, ConnectionLimits(**connection_limits), self.clock, portal=portal
         )

@@ -421,3 +421,124 @@ def test_passwd_errors_are_one_line(tmp_path, capsys):
     assert passwd("-c", "-b", tmp_path / "p", "a:b", "pw") == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and all(line.startswith("mqttgw.passwd: ") for line in err)
+
+
+# Signed tokens.
+
+SECRET = b"s" * 40
+
+
+def token(key=SECRET, algorithm="HS256", lifetime=3600, now=1_000_000.0, **claims):
+    import jwt
+
+    body = {"sub": "dashboard", "exp": now + lifetime, **claims}
+    return jwt.encode(body, key, algorithm=algorithm).encode()
+
+
+def token_broker(keys=None, **kwargs):
+    from mqttgw.auth import TokenKeys
+
+    broker = FakeBroker(tokens=keys or TokenKeys(SECRET, ("HS256",)), **kwargs)
+    broker.clock.advance(1_000_000)
+    return broker
+
+
+@both_versions
+def test_token_as_password_logs_in_as_its_subject(version):
+    broker = token_broker()
+    client = login(broker, "c", version, username="ignored", password=token())
+    assert connack(client) == 0
+    assert client.protocol.username == "dashboard"
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: token(key=b"x" * 40),
+        lambda: token(lifetime=-10),
+        lambda: token(algorithm="HS384", key=b"t" * 48),
+        lambda: token()[:-4] + b"AAAA",
+    ],
+    ids=["wrong key", "expired", "wrong key and algorithm", "tampered"],
+)
+def test_bad_tokens_get_connack_4(make):
+    broker = token_broker()
+    assert connack(login(broker, "c", username="x", password=make())) == P.CONNACK_BAD_CREDENTIALS
+
+
+def test_token_without_exp_is_refused():
+    import jwt
+
+    broker = token_broker()
+    unexpiring = jwt.encode({"sub": "d"}, SECRET, algorithm="HS256").encode()
+    assert connack(login(broker, "c", username="x", password=unexpiring)) == P.CONNACK_BAD_CREDENTIALS
+
+
+def test_rs256_and_es256_tokens_are_checked_with_a_public_key(tmp_path):
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec, rsa
+
+    from mqttgw.auth import TokenKeys
+
+    for private, algorithm in (
+        (rsa.generate_private_key(public_exponent=65537, key_size=2048), "RS256"),
+        (ec.generate_private_key(ec.SECP256R1()), "ES256"),
+    ):
+        pem = tmp_path / f"{algorithm}.pem"
+        pem.write_bytes(
+            private.public_key().public_bytes(
+                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+            )
+        )
+        keys = TokenKeys.from_settings("", str(pem))
+        assert keys.algorithms == (algorithm,)
+        broker = token_broker(keys)
+        good = token(key=private, algorithm=algorithm)
+        assert connack(login(broker, "c", username="x", password=good)) == 0
+        forged = token(key=SECRET, algorithm="HS256")
+        assert connack(login(broker, "d", username="x", password=forged)) == P.CONNACK_BAD_CREDENTIALS
+
+
+def test_token_keys_are_checked_at_start_up(tmp_path):
+    from mqttgw.auth import TokenKeys
+
+    short = tmp_path / "short"
+    short.write_bytes(b"too short")
+    with pytest.raises(AuthConfigError, match="at least 32 bytes"):
+        TokenKeys.from_settings(str(short), "")
+    with pytest.raises(AuthConfigError, match="not a PEM public key"):
+        TokenKeys.from_settings("", str(short))
+    with pytest.raises(AuthConfigError, match="cannot read"):
+        TokenKeys.from_settings(str(tmp_path / "absent"), "")
+
+
+def test_read_only_token_receives_its_topics_and_nothing_else():
+    broker = token_broker(allow_anonymous=True)
+    page = login(broker, "page", username="x", password=token(mqtt_subscribe=["dashboard/#"], mqtt_publish=[]))
+    assert connack(page) == 0
+    page.send(P.Subscribe(1, [("dashboard/#", 0), ("private/#", 0), ("#", 0)]))
+    assert page.received() == [P.Suback(1, [0, P.SUBACK_FAILURE, 0])]
+    device = login(broker, "device")
+    device.received()
+    device.send(P.Publish("dashboard/temp", b"21"), P.Publish("private/x", b"no"))
+    assert publishes(page.received()) == [("dashboard/temp", b"21")]
+    page.send(P.Publish("dashboard/temp", b"forged", 1, message_id=2))
+    assert page.received() == [P.Puback(2)]
+    assert broker.router.stats.messages_denied == 1
+
+
+def test_connection_is_closed_when_its_token_expires():
+    broker = token_broker()
+    client = login(broker, "c", username="x", password=token(lifetime=3600), keepalive=0)
+    assert connack(client) == 0
+    broker.clock.advance(3599 - 60)
+    assert not client.closed
+    broker.clock.advance(2)
+    assert client.closed
+
+
+def test_passwords_still_work_beside_tokens():
+    broker = token_broker(passwords={"alice": "s3cret"})
+    assert connack(login(broker, "a", username="alice", password=b"s3cret")) == 0
+    assert connack(login(broker, "b", username="alice", password=b"nope")) == P.CONNACK_BAD_CREDENTIALS
+    assert connack(login(broker, "t", username="x", password=token())) == 0
