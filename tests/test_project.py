@@ -61,12 +61,14 @@ CONFORMANCE_FILES = {
     "ts": "test_store.py",
     "td": "test_durability.py",
     "te": "test_protocol_edges.py",
+    "ta": "test_auth.py",
+    "ti": "test_auth_interop.py",
 }
 
 
 def test_conformance_map_names_only_tests_that_exist():
     text = (REPO / "tests" / "CONFORMANCE.md").read_text()
-    references = re.findall(r"\b(tf|tp|tt|paho|mc|ts|td|te)::(test_\w+)", text)
+    references = re.findall(r"\b(tf|tp|tt|paho|mc|ts|td|te|ta|ti)::(test_\w+)", text)
     assert len(references) > 100
     for prefix, name in references:
         source = (REPO / "tests" / CONFORMANCE_FILES[prefix]).read_text()
