@@ -185,8 +185,11 @@ class Access:
         topics, within ``limit`` (a token's topic filters) if given; for
         reading with neither an ACL nor a limit, None: everything.
         """
-        if kind == READ and self.acl is None and limit is None:
-            return None
+        if self.acl is None and limit is None:
+            if kind == READ:
+                return None
+            # Only the reserved topics to check: cheaper than a cache.
+            return lambda topic: self.may_publish(username, client_id, topic)
         return CachedCheck(self, username, client_id, kind, limit)
 
     def _allows(self, username, client_id, topic, kind, limit):
@@ -205,8 +208,10 @@ class CachedCheck:
     generation) empties it.
     """
 
-    __slots__ = ("access", "username", "client_id", "kind", "limit", "cache", "generation")
-    CACHE_SIZE = 4096
+    __slots__ = ("access", "username", "client_id", "kind", "limit", "cache", "cached", "generation")
+    # Characters of topic names kept per cache: one client's distinct
+    # topics, however long, cannot grow it further.
+    CACHE_CHARS = 64 * 1024
 
     def __init__(self, access, username, client_id, kind, limit=None):
         self.access = access
@@ -215,6 +220,7 @@ class CachedCheck:
         self.kind = kind
         self.limit = limit
         self.cache = {}
+        self.cached = 0
         self.generation = access.generation
 
     def __call__(self, topic):
@@ -225,9 +231,14 @@ class CachedCheck:
         access = self.access
         if self.generation != access.generation:
             cache.clear()
+            self.cached = 0
             self.generation = access.generation
         allowed = access._allows(self.username, self.client_id, topic, self.kind, self.limit)
-        if len(cache) >= self.CACHE_SIZE:
-            cache.clear()
-        cache[topic] = allowed
+        size = len(topic)
+        if size * 16 <= self.CACHE_CHARS:
+            if self.cached + size > self.CACHE_CHARS:
+                cache.clear()
+                self.cached = 0
+            cache[topic] = allowed
+            self.cached += size
         return allowed

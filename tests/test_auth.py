@@ -542,3 +542,27 @@ def test_passwords_still_work_beside_tokens():
     assert connack(login(broker, "a", username="alice", password=b"s3cret")) == 0
     assert connack(login(broker, "b", username="alice", password=b"nope")) == P.CONNACK_BAD_CREDENTIALS
     assert connack(login(broker, "t", username="x", password=token())) == 0
+
+
+def test_acl_answer_cache_is_bounded_by_the_length_of_its_topics():
+    from mqttgw.acl import READ, Access, CachedCheck
+
+    access = Access(ACL.parse(["topic read #"]))
+    check = access.checker("u", "c", READ)
+    assert isinstance(check, CachedCheck)
+    for i in range(5000):
+        assert check(f"t/{i}/" + "x" * 100)
+    assert 0 < check.cached <= CachedCheck.CACHE_CHARS
+    for i in range(100):
+        assert check(f"{i}/" + "y" * 60_000)
+    assert all(len(t) < 60_000 for t in check.cache)
+
+
+def test_without_an_acl_only_reserved_topics_are_checked_and_nothing_is_cached():
+    from mqttgw.acl import READ, WRITE, Access
+
+    access = Access()
+    assert access.checker("u", "c", READ) is None
+    write = access.checker("u", "c", WRITE)
+    assert write("a/b") and not write("$SYS/x")
+    assert not hasattr(write, "cache")
