@@ -548,7 +548,7 @@ def test_acl_answer_cache_is_bounded_by_the_length_of_its_topics():
     from mqttgw.acl import READ, Access, CachedCheck
 
     access = Access(ACL.parse(["topic read #"]))
-    check = access.checker("u", "c", READ)
+    check = access.checker(None, "c", READ)
     assert isinstance(check, CachedCheck)
     for i in range(5000):
         assert check(f"t/{i}/" + "x" * 100)
