@@ -66,10 +66,12 @@ def ensure_amqtt():
 class Broker:
     name = None
     # MQTT 3.1 clients are not accepted by every broker; 3.1.1 is.
-    def __init__(self, workdir, cpu=None, options=()):
+    def __init__(self, workdir, cpu=None, options=(), auth=None):
         # A directory of its own per start: no state carries over.
         self.workdir = Path(tempfile.mkdtemp(prefix=f"{self.name}-", dir=workdir))
         self.options = list(options)
+        # {"password_file": path, "acl_file": path}, either optional.
+        self.auth = auth or {}
         self.port = free_port()
         self.ws_port = free_port()
         self.cpu = cpu
@@ -145,7 +147,16 @@ class Mqttgw(Broker):
             "--max-inflight-messages", str(MAX_INFLIGHT),
             "--max-queued-messages", str(MAX_QUEUED),
             "--max-connections", "50000",
-        ] + self.options
+        ] + self.auth_options() + self.options
+
+    def auth_options(self):
+        options = []
+        if "password_file" in self.auth:
+            # The load generator stays anonymous; the probe logs in.
+            options += ["--password-file", self.auth["password_file"], "--allow-anonymous"]
+        if "acl_file" in self.auth:
+            options += ["--acl-file", self.auth["acl_file"]]
+        return options
 
 
 class MqttgwMemory(Mqttgw):
@@ -176,6 +187,10 @@ class Mosquitto(Broker):
             # mosquitto 2.0 cannot bind a WebSocket listener to one address.
             f"listener {self.ws_port}\n"
             "protocol websockets\n"
+            + "".join(f"{key} {path}\n" for key, path in self.auth.items())
+            # As root it would drop to its own user, who cannot read the
+            # files in the run's private directory.
+            + ("user root\n" if self.auth and os.geteuid() == 0 else "")
         )
         return [ensure_mosquitto(), "-c", str(conf)]
 

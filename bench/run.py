@@ -20,7 +20,7 @@ import threading
 import time
 from pathlib import Path
 
-from bench import loadgen, neighbours, retained
+from bench import loadgen, logins, neighbours, retained
 from bench.brokers import BROKERS, MAX_INFLIGHT, MAX_QUEUED
 
 PAYLOAD = 64
@@ -42,13 +42,20 @@ THROUGHPUT = {
     "fan-in qos1 persistent": (4, 1, 1),
     "fan-out qos0": (1, 8, 0),
     "fan-out qos1": (1, 8, 1),
+    # With an ACL of 1,000 rules loaded (the same file for every broker).
+    "fan-in qos0 acl": (4, 1, 0),
+    "fan-in qos1 acl": (4, 1, 1),
 }
 # QoS 1 round trips at a steady rate, alone and beside every hostile client
 # of bench/hostile.py (bench/neighbours.py).
 NEIGHBOURS = {"calm qos1": False, "calm qos1 + hostile": True}
 # A narrow wildcard SUBSCRIBE over many stored retained topics (bench/retained.py).
 RETAINED = "retained narrow"
-ALL_SCENARIOS = list(THROUGHPUT) + ["latency", "connections"] + list(NEIGHBOURS) + [RETAINED]
+# 200 clients logging in with passwords at once (bench/logins.py).
+LOGINS = "logins"
+ALL_SCENARIOS = list(THROUGHPUT) + ["latency", "connections"] + list(NEIGHBOURS) + [RETAINED, LOGINS]
+# Brokers that can run a scenario (amqtt has no mosquitto-format files).
+AUTH_SCENARIOS = {"fan-in qos0 acl", "fan-in qos1 acl", LOGINS}
 
 
 def _ctx():
@@ -203,10 +210,17 @@ def main(argv=None):
     order = sorted(args.brokers, key=lambda n: n != "mqttgw")
     latency_rate = None
     with tempfile.TemporaryDirectory(prefix="mqttgw-bench-") as workdir:
+        auth_files = logins.write_files(Path(workdir))
         for name in order:
             for scenario in args.scenarios:
                 options = ["--durability", args.durability] if args.durability and name == "mqttgw" else []
-                broker = BROKERS[name](workdir, broker_cpu, options).start()
+                auth = None
+                if scenario in AUTH_SCENARIOS:
+                    if name == "amqtt":
+                        continue
+                    key = "password_file" if scenario == LOGINS else "acl_file"
+                    auth = {key: auth_files[key]}
+                broker = BROKERS[name](workdir, broker_cpu, options, auth).start()
                 try:
                     print(f"{name:10} {scenario} ...", end=" ", flush=True)
                     if scenario in THROUGHPUT:
@@ -231,6 +245,13 @@ def main(argv=None):
                         )
                         r["rate"] = rate
                         print(f"p50 {r.get('p50_ms', 0):.2f} ms p99 {r.get('p99_ms', 0):.2f} ms at {rate:,.0f}/s", flush=True)
+                    elif scenario == LOGINS:
+                        r = logins.run(broker)
+                        print(
+                            f"{r['logins']} logins in {r['seconds']} s ({r['connects_per_second']:,.0f}/s);"
+                            f" probe p99 {r['probe_p99_ms'] or 0:.2f} ms over {r['probe_round_trips']} round trips",
+                            flush=True,
+                        )
                     elif scenario == RETAINED:
                         r = retained.run(broker, args.retained)
                         print(
@@ -283,6 +304,8 @@ def _figure(scenario, r):
         return r.get("p99_ms")
     if scenario == RETAINED:
         return r["ret/7/+"]["ms"]
+    if scenario == LOGINS:
+        return r["connects_per_second"]
     return r["kib_per_connection"]
 
 
@@ -294,7 +317,7 @@ def table(results):
     rows = []
     scenarios = [s for s in ALL_SCENARIOS if any(s in results[n] for n in names)]
     for s in scenarios:
-        unit = {"connections": " (KiB/conn)", RETAINED: " (ms, ret/7/+)"}.get(
+        unit = {"connections": " (KiB/conn)", RETAINED: " (ms, ret/7/+)", LOGINS: " (connects/s)"}.get(
             s, " (p99 ms)" if s == "latency" or s in NEIGHBOURS else " (msg/s)"
         )
         row = [s + unit]

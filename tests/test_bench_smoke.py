@@ -46,6 +46,8 @@ def test_benchmark_reports_every_figure_and_loses_nothing(tmp_path, monkeypatch)
             assert calm["peak_rss_mib"] > 0
             if broker == "mqttgw":
                 assert calm["lost"] == 0, (broker, scenario, calm)
+        burst = results[run.LOGINS]
+        assert burst["logins"] == 200 and burst["probe_round_trips"] > 0, (broker, burst)
         stored = results[run.RETAINED]
         assert stored["stored"] == 20000
         for topic_filter in ("ret/7/+", "ret/+/7"):
