@@ -255,6 +255,14 @@ KEYS = [
         flag_name="allow-control-characters",
     ),
     Key(
+        "log",
+        "connection_messages",
+        bool,
+        True,
+        "log each client's connect and disconnect (as mosquitto's connection_messages)",
+        flag_name="no-connection-messages",
+    ),
+    Key(
         "mqtt",
         "allow_long_client_ids",
         bool,

@@ -46,6 +46,9 @@ class ConnectionLimits:
     # MQTT 3.1 client ids over the spec's 23 characters (many libraries
     # generate longer ones).
     allow_long_client_ids = attr.ib(default=False)
+    # Log each client's connect and disconnect (mosquitto's
+    # connection_messages).
+    connection_messages = attr.ib(default=True)
 
 
 _PUBACK = P.Puback
@@ -136,11 +139,12 @@ class MQTTServerProtocol(Protocol):
         self._cancel_timer()
         self._cancel_expiry()
         if self.session is not None:
-            log.info(
-                "client {client_id} connection lost: {reason}",
-                client_id=self.log_id,
-                reason=reason.getErrorMessage(),
-            )
+            if self.limits.connection_messages:
+                log.info(
+                    "client {client_id} connection lost: {reason}",
+                    client_id=self.log_id,
+                    reason=reason.getErrorMessage(),
+                )
             self._end_session(publish_will=True)
         self.state = CLOSED
 
@@ -515,16 +519,8 @@ class MQTTServerProtocol(Protocol):
                 P.CONNACK_ACCEPTED, present and level == P.MQTT_311
             ).encode()
         )
-        log.info(
-            "client {client_id} connected from {peer} (MQTT {version},"
-            " clean session {clean}, keepalive {keepalive}s, user {username})",
-            client_id=self.log_id,
-            peer=self.peer,
-            username=printable(self.username),
-            version="3.1.1" if level == P.MQTT_311 else "3.1",
-            clean=packet.clean_session,
-            keepalive=packet.keepalive,
-        )
+        if self.limits.connection_messages:
+            self._log_connected(packet)
         session.attach(self)
         self.keepalive = packet.keepalive
         if self.keepalive:
@@ -535,6 +531,19 @@ class MQTTServerProtocol(Protocol):
             self._expiry = self.clock.callLater(
                 max(0.0, identity.expires - self.clock.seconds()), self._token_expired
             )
+
+    def _log_connected(self, packet):
+        level = self.protocol_level
+        log.info(
+            "client {client_id} connected from {peer} (MQTT {version},"
+            " clean session {clean}, keepalive {keepalive}s, user {username})",
+            client_id=self.log_id,
+            peer=self.peer,
+            username=printable(self.username),
+            version="3.1.1" if level == P.MQTT_311 else "3.1",
+            clean=packet.clean_session,
+            keepalive=packet.keepalive,
+        )
 
     def _token_expired(self):
         self._expiry = None
@@ -700,7 +709,8 @@ class MQTTServerProtocol(Protocol):
         self.write(P.PINGRESP_WIRE)
 
     def handle_DISCONNECT(self, packet):
-        log.info("client {client_id} disconnected", client_id=self.log_id)
+        if self.limits.connection_messages:
+            log.info("client {client_id} disconnected", client_id=self.log_id)
         # A clean DISCONNECT discards the will; anything after it is ignored.
         self._close(publish_will=False, graceful=True)
 

@@ -382,6 +382,7 @@ def makeService(options, reactor=None):
         max_connections=connection_limit(limits["max_connections"], log),
         reject_control_characters=settings["mqtt.reject_control_characters"],
         allow_long_client_ids=settings["mqtt.allow_long_client_ids"],
+        connection_messages=settings["log.connection_messages"],
     )
     # Who may connect, and what they may touch.
     auth = settings.section("auth")

@@ -963,3 +963,16 @@ def test_unsubscribe_of_an_invalid_filter_is_acknowledged(broker):
     client = connected(broker, "c")
     client.send(P.Unsubscribe(2, ["a/#/b"]))
     assert client.received() == [P.Unsuback(2)]
+
+
+def test_connection_messages_can_be_turned_off(logged):
+    broker = FakeBroker(connection_messages=False)
+    client = connected(broker, "quiet")
+    client.send(P.Disconnect())
+    other = connected(broker, "dropped")
+    other.lose_connection()
+    assert not [line for line in logged() if "quiet" in line or "dropped" in line]
+    loud = FakeBroker()
+    connected(loud, "loud").send(P.Disconnect())
+    assert any("client loud connected" in line for line in logged())
+    assert any("client loud disconnected" in line for line in logged())
