@@ -7,6 +7,8 @@ gateway restarts and SIGKILL), failover, backoff, the state topic, TLS.
 import re
 import signal
 
+import time
+
 import pytest
 import trustme
 
@@ -222,7 +224,87 @@ def upstream_pki(tmp_path_factory):
     server.private_key_pem.write_to_path(str(d / "server.key"))
     ca.cert_pem.write_to_path(str(d / "ca.pem"))
     trustme.CA().cert_pem.write_to_path(str(d / "other-ca.pem"))
-    return {"cert": str(d / "server.pem"), "key": str(d / "server.key"), "ca": str(d / "ca.pem"), "other_ca": str(d / "other-ca.pem")}
+    bridge = ca.issue_cert("bridge-1@example.test", common_name="bridge-1")
+    bridge.cert_chain_pems[0].write_to_path(str(d / "bridge.pem"))
+    bridge.private_key_pem.write_to_path(str(d / "bridge.key"))
+    return {
+        "cert": str(d / "server.pem"),
+        "key": str(d / "server.key"),
+        "ca": str(d / "ca.pem"),
+        "other_ca": str(d / "other-ca.pem"),
+        "client_cert": str(d / "bridge.pem"),
+        "client_key": str(d / "bridge.key"),
+    }
+
+
+def test_bridge_presents_a_client_certificate_to_an_upstream_that_requires_one(tmp_path, upstream_pki):
+    upstream = Mosquitto(
+        tmp_path / "mosquitto",
+        tls=upstream_pki,
+        extra=[f"cafile {upstream_pki['ca']}", "require_certificate true"],
+    ).start()
+    try:
+        gw = start_gateway(
+            tmp_path,
+            [f"localhost:{upstream.tls_port}"],
+            tls=True,
+            ca=upstream_pki["ca"],
+            cert=upstream_pki["client_cert"],
+            key=upstream_pki["client_key"],
+        )
+        try:
+            remote = client(upstream.port, "cert-watch")
+            remote.subscribe("local/out/#", 1)
+            pub = client(gw.port, "cert-pub")
+            pub.publish("local/out/with-cert", b"identified", 1)
+            assert remote.receive()[0].payload == b"identified"
+        finally:
+            gw.stop()
+        # Without the certificate the upstream refuses the handshake.
+        workdir = tmp_path / "no-cert"
+        workdir.mkdir()
+        address = f"localhost:{upstream.tls_port}"
+        cfg = bridge_config(workdir / "bridge.toml", [address], tls=True, ca=upstream_pki["ca"])
+        gw = Gateway(workdir, "--config", cfg, "--no-persistence")
+        try:
+            gw.wait_for_log(f"bridge up: upstream {address} unreachable")
+            assert "accepted CONNECT" not in gw.log()
+        finally:
+            gw.stop()
+    finally:
+        upstream.stop()
+
+
+def test_bridge_logs_in_to_an_upstream_mqttgw_with_a_token(tmp_path, gateway_with):
+    import jwt
+
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"k" * 40)
+    central = gateway_with("--jwt-secret-file", str(secret))
+    watcher = PahoClient(central.port, "central-watch", "MQTTv311")
+    watcher.client.username_pw_set(
+        "watch", jwt.encode({"sub": "watch", "exp": time.time() + 600}, b"k" * 40, algorithm="HS256")
+    )
+    watcher.connect()
+    watcher.subscribe("up/site/#", 1)
+    token = jwt.encode(
+        {"sub": "site-7", "exp": time.time() + 600, "mqtt_publish": ["up/site/#", "mqttgw/bridge/#"]},
+        b"k" * 40,
+        algorithm="HS256",
+    )
+    gw = start_gateway(
+        tmp_path, [f"127.0.0.1:{central.port}"], rules=["a/# out 1 site/ up/site/"],
+        username="site-7", password=token,
+    )
+    try:
+        pub = client(gw.port, "site-pub")
+        pub.publish("site/a/reading", b"42", 1)
+        message = watcher.receive()[0]
+        assert (message.topic, message.payload) == ("up/site/a/reading", b"42")
+        central.wait_for_log("(MQTT 3.1.1, clean session False, keepalive 5s, user site-7)")
+    finally:
+        gw.stop()
+        watcher.disconnect()
 
 
 def test_tls_bridge_checks_the_ca_and_the_host_name(tmp_path, upstream_pki):
