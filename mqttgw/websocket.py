@@ -17,7 +17,7 @@ from autobahn.twisted.websocket import WebSocketServerFactory, WebSocketServerPr
 from autobahn.websocket.types import ConnectionDeny
 from twisted.internet.address import IPv4Address, IPv6Address
 from twisted.internet.error import ConnectionDone, ConnectionLost
-from twisted.internet.interfaces import ISSLTransport
+from twisted.internet.interfaces import IProtocolNegotiationFactory, ISSLTransport
 from twisted.logger import Logger
 from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
 from twisted.python.failure import Failure
@@ -25,7 +25,7 @@ from twisted.web.resource import Resource
 from twisted.web.server import Site
 
 from mqttgw.printable import printable
-from zope.interface import directlyProvides, providedBy
+from zope.interface import directlyProvides, implementer, providedBy
 
 log = Logger()
 
@@ -415,6 +415,7 @@ def _peer_text(peer):
     return f"{host}:{peer.port}" if host else str(peer)
 
 
+@implementer(IProtocolNegotiationFactory)
 class _GuardedSite(WrappingFactory):
     """The WebSocket port's factory: connections counted from the accept."""
 
@@ -442,6 +443,10 @@ class _GuardedSite(WrappingFactory):
 
     def handshake_done(self, guard):
         self.router.stats.handshakes -= 1
+
+    def acceptableProtocols(self):
+        # TLS offers the site's protocols by ALPN (browsers ask for it).
+        return self.wrappedFactory.acceptableProtocols()
 
 
 def websocket_site(

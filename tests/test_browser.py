@@ -13,7 +13,7 @@ import pytest
 from tests.conftest import require_program
 from tests.gateway import REPO
 from tests.paho import PahoClient
-from tests.test_transports import endpoint, free_port
+from tests.test_transports import endpoint, free_port, pki  # noqa: F401 (a fixture)
 
 MQTTJS_VERSION = "5.16.0"
 CACHE = REPO / "tests" / ".cache" / f"mqttjs-{MQTTJS_VERSION}"
@@ -107,3 +107,103 @@ def test_mqttjs_in_chromium_subscribes_and_publishes_over_websocket(
             browser.wait(10)
         except subprocess.TimeoutExpired:
             browser.kill()
+
+
+TOKEN_PAGE = """<!doctype html>
+<html><body>
+<script src="mqtt.min.js"></script>
+<script>
+const url = "wss://127.0.0.1:%(port)d/mqtt";
+const options = (id, token) => ({
+  clientId: id, username: "page", password: token, reconnectPeriod: 0, protocolVersion: 4,
+});
+// A second connection, allowed to write report/#, tells the test what the
+// dashboard connection saw: that one may only read dashboard/#.
+const reporter = mqtt.connect(url, options("reporter", "%(report_token)s"));
+const report = (what, text) => reporter.publish("report/" + what, text, {qos: 1});
+reporter.on("connect", () => {
+  const dash = mqtt.connect(url, options("dash", "%(dash_token)s"));
+  dash.on("connect", () => {
+    dash.subscribe(["dashboard/#", "private/#"], {qos: 0}, (err, granted) => {
+      report("granted", JSON.stringify((granted || []).map((g) => g.qos)));
+      dash.publish("dashboard/forged", "from the page", {qos: 1});
+    });
+  });
+  dash.on("message", (topic, payload) => report("got", topic + " " + payload.toString()));
+  dash.on("close", () => report("closed", "dash"));
+});
+</script></body></html>
+"""
+
+
+def test_mqttjs_over_wss_with_a_read_only_token(gateway_with, mqttjs, tmp_path, pki):
+    import time
+
+    import jwt
+
+    chromium = require_program("chromium")
+    secret = tmp_path / "jwt-secret"
+    secret.write_bytes(b"d" * 48)
+
+    def token(lifetime, **claims):
+        body = {"sub": "dashboard", "exp": time.time() + lifetime, **claims}
+        return jwt.encode(body, b"d" * 48, algorithm="HS256")
+
+    wss = free_port()
+    gw = gateway_with(
+        "--wss", endpoint(wss), "--cert", pki["cert"], "--key", pki["key"],
+        "--jwt-secret-file", str(secret), "--allowed-origin", "null",
+    )
+    watcher = PahoClient(gw.port, "watcher", "MQTTv311")
+    watcher.client.username_pw_set("watcher", token(600, sub="watcher"))
+    watcher.connect()
+    watcher.subscribe("report/#", 1)
+    watcher.subscribe("dashboard/#", 1)
+
+    page_dir = tmp_path / "page"
+    page_dir.mkdir()
+    shutil.copy(mqttjs, page_dir / "mqtt.min.js")
+    page = page_dir / "index.html"
+    page.write_text(
+        TOKEN_PAGE
+        % {
+            "port": wss,
+            "report_token": token(600, sub="reporter", mqtt_publish=["report/#"], mqtt_subscribe=[]),
+            "dash_token": token(15, mqtt_subscribe=["dashboard/#"], mqtt_publish=[]),
+        }
+    )
+    browser = subprocess.Popen(
+        [
+            chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+            "--no-first-run", "--disable-background-networking", "--disable-component-update",
+            "--disable-sync", "--ignore-certificate-errors",
+            f"--user-data-dir={tmp_path / 'profile'}", "--remote-debugging-port=0", page.as_uri(),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        [granted] = watcher.receive(1, timeout=60)
+        assert granted.topic == "report/granted"
+        # dashboard/# granted, private/# refused with 0x80.
+        gw.wait_for_log("client dash SUBSCRIBE refused 1 of 2 filters: not authorized for 'private/#'")
+        watcher.publish("private/x", b"secret", 1)
+        watcher.publish("dashboard/temp", b"21.5", 1)
+        seen = []
+        while ("report/closed", b"dash") not in seen:
+            # Until the token expires (15 s) and the page sees it closed.
+            [message] = watcher.receive(1, timeout=40)
+            seen.append((message.topic, message.payload))
+        # It read dashboard/#, and nothing of private/#.
+        assert [p for t, p in seen if t == "report/got"] == [b"dashboard/temp 21.5"]
+        # Its own publish on dashboard/forged was dropped.
+        assert not [t for t, _ in seen if t == "dashboard/forged"]
+        gw.wait_for_log("may not publish on dashboard/forged")
+        gw.wait_for_log("client dash: its token expired: closing")
+    finally:
+        browser.terminate()
+        try:
+            browser.wait(10)
+        except subprocess.TimeoutExpired:
+            browser.kill()
+        watcher.disconnect()

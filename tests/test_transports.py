@@ -448,3 +448,16 @@ def test_websocket_allowed_origins_are_configurable(gateway_with, tmp_path):
     any_port = free_port()
     gateway_with("--ws", endpoint(any_port), "--allowed-origin", "*")
     assert upgrade_status(any_port, "https://evil.example") == 101
+
+
+def test_websocket_port_offers_the_sites_protocols_for_alpn():
+    # Without it Chromium's TLS handshake with a wss listener failed.
+    from twisted.internet.interfaces import IProtocolNegotiationFactory
+
+    from mqttgw.testing import FakeBroker
+    from mqttgw.websocket import websocket_site
+
+    broker = FakeBroker()
+    guarded = websocket_site(broker.factory, broker.router, broker.clock, 1024)
+    assert IProtocolNegotiationFactory.providedBy(guarded)
+    assert b"http/1.1" in guarded.acceptableProtocols()
