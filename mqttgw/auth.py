@@ -324,13 +324,18 @@ class Realm:
         return IIdentity, avatarId, lambda: None
 
 
-def make_portal(password_checker=None, allow_anonymous=False, tokens=None, reactor=None, pool=None):
-    """The portal every listener asks; with no checker, it refuses everything."""
-    found = []
+def credentials_checker(password_checker=None, tokens=None, reactor=None, pool=None):
+    """The one checker of user names and passwords (or tokens), or None."""
     if tokens is not None:
-        found.append(TokenOrPasswordChecker(tokens, password_checker, reactor, pool))
-    elif password_checker is not None:
-        found.append(password_checker)
+        return TokenOrPasswordChecker(tokens, password_checker, reactor, pool)
+    return password_checker
+
+
+def make_portal(checker=None, allow_anonymous=False):
+    """A listener's portal; with no checker and no anonymous access, it refuses everything."""
+    found = []
+    if checker is not None:
+        found.append(checker)
     if allow_anonymous:
         found.append(checkers.AllowAnonymousAccess())
     return portal.Portal(Realm(), found)

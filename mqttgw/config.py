@@ -339,6 +339,9 @@ def load_file(path):
         raise ConfigError(f"{path}: not valid TOML: {e}") from None
     values = {}
     for section, table in document.items():
+        if section == "listener":
+            values["listener_tables"] = [check_listener(t, path) for t in _tables(table, path, "listener")]
+            continue
         if section == "bridge":
             # [[bridge]] tables are checked by their bridge kind.
             if not isinstance(table, list) or not all(isinstance(t, dict) for t in table):
@@ -355,6 +358,45 @@ def load_file(path):
                 raise ConfigError(f"{path}: unknown key {section}.{name}")
             values[key.path] = check_value(key, value, path)
     return values
+
+
+def _tables(value, path, name):
+    if not isinstance(value, list) or not all(isinstance(t, dict) for t in value):
+        raise ConfigError(f"{path}: {name} must be [[{name}]] tables")
+    return value
+
+
+# [[listener]] tables: a listener with its own security settings.
+LISTENER_KINDS = ("tcp", "tls", "ws", "wss")
+LISTENER_KEYS = {
+    "kind": str,
+    "address": (str, int),
+    "allow_anonymous": bool,
+    "cert": str,
+    "key": str,
+    "ca": str,
+    "require_client_cert": bool,
+    "use_identity_as_username": bool,
+    "allowed_origins": list,
+}
+
+
+def check_listener(table, where):
+    """A [[listener]] table with its keys checked; the message names the key."""
+    for name, value in table.items():
+        expected = LISTENER_KEYS.get(name)
+        if expected is None:
+            raise ConfigError(f"{where}: unknown key listener.{name}")
+        if isinstance(value, bool) and expected is not bool or not isinstance(value, expected):
+            raise ConfigError(f"{where}: listener.{name} has the wrong type: {value!r}")
+    if table.get("kind") not in LISTENER_KINDS:
+        raise ConfigError(f"{where}: listener.kind must be one of {', '.join(LISTENER_KINDS)}")
+    if "address" not in table:
+        raise ConfigError(f"{where}: listener.address is missing")
+    table = dict(table, address=str(table["address"]))
+    if table["kind"] in ("tcp", "tls") and "allowed_origins" in table:
+        raise ConfigError(f"{where}: listener.allowed_origins is for ws and wss listeners")
+    return table
 
 
 @attr.s(frozen=True)
@@ -380,6 +422,7 @@ def build(file_values, flag_values):
     """Defaults, then the file, then the flags; with no listener, TCP 1883."""
     values = {k.path: k.default for k in KEYS}
     values["bridges"] = []
+    values["listener_tables"] = []
     values.update(file_values)
     values.update(flag_values)
     if values["simple_bridge.addresses"]:
@@ -395,7 +438,7 @@ def build(file_values, flag_values):
     unknown = set(values["archive.directions"]) - {"in", "out", "bridge_in", "bridge_out"}
     if unknown:
         raise ConfigError(f"archive.directions: unknown direction {sorted(unknown)[0]!r}")
-    if not any(values[path] for path in LISTENERS):
+    if not any(values[path] for path in LISTENERS) and not values["listener_tables"]:
         values[DEFAULT_LISTENER[0]] = DEFAULT_LISTENER[1]
     if (values["listeners.tls"] or values["listeners.wss"]) and not (
         values["tls.cert"] and values["tls.key"]

@@ -23,6 +23,7 @@ from mqttgw.auth import (
     PasswordTable,
     TokenKeys,
     TokenOrPasswordChecker,
+    credentials_checker,
     make_portal,
 )
 from mqttgw.interfaces import bridge_kinds
@@ -156,6 +157,7 @@ class Options(usage.Options):
             self.tls_options = _tls_options(settings)
             self.bridges = _check_bridges(settings)
             self.auth_files = load_auth_files(settings)
+            self.listener_tables = _check_listener_tables(settings)
         except config.ConfigError as e:
             # One line naming the problem, not a page of usage.
             sys.exit(f"mqttgw: {e}")
@@ -209,6 +211,33 @@ def _check_bridges(settings):
     return bridges
 
 
+def _check_listener_tables(settings):
+    """[[listener]] tables with their addresses and TLS files checked."""
+    from twisted.internet import reactor
+
+    checked = []
+    tls = settings.section("tls")
+    for table in settings["listener_tables"]:
+        where = f"listener {table['kind']} {table['address']}"
+        try:
+            serverFromString(reactor, endpoint_description(table["address"]))
+        except (ValueError, TypeError, KeyError) as e:
+            raise config.ConfigError(f"{where}: not a port or endpoint: {e}") from None
+        table = dict(table)
+        if table["kind"] in ("tls", "wss"):
+            cert, key = table.get("cert") or tls["cert"], table.get("key") or tls["key"]
+            if not (cert and key):
+                raise config.ConfigError(f"{where}: a TLS listener needs cert and key (or tls.cert, tls.key)")
+            table["tls_options"] = server_options(
+                cert,
+                key,
+                table.get("ca", tls["ca"]) or None,
+                table.get("require_client_cert", tls["require_client_cert"]),
+            )
+        checked.append(table)
+    return checked
+
+
 def load_auth_files(settings):
     """
     (password table, ACL, token keys), each None when not configured;
@@ -237,10 +266,10 @@ class AuthService(Service):
     SIGUSR2 are ignored rather than left to kill the process.
     """
 
-    def __init__(self, reactor, settings, portal, access, pool):
+    def __init__(self, reactor, settings, checker, access, pool):
         self.reactor = reactor
         self.settings = settings
-        self.portal = portal
+        self.checker = checker
         self.access = access
         self.pool = pool
 
@@ -261,12 +290,12 @@ class AuthService(Service):
 
         def swap(files):
             table, acl, tokens = files
-            for checker in (self.portal.checkers.values() if self.portal else ()):
-                if isinstance(checker, TokenOrPasswordChecker):
-                    checker.tokens = tokens
-                    checker = checker.passwords
-                if isinstance(checker, PasswordChecker) and table is not None:
-                    checker.replace(table)
+            checker = self.checker
+            if isinstance(checker, TokenOrPasswordChecker):
+                checker.tokens = tokens
+                checker = checker.passwords
+            if isinstance(checker, PasswordChecker) and table is not None:
+                checker.replace(table)
             if acl is not None:
                 self.access.replace(acl)
             log.info("reloaded: {users} users, ACL {acl}, token keys {tokens}",
@@ -392,10 +421,16 @@ def makeService(options, reactor=None):
     if allow_anonymous is None:
         allow_anonymous = table is None and tokens is None
     pool = ThreadPool(0, 2, "mqttgw-auth")
-    checker = PasswordChecker(table, reactor, pool) if table is not None else None
-    portal = None
-    if checker is not None or tokens is not None or not allow_anonymous:
-        portal = make_portal(checker, allow_anonymous, tokens, reactor, pool)
+    checker = credentials_checker(
+        PasswordChecker(table, reactor, pool) if table is not None else None, tokens, reactor, pool
+    )
+
+    def portal_for(anonymous):
+        if checker is None and anonymous:
+            return None
+        return make_portal(checker, anonymous)
+
+    portal = portal_for(allow_anonymous)
     # One flusher for the reactor: output of all listeners leaves together.
     flusher = Flusher(reactor)
     factory = MQTTServerFactory(router, connection_limits, reactor, flusher, portal=portal)
@@ -409,7 +444,7 @@ def makeService(options, reactor=None):
     )
     ws = settings.section("websocket")
 
-    def site(mqtt_factory, secure=False):
+    def site(mqtt_factory, secure=False, allowed_origins=None):
         return websocket_site(
             mqtt_factory,
             router,
@@ -417,15 +452,15 @@ def makeService(options, reactor=None):
             ws["max_message_size"],
             ws["trusted_proxies"],
             ws["compression"],
-            ws["allowed_origins"],
+            ws["allowed_origins"] if allowed_origins is None else allowed_origins,
             secure,
         )
 
-    def tls(wrapped):
-        return TLSMemoryBIOFactory(options.tls_options, False, wrapped)
+    def tls(wrapped, tls_options=None):
+        return TLSMemoryBIOFactory(tls_options or options.tls_options, False, wrapped)
 
     top = MultiService()
-    AuthService(reactor, settings, portal, router.access, pool).setServiceParent(top)
+    AuthService(reactor, settings, checker, router.access, pool).setServiceParent(top)
     if store is not None:
         # First in, so last to stop: connections close before it commits.
         WorkerService(store).setServiceParent(top)
@@ -454,6 +489,35 @@ def makeService(options, reactor=None):
                 make_factory(),
                 reactor=reactor,
             ).setServiceParent(top)
+    # [[listener]] tables: each with its own factory, portal and TLS.
+    for table in options.listener_tables:
+        kind = table["kind"]
+        anonymous = table.get("allow_anonymous", allow_anonymous)
+        listener_factory = MQTTServerFactory(
+            router,
+            connection_limits,
+            reactor,
+            flusher,
+            identity_as_username=table.get(
+                "use_identity_as_username", settings["tls.use_identity_as_username"]
+            ),
+            portal=portal_for(anonymous),
+        )
+        made = listener_factory
+        if kind in ("ws", "wss"):
+            made = site(listener_factory, kind == "wss", table.get("allowed_origins"))
+        if kind in ("tls", "wss"):
+            made = tls(made, table["tls_options"])
+        if anonymous:
+            log.warn(
+                "listener {listener} ({kind}) accepts anonymous clients: anyone who can"
+                " reach it may publish and subscribe",
+                listener=table["address"],
+                kind=kind,
+            )
+        strports.service(
+            endpoint_description(table["address"], limits["listen_backlog"]), made, reactor=reactor
+        ).setServiceParent(top)
     for kind, bridge in options.bridges:
         kind.make_service(router, bridge, reactor).setServiceParent(top)
     top.router = router

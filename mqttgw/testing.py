@@ -12,7 +12,14 @@ from twisted.python.failure import Failure
 
 from mqttgw import packets as P
 from mqttgw.acl import ACL, Access
-from mqttgw.auth import PasswordChecker, PasswordTable, _parse_entry, hash_password, make_portal
+from mqttgw.auth import (
+    PasswordChecker,
+    PasswordTable,
+    _parse_entry,
+    credentials_checker,
+    hash_password,
+    make_portal,
+)
 from mqttgw.framing import Framer
 from mqttgw.protocol import ConnectionLimits, MQTTServerFactory
 from mqttgw.router import Router
@@ -72,7 +79,8 @@ class FakeBroker:
             )
             self.checker = PasswordChecker(table, self.clock, ImmediateThreadPool())
         if passwords is not None or tokens is not None or not allow_anonymous:
-            portal = make_portal(self.checker, allow_anonymous, tokens, self.clock, ImmediateThreadPool())
+            checker = credentials_checker(self.checker, tokens, self.clock, ImmediateThreadPool())
+            portal = make_portal(checker, allow_anonymous)
         self.factory = MQTTServerFactory(
             self.router, ConnectionLimits(**connection_limits), self.clock, portal=portal
         )

@@ -120,3 +120,23 @@ def test_sigusr_signals_do_not_stop_the_gateway(gateway_with, sig):
     gw.process.send_signal(sig)
     gw.wait_for_log("ignoring signal")
     assert gw.process.poll() is None
+
+
+def test_listeners_have_their_own_anonymous_setting(gateway_with, password_file, tmp_path):
+    from tests.test_transports import free_port
+
+    loopback, exposed = free_port(), free_port()
+    config = tmp_path / "listeners.toml"
+    config.write_text(
+        f'[auth]\npassword_file = "{password_file}"\n\n'
+        f'[[listener]]\nkind = "tcp"\naddress = "tcp:{loopback}:interface=127.0.0.1"\nallow_anonymous = true\n\n'
+        f'[[listener]]\nkind = "tcp"\naddress = "tcp:{exposed}:interface=127.0.0.1"\n'
+    )
+    gw = gateway_with("--config", str(config))
+    gw.wait_for_log(f"starting on {exposed}")
+    assert connack_code(loopback, "MQTTv311", "anon-local") == 0
+    assert connack_code(exposed, "MQTTv311", "anon-exposed") in NOT_AUTHORIZED
+    assert connack_code(exposed, "MQTTv311", "alice", "alice", "s3cret") == 0
+    assert connack_code(loopback, "MQTTv311", "bad", "alice", "wrong") in BAD_CREDENTIALS
+    gw.wait_for_log(f"listener tcp:{loopback}:interface=127.0.0.1 (tcp) accepts anonymous clients")
+    assert f"listener tcp:{exposed}" not in gw.log()

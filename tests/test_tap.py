@@ -205,3 +205,23 @@ def test_twist_runs_the_plugin_too(tmp_path):
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(30)
+
+
+@pytest.mark.parametrize(
+    "table,message",
+    [
+        ('kind = "tcp"\naddress = 1883\nbogus = 1', "unknown key listener.bogus"),
+        ('kind = "udp"\naddress = 1883', "listener.kind must be one of"),
+        ('kind = "tcp"', "listener.address is missing"),
+        ('kind = "tcp"\naddress = 1883\nallow_anonymous = "yes"', "listener.allow_anonymous has the wrong type"),
+        ('kind = "tls"\naddress = 8883', "a TLS listener needs cert and key"),
+        ('kind = "tcp"\naddress = 1883\nallowed_origins = ["*"]', "allowed_origins is for ws and wss"),
+    ],
+)
+def test_bad_listener_tables_are_one_line_errors(tmp_path, table, message):
+    path = tmp_path / "l.toml"
+    path.write_text(f"[[listener]]\n{table}\n")
+    with pytest.raises(SystemExit) as exc:
+        parse("--config", str(path))
+    assert message in str(exc.value.code)
+    assert "\n" not in str(exc.value.code)
