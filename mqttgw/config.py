@@ -378,6 +378,8 @@ LISTENER_KEYS = {
     "require_client_cert": bool,
     "use_identity_as_username": bool,
     "allowed_origins": list,
+    # What logins the listener accepts: "password" and/or "token".
+    "auth": list,
 }
 
 
@@ -393,6 +395,9 @@ def check_listener(table, where):
         raise ConfigError(f"{where}: listener.kind must be one of {', '.join(LISTENER_KINDS)}")
     if "address" not in table:
         raise ConfigError(f"{where}: listener.address is missing")
+    unknown = set(table.get("auth", [])) - {"password", "token"}
+    if unknown:
+        raise ConfigError(f"{where}: listener.auth takes password and token, not {sorted(unknown)[0]!r}")
     table = dict(table, address=str(table["address"]))
     if table["kind"] in ("tcp", "tls") and "allowed_origins" in table:
         raise ConfigError(f"{where}: listener.allowed_origins is for ws and wss listeners")

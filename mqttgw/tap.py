@@ -266,6 +266,8 @@ class AuthService(Service):
     SIGUSR2 are ignored rather than left to kill the process.
     """
 
+    token_checkers = ()
+
     def __init__(self, reactor, settings, checker, access, pool):
         self.reactor = reactor
         self.settings = settings
@@ -291,6 +293,9 @@ class AuthService(Service):
         def swap(files):
             table, acl, tokens = files
             checker = self.checker
+            for listener_checker in self.token_checkers:
+                if listener_checker.tokens is not None:
+                    listener_checker.tokens = tokens
             if isinstance(checker, TokenOrPasswordChecker):
                 checker.tokens = tokens
                 checker = checker.passwords
@@ -421,14 +426,27 @@ def makeService(options, reactor=None):
     if allow_anonymous is None:
         allow_anonymous = table is None and tokens is None
     pool = ThreadPool(0, 2, "mqttgw-auth")
-    checker = credentials_checker(
-        PasswordChecker(table, reactor, pool) if table is not None else None, tokens, reactor, pool
-    )
+    passwords = PasswordChecker(table, reactor, pool) if table is not None else None
+    checker = credentials_checker(passwords, tokens, reactor, pool)
 
-    def portal_for(anonymous):
-        if checker is None and anonymous:
+    def portal_for(anonymous, methods=None):
+        """A portal for a listener accepting ``methods`` (None: all configured)."""
+        listener_checker = checker
+        if methods is not None:
+            listener_checker = credentials_checker(
+                passwords if "password" in methods else None,
+                tokens if "token" in methods else None,
+                reactor,
+                pool,
+            )
+            if isinstance(listener_checker, TokenOrPasswordChecker):
+                # Shares the reload of the main checker.
+                reloads.append(listener_checker)
+        if listener_checker is None and anonymous:
             return None
-        return make_portal(checker, anonymous)
+        return make_portal(listener_checker, anonymous)
+
+    reloads = []
 
     portal = portal_for(allow_anonymous)
     # One flusher for the reactor: output of all listeners leaves together.
@@ -460,7 +478,8 @@ def makeService(options, reactor=None):
         return TLSMemoryBIOFactory(tls_options or options.tls_options, False, wrapped)
 
     top = MultiService()
-    AuthService(reactor, settings, checker, router.access, pool).setServiceParent(top)
+    auth_service = AuthService(reactor, settings, checker, router.access, pool)
+    auth_service.setServiceParent(top)
     if store is not None:
         # First in, so last to stop: connections close before it commits.
         WorkerService(store).setServiceParent(top)
@@ -501,7 +520,7 @@ def makeService(options, reactor=None):
             identity_as_username=table.get(
                 "use_identity_as_username", settings["tls.use_identity_as_username"]
             ),
-            portal=portal_for(anonymous),
+            portal=portal_for(anonymous, table.get("auth")),
         )
         made = listener_factory
         if kind in ("ws", "wss"):
@@ -518,6 +537,7 @@ def makeService(options, reactor=None):
         strports.service(
             endpoint_description(table["address"], limits["listen_backlog"]), made, reactor=reactor
         ).setServiceParent(top)
+    auth_service.token_checkers = reloads
     for kind, bridge in options.bridges:
         kind.make_service(router, bridge, reactor).setServiceParent(top)
     top.router = router

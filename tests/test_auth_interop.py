@@ -140,3 +140,28 @@ def test_listeners_have_their_own_anonymous_setting(gateway_with, password_file,
     assert connack_code(loopback, "MQTTv311", "bad", "alice", "wrong") in BAD_CREDENTIALS
     gw.wait_for_log(f"listener tcp:{loopback}:interface=127.0.0.1 (tcp) accepts anonymous clients")
     assert f"listener tcp:{exposed}" not in gw.log()
+
+
+def test_a_listener_may_accept_tokens_only(gateway_with, password_file, tmp_path):
+    import time
+
+    import jwt
+
+    from tests.test_transports import free_port
+
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"t" * 40)
+    tokens_only = free_port()
+    config = tmp_path / "listeners.toml"
+    config.write_text(
+        f'[auth]\npassword_file = "{password_file}"\njwt_secret_file = "{secret}"\n\n'
+        f'[[listener]]\nkind = "tcp"\naddress = "tcp:{tokens_only}:interface=127.0.0.1"\nauth = ["token"]\n'
+    )
+    gw = gateway_with("--config", str(config))
+    gw.wait_for_log(f"starting on {tokens_only}")
+    token = jwt.encode({"sub": "svc", "exp": time.time() + 60}, b"t" * 40, algorithm="HS256")
+    assert connack_code(tokens_only, "MQTTv311", "tok", "svc", token) == 0
+    assert connack_code(tokens_only, "MQTTv311", "pw", "alice", "s3cret") in BAD_CREDENTIALS
+    # The other listener takes both.
+    assert connack_code(gw.port, "MQTTv311", "pw2", "alice", "s3cret") == 0
+    assert connack_code(gw.port, "MQTTv311", "tok2", "svc", token) == 0

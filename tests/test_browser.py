@@ -200,6 +200,28 @@ def test_mqttjs_over_wss_with_a_read_only_token(gateway_with, mqttjs, tmp_path, 
         assert not [t for t, _ in seen if t == "dashboard/forged"]
         gw.wait_for_log("may not publish on dashboard/forged")
         gw.wait_for_log("client dash: its token expired: closing")
+        # The same page, on a gateway that does not allow its origin.
+        strict = gateway_with(
+            "--wss", endpoint(other := free_port()), "--cert", pki["cert"], "--key", pki["key"],
+            "--jwt-secret-file", str(secret),
+        )
+        page.write_text(page.read_text().replace(f":{wss}/", f":{other}/"))
+        refused = subprocess.Popen(
+            [
+                chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                "--no-first-run", "--disable-background-networking", "--disable-component-update",
+                "--disable-sync", "--ignore-certificate-errors",
+                f"--user-data-dir={tmp_path / 'profile2'}", "--remote-debugging-port=0", page.as_uri(),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            strict.wait_for_log("origin null is not allowed", timeout=60)
+            assert "client reporter connected" not in strict.log()
+        finally:
+            refused.terminate()
+            refused.wait(10)
     finally:
         browser.terminate()
         try:
