@@ -28,10 +28,10 @@ def java():
     require_program("java")
 
 
-def pipeline(*args, cwd):
+def pipeline(*args, cwd, env=None):
     out = subprocess.run(
         [sys.executable, "-m", "mqttgw.pipeline", *args],
-        capture_output=True, text=True, cwd=cwd, timeout=600, env=gateway_env(),
+        capture_output=True, text=True, cwd=cwd, timeout=600, env=dict(gateway_env(), **(env or {})),
     )
     assert out.returncode == 0, out.stderr[-3000:]
     return out
@@ -190,15 +190,34 @@ def test_streaming_equals_batch_with_a_late_segment(tmp_path):
 
 
 def test_rollups_are_published_back_as_retained_messages(tmp_path):
+    import trustme
+
+    from mqttgw.passwd import main as passwd
+    from tests.test_transports import endpoint, free_port
+
     archive = tmp_path / "archive"
     write_segment(archive, "2026-11-22T10:00:00", ["plant/a", "plant/b"], 20)
-    gw = Gateway(tmp_path, "--no-persistence")
+    # A gateway with TLS and a password file: the pipeline logs in.
+    ca = trustme.CA()
+    cert = ca.issue_cert("localhost")
+    cert.cert_chain_pems[0].write_to_path(str(tmp_path / "server.pem"))
+    cert.private_key_pem.write_to_path(str(tmp_path / "server.key"))
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    passwd(["-c", "-b", str(tmp_path / "passwd"), "mqttgw-pipeline", "pipeline-pw"])
+    passwd(["-b", str(tmp_path / "passwd"), "dashboard", "dash-pw"])
+    tls_port = free_port()
+    gw = Gateway(
+        tmp_path, "--no-persistence", "--password-file", str(tmp_path / "passwd"),
+        "--tls", endpoint(tls_port), "--cert", str(tmp_path / "server.pem"), "--key", str(tmp_path / "server.key"),
+    )
     try:
         pipeline(
             "batch", "--archive", str(archive), "--out", str(tmp_path / "t"),
-            "--publish", f"127.0.0.1:{gw.port}", "--prefix", "$analytics", cwd=tmp_path,
+            "--publish", f"localhost:{tls_port}", "--tls", "--ca", str(tmp_path / "ca.pem"),
+            "--prefix", "$analytics", cwd=tmp_path, env={"MQTTGW_PASSWORD": "pipeline-pw"},
         )
         dashboard = PahoClient(gw.port, "dashboard", "MQTTv311")
+        dashboard.client.username_pw_set("dashboard", "dash-pw")
         dashboard.connect()
         dashboard.subscribe("$analytics/#", 1)
         got = {m.topic: (json.loads(m.payload), m.retain) for m in dashboard.receive(4)}

@@ -30,6 +30,8 @@ def _parser():
         p.add_argument("--json-field", help="also min/max/avg of this numeric JSON field")
         p.add_argument("--publish", metavar="HOST:PORT", help="publish the latest rollups to this broker as retained messages")
         p.add_argument("--prefix", default="$analytics", help="topic prefix of published rollups")
+        p.add_argument("--tls", action="store_true", help="connect to --publish over TLS")
+        p.add_argument("--ca", help="with --tls: the authorities the gateway's certificate is checked against (default: the system's)")
         p.add_argument(
             "--username", default="mqttgw-pipeline",
             help="user name for --publish (the password, if any, from $MQTTGW_PASSWORD);"
@@ -167,7 +169,7 @@ def run_stream(args, spark):
     return totals
 
 
-def publish_rollups(spark, out, target, prefix, username="mqttgw-pipeline"):
+def publish_rollups(spark, out, target, prefix, username="mqttgw-pipeline", tls=False, ca=None):
     """
     The latest minute and hour of each topic, as retained JSON messages on
     PREFIX/<topic>/1m and PREFIX/<topic>/1h, over MQTT (QoS 1).
@@ -190,6 +192,11 @@ def publish_rollups(spark, out, target, prefix, username="mqttgw-pipeline"):
             messages.append((f"{prefix}/{row['topic']}/{suffix}", json.dumps(body).encode()))
     host, _, port = target.rpartition(":")
     sock = socket.create_connection((host, int(port)), timeout=30)
+    if tls:
+        import ssl
+
+        # The gateway's certificate is checked, host name included.
+        sock = ssl.create_default_context(cafile=ca).wrap_socket(sock, server_hostname=host)
     password = os.environ.get("MQTTGW_PASSWORD")
     sock.sendall(
         P.Connect(
@@ -236,7 +243,9 @@ def main(argv=None):
             if not (Path(args.out) / "topic_minute").exists():
                 say("nothing to publish yet")
             else:
-                n = publish_rollups(spark, args.out, args.publish, args.prefix, args.username)
+                n = publish_rollups(
+                    spark, args.out, args.publish, args.prefix, args.username, args.tls, args.ca
+                )
                 written["published"] = n
     finally:
         spark.stop()
