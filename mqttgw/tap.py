@@ -31,7 +31,7 @@ from mqttgw.protocol import ConnectionLimits, Flusher, MQTTServerFactory
 from mqttgw.router import Router
 from mqttgw.session import SessionLimits
 from mqttgw.store import Store, StoreError
-from mqttgw.tls import server_options
+from mqttgw.tls import ReloadableServerTLS, server_options
 from mqttgw.topics import InvalidTopic, validate_topic_filter
 from mqttgw.websocket import websocket_site
 
@@ -228,12 +228,13 @@ def _check_listener_tables(settings):
             cert, key = table.get("cert") or tls["cert"], table.get("key") or tls["key"]
             if not (cert and key):
                 raise config.ConfigError(f"{where}: a TLS listener needs cert and key (or tls.cert, tls.key)")
-            table["tls_options"] = server_options(
+            table["tls_files"] = (
                 cert,
                 key,
                 table.get("ca", tls["ca"]) or None,
                 table.get("require_client_cert", tls["require_client_cert"]),
             )
+            table["tls_options"] = server_options(*table["tls_files"])
         checked.append(table)
     return checked
 
@@ -275,6 +276,24 @@ class AuthService(Service):
         self.access = access
         self.pool = pool
 
+    def reload_tls(self):
+        """New handshakes use the renewed certificates; current ones go on."""
+
+        def load_all():
+            return [(listener, listener.load()) for listener in self.renewable_tls]
+
+        def swap(loaded):
+            for listener, renewed in loaded:
+                listener.options = renewed
+            if loaded:
+                log.info("reloaded: {n} TLS certificate(s)", n=len(loaded))
+
+        def failed(reason):
+            log.error("certificate reload failed, the old ones stay in use: {error}",
+                      error=reason.getErrorMessage())
+
+        return deferToThread(load_all).addCallbacks(swap, failed)
+
     def startService(self):
         super().startService()
         import signal
@@ -286,8 +305,11 @@ class AuthService(Service):
             signal.signal(getattr(signal, name), lambda signum, _: self.reactor.callFromThread(
                 log.info, "ignoring signal {signum}", signum=signum))
 
+    renewable_tls = ()
+
     def reload(self):
-        log.info("SIGHUP: reading the password file and ACL again")
+        log.info("SIGHUP: reading the password file, ACL, token keys and certificates again")
+        self.reload_tls()
         d = deferToThread(load_auth_files, self.settings)
 
         def swap(files):
@@ -474,8 +496,18 @@ def makeService(options, reactor=None):
             secure,
         )
 
-    def tls(wrapped, tls_options=None):
-        return TLSMemoryBIOFactory(tls_options or options.tls_options, False, wrapped)
+    # TLS options SIGHUP can renew: the listeners' certificates and keys.
+    renewable = {}
+
+    def tls(wrapped, tls_options=None, files=None):
+        key = files or "global"
+        if key not in renewable:
+            if files is None:
+                load = lambda: _tls_options(settings)  # noqa: E731
+            else:
+                load = lambda: server_options(*files)  # noqa: E731
+            renewable[key] = ReloadableServerTLS(tls_options or options.tls_options, load)
+        return TLSMemoryBIOFactory(renewable[key], False, wrapped)
 
     top = MultiService()
     auth_service = AuthService(reactor, settings, checker, router.access, pool)
@@ -526,7 +558,7 @@ def makeService(options, reactor=None):
         if kind in ("ws", "wss"):
             made = site(listener_factory, kind == "wss", table.get("allowed_origins"))
         if kind in ("tls", "wss"):
-            made = tls(made, table["tls_options"])
+            made = tls(made, table["tls_options"], table["tls_files"])
         if anonymous:
             log.warn(
                 "listener {listener} ({kind}) accepts anonymous clients: anyone who can"
@@ -538,6 +570,7 @@ def makeService(options, reactor=None):
             endpoint_description(table["address"], limits["listen_backlog"]), made, reactor=reactor
         ).setServiceParent(top)
     auth_service.token_checkers = reloads
+    auth_service.renewable_tls = list(renewable.values())
     for kind, bridge in options.bridges:
         kind.make_service(router, bridge, reactor).setServiceParent(top)
     top.router = router

@@ -3,8 +3,10 @@ TLS for listeners: server options from PEM files (TLS 1.2 and newer), and
 the identity a client certificate carries.
 """
 
-from OpenSSL import crypto
+from OpenSSL import SSL, crypto
 from twisted.internet import ssl
+from twisted.internet.interfaces import IOpenSSLServerConnectionCreator
+from zope.interface import implementer
 
 from mqttgw.config import ConfigError
 
@@ -78,3 +80,19 @@ def peer_identity(transport):
         return None
     subject = certificate.get_subject()
     return subject.CN
+
+
+@implementer(IOpenSSLServerConnectionCreator)
+class ReloadableServerTLS:
+    """
+    A TLS listener's certificate and key that SIGHUP can replace: each new
+    handshake uses the options in force, connections already up keep theirs.
+    """
+
+    def __init__(self, options, load):
+        self.options = options
+        # Builds fresh options from the files (raises ConfigError).
+        self.load = load
+
+    def serverConnectionForTLS(self, protocol):
+        return SSL.Connection(self.options.getContext(), None)

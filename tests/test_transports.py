@@ -461,3 +461,42 @@ def test_websocket_port_offers_the_sites_protocols_for_alpn():
     guarded = websocket_site(broker.factory, broker.router, broker.clock, 1024)
     assert IProtocolNegotiationFactory.providedBy(guarded)
     assert b"http/1.1" in guarded.acceptableProtocols()
+
+
+def test_sighup_renews_the_tls_certificate_for_new_handshakes(gateway_with, tmp_path):
+    import signal
+
+    def issue(name):
+        ca = trustme.CA()
+        cert = ca.issue_cert(LOCAL)
+        cert.cert_chain_pems[0].write_to_path(str(tmp_path / "server.pem"))
+        cert.private_key_pem.write_to_path(str(tmp_path / "server.key"))
+        ca.cert_pem.write_to_path(str(tmp_path / f"{name}-ca.pem"))
+        return str(tmp_path / f"{name}-ca.pem")
+
+    def handshake(port, cafile):
+        context = ssl.create_default_context(cafile=cafile)
+        sock = socket.create_connection((LOCAL, port), timeout=10)
+        return context.wrap_socket(sock, server_hostname=LOCAL)
+
+    old_ca = issue("old")
+    tls_port = free_port()
+    gw = gateway_with("--tls", endpoint(tls_port), "--cert", str(tmp_path / "server.pem"), "--key", str(tmp_path / "server.key"))
+    before = handshake(tls_port, old_ca)
+    before.sendall(P.Connect(client_id="kept").encode())
+    assert before.recv(4) == P.Connack(0).encode()
+    new_ca = issue("new")
+    gw.process.send_signal(signal.SIGHUP)
+    gw.wait_for_log("reloaded: 1 TLS certificate(s)")
+    handshake(tls_port, new_ca).close()
+    with pytest.raises(ssl.SSLCertVerificationError):
+        handshake(tls_port, old_ca)
+    # The connection made before the renewal goes on.
+    before.sendall(P.Pingreq().encode())
+    assert before.recv(2) == P.Pingresp().encode()
+    before.close()
+    # A broken file leaves the certificate in use.
+    (tmp_path / "server.pem").write_text("not a certificate\n")
+    gw.process.send_signal(signal.SIGHUP)
+    gw.wait_for_log("certificate reload failed, the old ones stay in use")
+    handshake(tls_port, new_ca).close()
