@@ -327,17 +327,22 @@ def raw_mqtt_to_websocket_port(ws_port):
     return closed
 
 
-def reconnect_storm(tcp_port, tag, count=2000, timeout=30.0):
-    """9: ``count`` clients connecting at once; CONNACKs received in time."""
+def reconnect_storm(tcp_port, tag, count=2000, timeout=30.0, connect_packet=None):
+    """
+    9: ``count`` clients connecting at once; how many were accepted
+    (CONNACK 0) in time.  ``connect_packet(i)``: the i-th client's CONNECT.
+    """
     import selectors
 
+    if connect_packet is None:
+        connect_packet = lambda i: P.Connect(client_id=f"{tag}-{i}")  # noqa: E731
     sel = selectors.DefaultSelector()
     connect = {}
     for i in range(count):
         s = socket.socket()
         s.setblocking(False)
         s.connect_ex((HOST, tcp_port))
-        connect[s] = P.Connect(client_id=f"{tag}-{i}").encode()
+        connect[s] = connect_packet(i).encode()
         sel.register(s, selectors.EVENT_WRITE)
     done = 0
     deadline = time.monotonic() + timeout
@@ -355,7 +360,7 @@ def reconnect_storm(tcp_port, tag, count=2000, timeout=30.0):
                 sel.modify(s, selectors.EVENT_READ)
             else:
                 try:
-                    ok = s.recv(4)[:1] == b"\x20"
+                    ok = s.recv(4) == P.Connack(0).encode()
                 except OSError:
                     ok = False
                 done += ok

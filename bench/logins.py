@@ -5,8 +5,6 @@ must not stall the broker), and the fan-in rates with a 1,000-rule ACL
 loaded.  mqttgw and mosquitto read the very same password file and ACL.
 """
 
-import selectors
-import socket
 import statistics
 import threading
 import time
@@ -56,40 +54,15 @@ def _probe(port, stop, results):
 
 def login_burst(port, count, timeout=60):
     """``count`` clients logging in at once; (CONNACKs accepted, seconds)."""
-    sel = selectors.DefaultSelector()
-    pending = {}
     started = time.perf_counter()
-    for i in range(count):
-        s = socket.socket()
-        s.setblocking(False)
-        s.connect_ex(("127.0.0.1", port))
-        pending[s] = P.Connect(client_id=f"c{i}", username=f"u{i}", password=PASSWORD.encode()).encode()
-        sel.register(s, selectors.EVENT_WRITE)
-    accepted = 0
-    deadline = time.monotonic() + timeout
-    while pending and time.monotonic() < deadline:
-        for key, events in sel.select(0.1):
-            s = key.fileobj
-            if events & selectors.EVENT_WRITE:
-                try:
-                    s.send(pending[s])
-                except OSError:
-                    sel.unregister(s)
-                    del pending[s]
-                    continue
-                sel.modify(s, selectors.EVENT_READ)
-            else:
-                try:
-                    accepted += s.recv(4) == b"\x20\x02\x00\x00"
-                except OSError:
-                    pass
-                sel.unregister(s)
-                del pending[s]
-                s.close()
-    elapsed = time.perf_counter() - started
-    for s in pending:
-        s.close()
-    return accepted, elapsed
+    accepted = hostile.reconnect_storm(
+        port,
+        None,
+        count,
+        timeout,
+        lambda i: P.Connect(client_id=f"c{i}", username=f"u{i}", password=PASSWORD.encode()),
+    )
+    return accepted, time.perf_counter() - started
 
 
 def run(broker):

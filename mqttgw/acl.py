@@ -8,7 +8,7 @@ and a generation number that a reload bumps, so the per-session caches of
 
 import attr
 
-from mqttgw.auth import AuthConfigError
+from mqttgw.auth import AuthConfigError, read_lines
 from mqttgw.topics import InvalidTopic, matches, validate_topic_filter
 
 READ, WRITE, DENY = 1, 2, 4
@@ -76,12 +76,7 @@ class ACL:
 
     @classmethod
     def from_file(cls, path):
-        try:
-            with open(path, encoding="utf-8") as f:
-                lines = f.read().splitlines()
-        except (OSError, UnicodeDecodeError) as e:
-            raise AuthConfigError(f"{path}: cannot read: {getattr(e, 'strerror', None) or e}") from None
-        return cls.parse(lines, path)
+        return cls.parse(read_lines(path), path)
 
     @classmethod
     def parse(cls, lines, where="acl"):

@@ -24,6 +24,15 @@ class AuthConfigError(Exception):
     """A password or ACL file that cannot be used; the message says where."""
 
 
+def read_lines(path):
+    """The lines of a text file, or AuthConfigError naming it."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read().splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise AuthConfigError(f"{path}: cannot read: {getattr(e, 'strerror', None) or e}") from None
+
+
 class IIdentity(Interface):
     """What a client is once logged in: see :class:`Identity`."""
 
@@ -88,13 +97,8 @@ class PasswordTable:
 
     @classmethod
     def from_file(cls, path):
-        try:
-            with open(path, encoding="utf-8") as f:
-                lines = f.read().splitlines()
-        except (OSError, UnicodeDecodeError) as e:
-            raise AuthConfigError(f"{path}: cannot read: {getattr(e, 'strerror', None) or e}") from None
         entries = {}
-        for number, line in enumerate(lines, 1):
+        for number, line in enumerate(read_lines(path), 1):
             line = line.strip()
             if not line or line.startswith("#"):
                 continue

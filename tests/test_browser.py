@@ -39,6 +39,19 @@ client.on("error", (e) => client.publish("browser/error", String(e)));
 """
 
 
+def open_in_chromium(chromium, profile, url, *flags):
+    """Headless Chromium on ``url``, kept off the network but for loopback."""
+    return subprocess.Popen(
+        [
+            chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+            "--no-first-run", "--disable-background-networking", "--disable-component-update",
+            "--disable-sync", *flags, f"--user-data-dir={profile}", "--remote-debugging-port=0", url,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
 @pytest.fixture(scope="module")
 def mqttjs():
     """MQTT.js's browser bundle, installed from npm once."""
@@ -76,24 +89,7 @@ def test_mqttjs_in_chromium_subscribes_and_publishes_over_websocket(
     page.write_text(
         PAGE % {"port": ws, "client_id": client_id, "protocol_id": protocol_id, "level": level}
     )
-    browser = subprocess.Popen(
-        [
-            chromium,
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            f"--user-data-dir={tmp_path / 'profile'}",
-            "--remote-debugging-port=0",
-            page.as_uri(),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    browser = open_in_chromium(chromium, tmp_path / "profile", page.as_uri())
     try:
         [ready] = watcher.receive(1, timeout=60)
         assert (ready.topic, ready.payload) == ("browser/ready", b"[{\"topic\":\"browser/in/#\",\"qos\":1}]")
@@ -172,16 +168,7 @@ def test_mqttjs_over_wss_with_a_read_only_token(gateway_with, mqttjs, tmp_path, 
             "dash_token": token(15, mqtt_subscribe=["dashboard/#"], mqtt_publish=[]),
         }
     )
-    browser = subprocess.Popen(
-        [
-            chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-            "--no-first-run", "--disable-background-networking", "--disable-component-update",
-            "--disable-sync", "--ignore-certificate-errors",
-            f"--user-data-dir={tmp_path / 'profile'}", "--remote-debugging-port=0", page.as_uri(),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    browser = open_in_chromium(chromium, tmp_path / "profile", page.as_uri(), "--ignore-certificate-errors")
     try:
         [granted] = watcher.receive(1, timeout=60)
         assert granted.topic == "report/granted"
@@ -206,16 +193,7 @@ def test_mqttjs_over_wss_with_a_read_only_token(gateway_with, mqttjs, tmp_path, 
             "--jwt-secret-file", str(secret),
         )
         page.write_text(page.read_text().replace(f":{wss}/", f":{other}/"))
-        refused = subprocess.Popen(
-            [
-                chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                "--no-first-run", "--disable-background-networking", "--disable-component-update",
-                "--disable-sync", "--ignore-certificate-errors",
-                f"--user-data-dir={tmp_path / 'profile2'}", "--remote-debugging-port=0", page.as_uri(),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        refused = open_in_chromium(chromium, tmp_path / "profile2", page.as_uri(), "--ignore-certificate-errors")
         try:
             strict.wait_for_log("origin null is not allowed", timeout=60)
             assert "client reporter connected" not in strict.log()
