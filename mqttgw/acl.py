@@ -3,7 +3,7 @@ What a client may touch: an access control list in mosquitto's
 ``acl_file`` format, and the reserved topics no client may write.  A
 parsed :class:`ACL` is immutable; :class:`Access` holds the one in force
 and a generation number that a reload bumps, so the per-session caches of
-:class:`ReadCheck` notice without anyone walking the sessions.
+:class:`CachedCheck` notice without anyone walking the sessions.
 """
 
 import attr

@@ -247,8 +247,26 @@ class Session:
         as fast as the connection and the in-flight window take it, so no
         number of retained messages can swell the queue or stall the reactor.
         """
-        self._retained.append(walk)
+        retained = self._retained
+        if len(retained) >= self.MAX_PENDING_WALKS:
+            # A client that keeps subscribing (across reconnections of a
+            # persistent session) without reading: the oldest walk goes, as
+            # a full queue drops messages.
+            retained.popleft()
+            self.dropped += 1
+            if self._stats is not None:
+                self._stats.messages_dropped += 1
+            log.warn(
+                "client {client_id}: {n} SUBSCRIBEs' retained messages not yet"
+                " taken; dropping the oldest",
+                client_id=printable(self.client_id),
+                n=self.MAX_PENDING_WALKS,
+            )
+        retained.append(walk)
         self.pump()
+
+    # SUBSCRIBEs whose retained messages are still to be delivered.
+    MAX_PENDING_WALKS = 100
 
     # Work per reactor turn on retained messages (a message sent, or a
     # step of the walk), so one large walk cannot hold up other connections.

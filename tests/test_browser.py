@@ -4,6 +4,7 @@ ws://: the page subscribes, and what it receives it publishes back, so the
 test reads what the page got.
 """
 
+import contextlib
 import shutil
 import subprocess
 from pathlib import Path
@@ -39,9 +40,10 @@ client.on("error", (e) => client.publish("browser/error", String(e)));
 """
 
 
+@contextlib.contextmanager
 def open_in_chromium(chromium, profile, url, *flags):
-    """Headless Chromium on ``url``, kept off the network but for loopback."""
-    return subprocess.Popen(
+    """Headless Chromium on ``url``, kept off the network but for loopback; ended after."""
+    browser = subprocess.Popen(
         [
             chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
             "--no-first-run", "--disable-background-networking", "--disable-component-update",
@@ -50,6 +52,14 @@ def open_in_chromium(chromium, profile, url, *flags):
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+    try:
+        yield browser
+    finally:
+        browser.terminate()
+        try:
+            browser.wait(10)
+        except subprocess.TimeoutExpired:
+            browser.kill()
 
 
 @pytest.fixture(scope="module")
@@ -89,20 +99,13 @@ def test_mqttjs_in_chromium_subscribes_and_publishes_over_websocket(
     page.write_text(
         PAGE % {"port": ws, "client_id": client_id, "protocol_id": protocol_id, "level": level}
     )
-    browser = open_in_chromium(chromium, tmp_path / "profile", page.as_uri())
-    try:
+    with open_in_chromium(chromium, tmp_path / "profile", page.as_uri()):
         [ready] = watcher.receive(1, timeout=60)
         assert (ready.topic, ready.payload) == ("browser/ready", b"[{\"topic\":\"browser/in/#\",\"qos\":1}]")
         gw.wait_for_log(f"client {client_id} connected from 127.0.0.1")
         watcher.publish("browser/in/greeting", b"hello, page", 1)
         [echo] = watcher.receive(1, timeout=30)
         assert (echo.topic, echo.payload) == ("browser/out", b"browser/in/greeting 1 hello, page")
-    finally:
-        browser.terminate()
-        try:
-            browser.wait(10)
-        except subprocess.TimeoutExpired:
-            browser.kill()
 
 
 TOKEN_PAGE = """<!doctype html>
@@ -168,42 +171,38 @@ def test_mqttjs_over_wss_with_a_read_only_token(gateway_with, mqttjs, tmp_path, 
             "dash_token": token(15, mqtt_subscribe=["dashboard/#"], mqtt_publish=[]),
         }
     )
-    browser = open_in_chromium(chromium, tmp_path / "profile", page.as_uri(), "--ignore-certificate-errors")
     try:
-        [granted] = watcher.receive(1, timeout=60)
-        assert granted.topic == "report/granted"
-        # dashboard/# granted, private/# refused with 0x80.
-        gw.wait_for_log("client dash SUBSCRIBE refused 1 of 2 filters: not authorized for 'private/#'")
-        watcher.publish("private/x", b"secret", 1)
-        watcher.publish("dashboard/temp", b"21.5", 1)
-        seen = []
-        while ("report/closed", b"dash") not in seen:
-            # Until the token expires (15 s) and the page sees it closed.
-            [message] = watcher.receive(1, timeout=40)
-            seen.append((message.topic, message.payload))
-        # It read dashboard/#, and nothing of private/#.
-        assert [p for t, p in seen if t == "report/got"] == [b"dashboard/temp 21.5"]
-        # Its own publish on dashboard/forged was dropped.
-        assert not [t for t, _ in seen if t == "dashboard/forged"]
-        gw.wait_for_log("may not publish on dashboard/forged")
-        gw.wait_for_log("client dash: its token expired: closing")
+        with open_in_chromium(chromium, tmp_path / "profile", page.as_uri(), "--ignore-certificate-errors"):
+            check_the_dashboard_page(gw, watcher)
         # The same page, on a gateway that does not allow its origin.
         strict = gateway_with(
             "--wss", endpoint(other := free_port()), "--cert", pki["cert"], "--key", pki["key"],
             "--jwt-secret-file", str(secret),
         )
         page.write_text(page.read_text().replace(f":{wss}/", f":{other}/"))
-        refused = open_in_chromium(chromium, tmp_path / "profile2", page.as_uri(), "--ignore-certificate-errors")
-        try:
+        with open_in_chromium(chromium, tmp_path / "profile2", page.as_uri(), "--ignore-certificate-errors"):
             strict.wait_for_log("origin null is not allowed", timeout=60)
             assert "client reporter connected" not in strict.log()
-        finally:
-            refused.terminate()
-            refused.wait(10)
     finally:
-        browser.terminate()
-        try:
-            browser.wait(10)
-        except subprocess.TimeoutExpired:
-            browser.kill()
         watcher.disconnect()
+
+
+def check_the_dashboard_page(gw, watcher):
+    """What the page reports: dashboard/# read, private/# refused, its publish dropped, closed at expiry."""
+    [granted] = watcher.receive(1, timeout=60)
+    assert granted.topic == "report/granted"
+    # dashboard/# granted, private/# refused with 0x80.
+    gw.wait_for_log("client dash SUBSCRIBE refused 1 of 2 filters: not authorized for 'private/#'")
+    watcher.publish("private/x", b"secret", 1)
+    watcher.publish("dashboard/temp", b"21.5", 1)
+    seen = []
+    while ("report/closed", b"dash") not in seen:
+        # Until the token expires (15 s) and the page sees it closed.
+        [message] = watcher.receive(1, timeout=40)
+        seen.append((message.topic, message.payload))
+    # It read dashboard/#, and nothing of private/#.
+    assert [p for t, p in seen if t == "report/got"] == [b"dashboard/temp 21.5"]
+    # Its own publish on dashboard/forged was dropped.
+    assert not [t for t, _ in seen if t == "dashboard/forged"]
+    gw.wait_for_log("may not publish on dashboard/forged")
+    gw.wait_for_log("client dash: its token expired: closing")

@@ -976,3 +976,20 @@ def test_connection_messages_can_be_turned_off(logged):
     connected(loud, "loud").send(P.Disconnect())
     assert any("client loud connected" in line for line in logged())
     assert any("client loud disconnected" in line for line in logged())
+
+
+def test_pending_retained_walks_are_bounded_for_a_client_that_never_reads(tmp_path):
+    broker = FakeBroker(store_dir=tmp_path)
+    pub = connected(broker, "p")
+    pub.send(P.Publish("r/1", b"v", 1, retain=True, message_id=1))
+    broker.commit()
+    sessions = broker.router.sessions
+    for round_ in range(3):
+        sub = broker.client(client_id="s", clean_session=False)
+        sub.received()
+        sub.protocol.pauseProducing()
+        sub.send(*[P.Subscribe(i + 1, [(f"r/{i % 2 + 1}", 1)]) for i in range(80)])
+        sub.lose_connection()
+    session = sessions["s"]
+    assert len(session._retained) <= session.MAX_PENDING_WALKS
+    assert session.dropped > 0
