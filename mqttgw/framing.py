@@ -281,10 +281,10 @@ class Framer:
         size = len(data)
         decoders = _DECODERS
         need = 0
+        max_packet_size = self.max_packet_size
         try:
             while size - offset >= 1:
                 first = data[offset]
-                max_packet_size = self.max_packet_size
                 if self._first is not None:
                     if first >> 4 != self._first:
                         raise ProtocolViolation(
@@ -323,7 +323,9 @@ class Framer:
                 if end > size:
                     need = end - offset
                     return
-                self._first = None
+                if self._first is not None:
+                    self._first = None
+                    max_packet_size = self.max_packet_size
                 packet_type = first >> 4
                 flags = first & 0x0F
                 if packet_type not in decoders:
@@ -363,7 +365,9 @@ class Framer:
                             topic, data[tend + 2 : end], qos, flags & 1 == 1,
                             flags & 8 == 8, mid,
                         )
-                    if self.strict:
+                    # ASCII without control characters, the usual topic,
+                    # passes every check without a call.
+                    if self.strict and not (topic.isascii() and topic.isprintable()):
                         check_text(topic, self.strict)
                 elif packet_type == 1:
                     packet = _decode_connect(flags, data, pos, end, self.strict_for_311)

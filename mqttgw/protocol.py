@@ -83,8 +83,10 @@ class MQTTServerProtocol(Protocol):
     identity = Identity(None)
     _expiry = None
     portal = None
-    # Everything may be written until a login says who the client is.
-    _may_write = staticmethod(lambda topic: True)
+    # A cached ACL check of what the client may publish, or None: then
+    # only the reserved topics are checked (see _write_allowed).
+    _may_write = None
+    _reserved = frozenset()
     _reading_paused = False
     _output_full = False
     _awaiting_admission = False
@@ -170,16 +172,16 @@ class MQTTServerProtocol(Protocol):
         try:
             for packet in packets:
                 state = self.state
+                # A handler returns True when what follows must wait (a
+                # login, or a packet handled over several turns).
                 if state is CONNECTED:
-                    self._handlers[packet.packet_type](self, packet)
+                    wait = self._handlers[packet.packet_type](self, packet)
                 elif state is AWAITING_CONNECT:
-                    self._before_connect[packet.packet_type](self, packet)
+                    wait = self._before_connect[packet.packet_type](self, packet)
                 else:
                     break
                 budget -= 1
-                if (
-                    budget <= 0 or self._work is not None or self._authenticating
-                ) and self.state is not CLOSED:
+                if (wait or budget <= 0) and self.state is not CLOSED:
                     self._backlog = packets
                     self._pause_reading()
                     # After a login, its answer carries on.
@@ -466,6 +468,8 @@ class MQTTServerProtocol(Protocol):
         self._authenticating = True
         d = portal.login(creds, None, IIdentity)
         d.addCallbacks(self._login_succeeded, self._login_failed, (packet, will), None, (packet,))
+        # True while the login is under way: the packets after it wait.
+        return self._authenticating
 
     def _login_succeeded(self, result, packet, will):
         self._authenticating = False
@@ -503,8 +507,10 @@ class MQTTServerProtocol(Protocol):
         level = self.protocol_level
         access = self.router.access
         identity = self.identity
-        self._may_write = access.checker(self.username, client_id, WRITE, identity.publish)
-        if will is not None and not self._may_write(will.topic):
+        if access.acl is not None or identity.publish is not None:
+            self._may_write = access.checker(self.username, client_id, WRITE, identity.publish)
+        self._reserved = access.reserved_topics
+        if will is not None and not self._write_allowed(will.topic):
             return self._refuse(
                 P.CONNACK_NOT_AUTHORIZED, f"may not publish its will on {printable(will.topic)!r}"
             )
@@ -558,8 +564,14 @@ class MQTTServerProtocol(Protocol):
         router = self.router
         router.stats.messages_received += 1
         session = self.session
-        if not self._may_write(topic):
-            return self._denied(packet)
+        may_write = self._may_write
+        if may_write is not None:
+            if not may_write(topic):
+                return self._denied(packet)
+        elif topic[0] == "$" or topic in self._reserved:
+            # Reserved topics all start with "$" or are bridge state topics.
+            if not self._write_allowed(topic):
+                return self._denied(packet)
         if qos == 0:
             router.publish(packet, session)
             return
@@ -584,6 +596,12 @@ class MQTTServerProtocol(Protocol):
             router.publish(packet, session)
         else:
             self._acknowledge(ack, router.publish(packet, session) or session.store is not None)
+
+    def _write_allowed(self, topic):
+        may_write = self._may_write
+        if may_write is not None:
+            return may_write(topic)
+        return self.router.access.may_publish(self.username, self.client_id, topic)
 
     def _denied(self, packet):
         """
@@ -632,19 +650,21 @@ class MQTTServerProtocol(Protocol):
         self.session.pubcomp(packet.message_id)
 
     def handle_SUBSCRIBE(self, packet):
-        self._in_steps(self._subscribe(packet))
+        return self._in_steps(self._subscribe(packet))
 
     def handle_UNSUBSCRIBE(self, packet):
-        self._in_steps(self._unsubscribe(packet))
+        return self._in_steps(self._unsubscribe(packet))
 
     def _in_steps(self, work):
         """
         Run ``work``, a generator that yields between steps of bounded
         size; what is left of it runs over the next reactor turns, before
-        any further packet of this connection.
+        any further packet of this connection.  True when some is left.
         """
         if next(work, True) is not True:
             self._work = work
+            return True
+        return False
 
     def _subscribe(self, packet):
         access = self.router.access

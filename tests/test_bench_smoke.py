@@ -68,3 +68,11 @@ def test_benchmark_table_shows_ratios():
     row = [line for line in table.splitlines() if line.startswith("fan-in qos0")][0]
     assert row.split()[-2:] == ["1.50", "30.00"]
     assert "(lost 3)" in row
+
+
+def test_hot_path_benchmark_reports_a_cost_per_message():
+    from bench import hotpath
+
+    results = hotpath.main(["--messages", "2000", "--repeat", "1"])
+    assert set(results) == {"fan-in (1 subscriber)", "fan-out (8 subscribers)"}
+    assert all(0 < cost < 1000 for cost in results.values())
