@@ -34,29 +34,13 @@ def connect(port, client_id, keepalive=0, clean_session=True):
 
 def ws_connect(port, client_id):
     """MQTT over WebSocket: the upgrade, then CONNECT in a binary frame."""
-    sock = socket.create_connection(("127.0.0.1", port))
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.sendall(
-        (
-            "GET /mqtt HTTP/1.1\r\n"
-            f"Host: 127.0.0.1:{port}\r\n"
-            "Upgrade: websocket\r\nConnection: Upgrade\r\n"
-            "Sec-WebSocket-Key: bXF0dGd3LWJlbmNobWFyaw==\r\n"
-            "Sec-WebSocket-Version: 13\r\nSec-WebSocket-Protocol: mqtt\r\n\r\n"
-        ).encode()
-    )
-    response = b""
-    while b"\r\n\r\n" not in response:
-        chunk = sock.recv(4096)
-        if not chunk:
-            raise ConnectionError("broker closed the WebSocket handshake")
-        response += chunk
-    if not response.startswith(b"HTTP/1.1 101"):
-        raise RuntimeError(f"{client_id}: WebSocket refused: {response[:80]!r}")
+    from bench.hostile import ws_upgrade
+
+    sock, rest = ws_upgrade(port)
+    sock.settimeout(None)
     sock.sendall(ws_frame(P.Connect(client_id=client_id, keepalive=0).encode()))
     # CONNACK in an unmasked binary frame: 82 04 20 02 00 00
-    connack = response.split(b"\r\n\r\n", 1)[1]
-    connack += _recv_exact(sock, 6 - len(connack)) if len(connack) < 6 else b""
+    connack = rest + (_recv_exact(sock, 6 - len(rest)) if len(rest) < 6 else b"")
     if connack[2:4] != b"\x20\x02" or connack[5] != 0:
         raise RuntimeError(f"{client_id}: CONNECT refused: {connack!r}")
     return sock

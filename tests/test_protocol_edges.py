@@ -8,7 +8,6 @@ disconnected; a client that follows it never is.
 import pytest
 
 from mqttgw import packets as P
-from mqttgw.session import SessionLimits
 from mqttgw.testing import FakeBroker
 
 V31, V311 = P.MQTT_31, P.MQTT_311
