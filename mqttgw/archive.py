@@ -90,6 +90,11 @@ class Archive:
         self._segments = 0
         self._failing = False
 
+    @property
+    def failing(self):
+        """Whether the last write failed (rows are being dropped)."""
+        return self._failing
+
     # The reactor side
 
     def _topic_wanted(self, topic):

@@ -208,6 +208,21 @@ class MQTTBridgeKind:
             reconnect_initial=values.get("reconnect_initial", 1.0),
             reconnect_max=values.get("reconnect_max", 60.0),
         )
+        for key, low in (
+            ("keepalive", 1),
+            ("max_inflight_messages", 1),
+            ("max_queued_messages", 1),
+            ("max_queued_bytes", 1),
+            ("reconnect_initial", 0.001),
+        ):
+            if getattr(settings, key) < low:
+                raise ConfigError(f"{where}: bridge.{key} must be at least {low}")
+        if settings.keepalive > 65535:
+            raise ConfigError(f"{where}: bridge.keepalive must be at most 65535")
+        if settings.max_inflight_messages > 65535:
+            raise ConfigError(f"{where}: bridge.max_inflight_messages must be at most 65535")
+        if settings.reconnect_max < settings.reconnect_initial:
+            raise ConfigError(f"{where}: bridge.reconnect_max must not be below reconnect_initial")
         if settings.tls:
             _tls_options(settings, "localhost")  # files checked at start-up
         return settings
@@ -313,8 +328,10 @@ class _Relay:
                     packet.retain, packet.dup, packet.message_id,
                 )
                 recorder = self.bridge.router.recorder
-                if recorder is not None and not packet.dup:
-                    recorder.record("bridge_out", self.bridge.settings.name, packet)
+                if not packet.dup:
+                    self.bridge.sent += 1
+                    if recorder is not None:
+                        recorder.record("bridge_out", self.bridge.settings.name, packet)
             out.append(packet.encode())
         self.upstream.write(b"".join(out))
 
@@ -333,6 +350,26 @@ class MQTTBridge(Service):
         self._acks = None
         self._try_private = settings.try_private
         self._service = None
+        # Messages forwarded upstream (first sends) and brought in.
+        self.sent = 0
+        self.received = 0
+        self.connected_since = None
+
+    def status(self):
+        """What operators see: $SYS, /metrics and the admin API."""
+        session = self.session
+        return {
+            "name": self.settings.name,
+            "kind": "mqtt",
+            "addresses": list(self.settings.addresses),
+            "connected": self.upstream is not None,
+            "connected_since": self.connected_since,
+            "queued": session.queued if session is not None else 0,
+            "inflight": len(session.inflight) if session is not None else 0,
+            "dropped": session.dropped if session is not None else 0,
+            "sent": self.sent,
+            "received": self.received,
+        }
 
     # Rules
 
@@ -419,7 +456,11 @@ class MQTTBridge(Service):
         s = self.settings
         log.info("bridge {name}: upstream accepted CONNECT", name=s.name)
         self.upstream = upstream
+        self.connected_since = self.reactor.seconds()
         self._acks = OrderedAcks(self.router.store, self._write_upstream(upstream))
+        # The store could not commit what came in: the upstream sends it
+        # again after we reconnect.
+        self._acks.on_failure = lambda _: upstream.transport.abortConnection()
         incoming = [(r.remote_filter, r.qos) for r in s.rules if r.incoming]
         if incoming:
             upstream.write(P.Subscribe(1, incoming).encode())
@@ -443,6 +484,7 @@ class MQTTBridge(Service):
         )
         if self.upstream is upstream:
             self.upstream = None
+            self.connected_since = None
             if self.session.connection is not None:
                 self.router.disconnect(self.session, publish_will=False)
             self._publish_local_state(b"0")
@@ -471,6 +513,7 @@ class MQTTBridge(Service):
 
     def _incoming(self, packet):
         session = self.session
+        self.received += 1
         rule = self.in_rule(packet.topic)
         message = None
         if rule is not None:

@@ -108,6 +108,9 @@ class MQTTClientProtocol(Protocol):
 
 
 class MQTTClientFactory(Factory):
+    # No "Starting factory <... object at 0x...>" at each reconnection.
+    noisy = False
+
     def __init__(self, connect, handler, clock):
         self.connect_packet = connect
         self.handler = handler

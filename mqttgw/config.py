@@ -26,6 +26,8 @@ class Key:
     # The command-line flag, when not the key's name with dashes.  A flag
     # for a true/false key flips its default.
     flag_name = attr.ib(default=None)
+    # What that flag does, when it flips a true/false key.
+    flag_help = attr.ib(default=None)
 
     @property
     def path(self):
@@ -147,6 +149,7 @@ KEYS = [
         True,
         "keep retained messages and persistent sessions on disk",
         flag_name="no-persistence",
+        flag_help="keep everything in memory only: no store on disk",
     ),
     Key("persistence", "data_dir", str, "./mqttgw-data", "directory of the store"),
     Key(
@@ -224,19 +227,38 @@ KEYS = [
     ),
     Key(
         "limits",
+        "max_persistent_sessions",
+        int,
+        0,
+        "persistent sessions kept at once; a client that would start one more"
+        " gets CONNACK 3 (0: no limit)",
+        0,
+    ),
+    Key(
+        "limits",
+        "max_retained_messages",
+        int,
+        0,
+        "retained messages kept at once; beyond it a new retained topic is"
+        " delivered but not retained (0: no limit)",
+        0,
+    ),
+    Key(
+        "limits",
         "max_queued_messages",
         int,
         1000,
-        "messages queued per client beyond the in-flight window",
-        0,
+        "messages queued per client beyond the in-flight window (no 0 for"
+        " unlimited, as in mosquitto: every queue here has a bound)",
+        1,
     ),
     Key(
         "limits",
         "max_queued_bytes",
         int,
         16 * 1024 * 1024,
-        "payload bytes queued per client",
-        0,
+        "payload bytes queued per client (at least 1: no unlimited queue)",
+        1,
     ),
     Key(
         "mqtt",
@@ -253,6 +275,7 @@ KEYS = [
         True,
         "close MQTT 3.1.1 connections whose strings hold control characters or non-characters",
         flag_name="allow-control-characters",
+        flag_help="accept control characters and non-characters in MQTT 3.1.1 strings",
     ),
     Key(
         "log",
@@ -261,6 +284,58 @@ KEYS = [
         True,
         "log each client's connect and disconnect (as mosquitto's connection_messages)",
         flag_name="no-connection-messages",
+        flag_help="do not log each client's connect and disconnect",
+    ),
+    Key(
+        "log",
+        "level",
+        str,
+        "info",
+        "lowest level logged",
+        choices=("debug", "info", "warn", "error", "critical"),
+        flag_name="log-level",
+    ),
+    Key(
+        "log",
+        "format",
+        str,
+        "text",
+        "text lines, or JSON lines with stable field names",
+        choices=("text", "json"),
+        flag_name="log-format",
+    ),
+    Key(
+        "http",
+        "address",
+        str,
+        "",
+        "admin HTTP listener (metrics, health, admin API): PORT (loopback),"
+        " HOST:PORT or an endpoint string; empty: off",
+        flag_name="http",
+    ),
+    Key(
+        "http",
+        "admin_users",
+        list,
+        [],
+        "user names that may use the admin API when it asks for credentials",
+        flag_name="admin-user",
+    ),
+    Key(
+        "mqtt",
+        "sys_interval",
+        float,
+        10.0,
+        "seconds between updates of the $SYS topics (0: none)",
+        0.0,
+    ),
+    Key(
+        "persistence",
+        "persistent_client_expiration",
+        str,
+        "",
+        "remove persistent sessions whose client has been away longer than"
+        " this (as mosquitto's: 90m, 12h, 2d, 1w, 3m, 1y; empty: never)",
     ),
     Key(
         "mqtt",
@@ -445,8 +520,63 @@ def build(file_values, flag_values):
         raise ConfigError(f"archive.directions: unknown direction {sorted(unknown)[0]!r}")
     if not any(values[path] for path in LISTENERS) and not values["listener_tables"]:
         values[DEFAULT_LISTENER[0]] = DEFAULT_LISTENER[1]
-    if (values["listeners.tls"] or values["listeners.wss"]) and not (
-        values["tls.cert"] and values["tls.key"]
-    ):
+    tls_listeners = values["listeners.tls"] or values["listeners.wss"]
+    if tls_listeners and not (values["tls.cert"] and values["tls.key"]):
         raise ConfigError("TLS listeners need tls.cert and tls.key (--cert, --key)")
+    tls_tables = any(t["kind"] in ("tls", "wss") for t in values["listener_tables"])
+    for name in ("cert", "key", "ca"):
+        if values[f"tls.{name}"] and not (tls_listeners or tls_tables):
+            raise ConfigError(
+                f"tls.{name} (--{name}) is set but there is no TLS listener (--tls, --wss)"
+            )
+    values["persistence.persistent_client_expiration"] = parse_duration(
+        values["persistence.persistent_client_expiration"],
+        "persistence.persistent_client_expiration",
+    )
+    values["websocket.trusted_proxies"] = parse_networks(
+        values["websocket.trusted_proxies"], "websocket.trusted_proxies"
+    )
     return Settings(values)
+
+
+# persistent_client_expiration units, as mosquitto's.
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400, "y": 365 * 86400}
+
+
+def parse_duration(text, where):
+    """
+    Seconds from ``90``, ``12h``, ``2d``, ``1w``, ``1m`` or ``1y`` as
+    mosquitto reads persistent_client_expiration (there ``m`` is a month);
+    None for empty.
+    """
+    if isinstance(text, (int, float)) or text is None:
+        return text
+    text = text.strip()
+    if not text:
+        return None
+    number, unit = text[:-1], text[-1]
+    if unit.isdigit():
+        number, unit = text, "s"
+    # mosquitto's m is a month (30 days), not a minute.
+    seconds = {"m": 30 * 86400}.get(unit, _UNITS.get(unit))
+    if not number.isdigit() or seconds is None or int(number) <= 0:
+        raise ConfigError(
+            f"{where}: {text!r} is not a duration such as 3600, 12h, 2d, 1w, 1m or 1y"
+        )
+    return int(number) * seconds
+
+
+def parse_networks(entries, where):
+    """Addresses or networks (``10.0.0.0/8``) as ip_network objects."""
+    import ipaddress
+
+    networks = []
+    for entry in entries:
+        if not isinstance(entry, str):
+            networks.append(entry)
+            continue
+        try:
+            networks.append(ipaddress.ip_network(entry.strip(), strict=False))
+        except ValueError:
+            raise ConfigError(f"{where}: {entry!r} is not an address or network") from None
+    return networks

@@ -8,6 +8,7 @@ import uuid
 from collections import deque
 
 import attr
+from OpenSSL import SSL
 from twisted.cred.credentials import Anonymous, UsernamePassword
 from twisted.cred.error import UnauthorizedLogin, UnhandledCredentials
 from twisted.internet.interfaces import IPushProducer, ISSLTransport, ITCPTransport
@@ -51,6 +52,14 @@ class ConnectionLimits:
     connection_messages = attr.ib(default=True)
 
 
+def _tls_reason(error):
+    """OpenSSL's error list as one short line."""
+    try:
+        return "; ".join(str(e[2]) for e in error.args[0]) or str(error)
+    except (IndexError, TypeError):
+        return str(error)
+
+
 _PUBACK = P.Puback
 _PUBREC = P.Pubrec
 _PUBCOMP = P.Pubcomp
@@ -69,6 +78,8 @@ class MQTTServerProtocol(Protocol):
     keepalive = 0
     username = None
     identity_as_username = False
+    # The kind of listener it came in on (tcp, tls, ws, wss).
+    listener_kind = None
     _acks = None
     # Packets handled per reactor turn before the rest wait for the next.
     PACKETS_PER_TURN = 256
@@ -105,6 +116,7 @@ class MQTTServerProtocol(Protocol):
             first_packet_size=min(limits.max_connect_size, limits.max_packet_size),
             strict_for_311=STRICT_TEXT if limits.reject_control_characters else STRICT,
         )
+        self.stats = router.stats
         self.peer = "?"
         self.log_id = None
         self._last_received = 0.0
@@ -119,7 +131,11 @@ class MQTTServerProtocol(Protocol):
         peer = self.transport.getPeer()
         host = self._host = getattr(peer, "host", None)
         self.peer = f"{host}:{peer.port}" if host else str(peer)
-        self.router.stats.connections += 1
+        stats = self.stats
+        stats.connections += 1
+        stats.connections_accepted += 1
+        if stats.connections > stats.clients_maximum:
+            stats.clients_maximum = stats.connections
         # We are the producer of the bytes the transport sends: it tells us
         # when its buffer is full so a slow reader can't grow it without end.
         self.transport.registerProducer(self, True)
@@ -140,6 +156,12 @@ class MQTTServerProtocol(Protocol):
         self.router.stats.connections -= 1
         self._cancel_timer()
         self._cancel_expiry()
+        if self.state is AWAITING_CONNECT and reason.check(SSL.Error):
+            self.router.limited("tls handshakes", log).warn(
+                "TLS handshake with {peer} failed: {reason}",
+                peer=self.peer,
+                reason=_tls_reason(reason.value),
+            )
         if self.session is not None:
             if self.limits.connection_messages:
                 log.info(
@@ -154,6 +176,7 @@ class MQTTServerProtocol(Protocol):
         if self.state is CLOSED:
             # Closing: whatever the peer still sends is ignored.
             return
+        self.stats.bytes_received += len(data)
         if self._backlog is not None:
             # Reading is paused; what was already on its way waits here.
             self._held.append(data)
@@ -192,6 +215,7 @@ class MQTTServerProtocol(Protocol):
             # of a packet it never finishes is not alive for MQTT.
             if packet is not None:
                 self._last_received = self.clock.seconds()
+                self.stats.packets_received += self.PACKETS_PER_TURN - budget
         except ProtocolViolation as e:
             self.protocol_error(str(e))
         except Exception:
@@ -262,6 +286,10 @@ class MQTTServerProtocol(Protocol):
     def flush(self):
         out = self._out
         if out:
+            # Counted per flush, not per packet: one write is one packet.
+            stats = self.stats
+            stats.packets_sent += len(out)
+            stats.bytes_sent += self._out_size
             self._out = []
             self._out_size = 0
             try:
@@ -284,13 +312,19 @@ class MQTTServerProtocol(Protocol):
 
     def protocol_error(self, reason):
         """Log, count and close: the peer broke the protocol."""
-        log.warn(
+        # Under a flood of broken clients: some lines, then a count.
+        self.router.limited("protocol errors", log).warn(
             "closing connection of client {client_id} from {peer}: {reason}",
             client_id=self.log_id,
             peer=self.peer,
             reason=reason,
         )
         self.router.stats.protocol_errors += 1
+        self._close(publish_will=True, graceful=True)
+
+    def kick(self):
+        """The admin API disconnects the client (its will is published)."""
+        log.info("client {client_id} disconnected by the admin API", client_id=self.log_id)
         self._close(publish_will=True, graceful=True)
 
     def taken_over(self, publish_will=True):
@@ -514,9 +548,18 @@ class MQTTServerProtocol(Protocol):
             return self._refuse(
                 P.CONNACK_NOT_AUTHORIZED, f"may not publish its will on {printable(will.topic)!r}"
             )
-        session, present = self.router.connect(
-            client_id, packet.clean_session, will
-        )
+        router = self.router
+        if not packet.clean_session:
+            if router.store is not None and router.store.failed is not None:
+                return self._refuse(
+                    P.CONNACK_SERVER_UNAVAILABLE, "the store cannot be written: no persistent sessions"
+                )
+            if not router.may_start_session(client_id, False):
+                return self._refuse(
+                    P.CONNACK_SERVER_UNAVAILABLE,
+                    f"max_persistent_sessions ({router.max_persistent_sessions}) reached",
+                )
+        session, present = router.connect(client_id, packet.clean_session, will)
         self.session = session
         session.may_read = access.checker(self.username, client_id, READ, identity.subscribe)
         self.state = CONNECTED
@@ -562,7 +605,9 @@ class MQTTServerProtocol(Protocol):
             return self.protocol_error(f"invalid topic name {topic!r} in PUBLISH")
         qos = packet.qos
         router = self.router
-        router.stats.messages_received += 1
+        stats = self.stats
+        stats.messages_received += 1
+        stats.publish_bytes_received += len(packet.payload)
         session = self.session
         may_write = self._may_write
         if may_write is not None:
@@ -581,6 +626,8 @@ class MQTTServerProtocol(Protocol):
         if qos == 1:
             ack = _PUBACK(packet.message_id).encode()
             if router.may_be_durable(packet):
+                if router.store.failed is not None:
+                    return self._store_failed(packet)
                 self._acknowledge(ack, router.publish(packet, session))
             else:
                 self._acknowledge(ack, False)
@@ -594,8 +641,27 @@ class MQTTServerProtocol(Protocol):
         elif session.store is None and not router.may_be_durable(packet):
             self._acknowledge(ack, False)
             router.publish(packet, session)
+        elif router.store.failed is not None:
+            session.qos2_released(mid)
+            return self._store_failed(packet)
         else:
             self._acknowledge(ack, router.publish(packet, session) or session.store is not None)
+
+    def _store_failed(self, reason=None):
+        """
+        A QoS 1/2 publish needs the store and the store cannot commit:
+        rather than leave the client waiting for an ack that cannot come,
+        the connection is closed; the client sends the message again when
+        it reconnects (and CONNACK tells it when the gateway cannot hold
+        persistent sessions).
+        """
+        self.stats.store_refused += 1
+        self.router.limited("store refusals", log).warn(
+            "closing connection of client {client_id}: its QoS 1/2 publish needs"
+            " the store, which cannot be written",
+            client_id=self.log_id,
+        )
+        self._close(publish_will=True, graceful=True)
 
     def _write_allowed(self, topic):
         may_write = self._may_write
@@ -630,6 +696,7 @@ class MQTTServerProtocol(Protocol):
     def _acknowledge(self, ack, durable):
         if self._acks is None:
             self._acks = OrderedAcks(self.router.store, self._write_if_connected)
+            self._acks.on_failure = self._store_failed
         self._acks.send(ack, durable)
 
     def _write_if_connected(self, data):
@@ -826,6 +893,9 @@ class Flusher:
 class MQTTServerFactory(Factory):
     """One factory, shared by every listener, feeding the one router."""
 
+    # No "Starting factory <... object at 0x...>" lines.
+    noisy = False
+
     def __init__(
         self,
         router,
@@ -846,11 +916,13 @@ class MQTTServerFactory(Factory):
         # The twisted.cred portal logins go through, or None: no checks.
         self.portal = portal
         self.throttle = Throttle()
+        # Set by whoever builds the listener: tcp, tls, ws or wss.
+        self.kind = None
 
     def buildProtocol(self, addr):
         stats = self.router.stats
         if stats.connections + stats.handshakes >= self.limits.max_connections:
-            log.warn(
+            self.router.limited("connection limit", log).warn(
                 "refusing connection from {addr}: {n} connections is the limit",
                 addr=f"{getattr(addr, 'host', addr)}:{getattr(addr, 'port', '')}",
                 n=self.limits.max_connections,
@@ -863,6 +935,7 @@ class MQTTServerFactory(Factory):
         """A protocol for a connection already counted (a WebSocket)."""
         protocol = MQTTServerProtocol(self.router, self.limits, self.clock, self.flusher)
         protocol.identity_as_username = self.identity_as_username
+        protocol.listener_kind = self.kind
         protocol.portal = self.portal
         protocol.factory_throttle = self.throttle
         return protocol

@@ -8,6 +8,7 @@ learns which transport a session came from.
 from twisted.logger import Logger
 
 from mqttgw.acl import Access
+from mqttgw.logs import RateLimited
 from mqttgw.packets import Publish
 from mqttgw.printable import printable
 from mqttgw.session import Session, SessionLimits
@@ -32,6 +33,23 @@ class Stats:
         "logins_refused",
         # PUBLISHes not routed: the client may not write the topic.
         "messages_denied",
+        # For $SYS and /metrics, with mosquitto's meanings: all packets and
+        # bytes in and out, PUBLISH payload bytes, the most clients
+        # connected at once, persistent sessions expired.
+        "packets_received",
+        "packets_sent",
+        "bytes_received",
+        "bytes_sent",
+        "publish_bytes_received",
+        "publish_bytes_sent",
+        "clients_maximum",
+        "clients_expired",
+        "connections_accepted",
+        # New retained topics, or persistent sessions, refused at a limit.
+        "retained_refused",
+        "sessions_refused",
+        # QoS 1/2 publishes refused because the store could not commit.
+        "store_refused",
     )
 
     def __init__(self):
@@ -43,6 +61,17 @@ class Stats:
 
 
 class Router:
+    # Bounds of the whole broker (0: none); see [limits].
+    max_persistent_sessions = 0
+    max_retained_messages = 0
+    # Seconds a persistent session may go unused, or None: for ever.
+    persistent_client_expiration = None
+    # Sampling of messages for the delivery latency metric: trace(message)
+    # gives a timed copy, for one message in trace_every.
+    trace = None
+    trace_every = 0
+    _until_trace = -1
+
     def __init__(self, clock, limits=SessionLimits(), max_qos=2, store=None):
         self.clock = clock
         self.limits = limits
@@ -57,6 +86,16 @@ class Router:
         # Who may write and read what (the ACL, reserved topics).
         self.access = Access()
         self.stats = Stats()
+        self._limited = {}
+        # $SYS topics with a retained value (not counted against the limit).
+        self.sys_topics = set()
+
+    def limited(self, name, logger=log):
+        """The rate-limited warning ``name`` of this broker (see RateLimited)."""
+        limited = self._limited.get(name)
+        if limited is None:
+            limited = self._limited[name] = RateLimited(logger)
+        return limited
 
     # Sessions
 
@@ -93,9 +132,68 @@ class Router:
         session.will = will
         return session, present
 
+    def may_start_session(self, client_id, clean_session):
+        """
+        Whether a CONNECT may go on: False when it would create one more
+        persistent session than ``max_persistent_sessions`` allows.
+        """
+        limit = self.max_persistent_sessions
+        if clean_session or not limit:
+            return True
+        existing = self.sessions.get(client_id)
+        if existing is not None and not existing.clean_session:
+            return True
+        if self.persistent_sessions() < limit:
+            return True
+        self.stats.sessions_refused += 1
+        return False
+
+    def persistent_sessions(self):
+        return sum(1 for s in self.sessions.values() if not s.clean_session)
+
+    def expire_sessions(self):
+        """
+        Remove persistent sessions whose client has been away longer than
+        ``persistent_client_expiration``, their queues with them (bridges'
+        own sessions never expire).  Returns how many went.
+        """
+        expiration = self.persistent_client_expiration
+        if expiration is None:
+            return 0
+        cutoff = self.clock.seconds() - expiration
+        expired = [
+            s
+            for s in self.sessions.values()
+            if s.connection is None
+            and not s.clean_session
+            and not s.client_id.startswith("\x00")
+            and s.last_seen is not None
+            and s.last_seen < cutoff
+        ]
+        for session in expired:
+            log.info(
+                "expiring persistent session of client {client_id}: away {away:.0f}s",
+                client_id=printable(session.client_id),
+                away=self.clock.seconds() - session.last_seen,
+            )
+            self._discard(session)
+        self.stats.clients_expired += len(expired)
+        return len(expired)
+
+    def delete_session(self, client_id):
+        """The admin API's delete: a session not in use, and its store rows."""
+        session = self.sessions.get(client_id)
+        if session is None or session.connection is not None:
+            return False
+        self._discard(session)
+        return True
+
     def disconnect(self, session, publish_will):
         """The connection holding ``session`` ended."""
         session.detach()
+        session.last_seen = self.clock.seconds()
+        if session.store is not None:
+            session.store.touch_session(session.client_id, session.last_seen)
         will, session.will = session.will, None
         if session.clean_session:
             self._discard(session)
@@ -127,8 +225,11 @@ class Router:
         """Retained messages and persistent sessions loaded from the store."""
         for topic, payload, qos in retained:
             self.retained.set(topic, Publish(topic, payload, qos, True))
+        now = self.clock.seconds() if sessions else None
         for stored in sessions:
             session = self._new_session(stored.client_id, False)
+            # Sessions stored before last_seen was recorded start counting now.
+            session.last_seen = stored.last_seen if stored.last_seen is not None else now
             for topic_filter, qos in stored.subscriptions.items():
                 session.subscriptions[topic_filter] = qos
                 self.subscriptions.add(topic_filter, session, qos)
@@ -159,6 +260,11 @@ class Router:
         for a persistent session): its publisher is acknowledged only once
         that is committed.
         """
+        # Without metrics the countdown never reaches zero.
+        self._until_trace -= 1
+        if not self._until_trace:
+            self._until_trace = self.trace_every
+            message = self.trace(message)
         durable = False
         retain = message.retain
         if retain:
@@ -181,12 +287,37 @@ class Router:
                 retain and session.retain_as_published,
             ):
                 durable = True
-        self.stats.messages_delivered += len(subscribers)
+        stats = self.stats
+        stats.messages_delivered += len(subscribers)
+        stats.publish_bytes_sent += len(message.payload) * len(subscribers)
         return durable
+
+    def publish_sys(self, message):
+        """
+        A $SYS update: kept as the topic's retained value in memory only
+        (the store is for clients' data) and sent to its subscribers.
+        """
+        self.retained.set(message.topic, message)
+        self.sys_topics.add(message.topic)
+        for session, granted in self.subscriptions.match(message.topic):
+            session.deliver(message, 0)
 
     def _retain(self, message):
         store = self.store
         if message.payload:
+            limit = self.max_retained_messages
+            if (
+                limit
+                and len(self.retained) - len(self.sys_topics) >= limit
+                and self.retained.get(message.topic) is None
+            ):
+                self.stats.retained_refused += 1
+                self.limited("retained").warn(
+                    "not retaining {topic}: max_retained_messages ({limit}) reached",
+                    topic=printable(message.topic),
+                    limit=limit,
+                )
+                return False
             self.retained.set(message.topic, message)
             if store is not None:
                 store.set_retained(message.topic, message.payload, message.qos)

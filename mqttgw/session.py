@@ -98,6 +98,9 @@ class Session:
         # Walks of the retained tree still to be delivered, oldest first.
         self._retained = deque()
         self._retained_call = None
+        # When its last connection ended (reactor time), for expiry.
+        self.last_seen = None
+        self.connected_since = None
 
     def __repr__(self):
         return f"<Session {self.client_id!r}>"
@@ -115,7 +118,7 @@ class Session:
         """
         self.connection = connection
         self._writable = True
-        now = self.clock.seconds()
+        now = self.connected_since = self.clock.seconds()
         for mid, flight in self.inflight.items():
             flight.due = now + self.limits.retry_interval
             flight.attempts = 0

@@ -7,9 +7,11 @@ Deferred that fires (in the reactor) once everything written before it is
 committed.  Loading happens once, at start-up, before the reactor runs.
 """
 
+import os
 import queue
 import sqlite3
 import threading
+import time
 from pathlib import Path
 
 import attr
@@ -19,7 +21,9 @@ from twisted.logger import Logger
 log = Logger()
 
 DB_NAME = "mqttgw.db"
-SCHEMA_VERSION = 1
+LOCK_NAME = "mqttgw.lock"
+# 2: sessions.last_seen (version 1 stores are upgraded in place).
+SCHEMA_VERSION = 2
 
 # --durability: what a commit survives, as SQLite's synchronous setting.
 DURABILITY = {
@@ -31,7 +35,7 @@ SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS retained (
     topic TEXT PRIMARY KEY, payload BLOB NOT NULL, qos INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS sessions (client_id TEXT PRIMARY KEY);
+CREATE TABLE IF NOT EXISTS sessions (client_id TEXT PRIMARY KEY, last_seen REAL);
 CREATE TABLE IF NOT EXISTS subscriptions (
     client_id TEXT NOT NULL, topic_filter TEXT NOT NULL, qos INTEGER NOT NULL,
     PRIMARY KEY (client_id, topic_filter));
@@ -64,6 +68,7 @@ class StoredDelivery:
 @attr.s(slots=True)
 class StoredSession:
     client_id = attr.ib()
+    last_seen = attr.ib(default=None)
     subscriptions = attr.ib(factory=dict)
     deliveries = attr.ib(factory=list)
     awaiting_pubrel = attr.ib(factory=set)
@@ -77,6 +82,38 @@ class _Barrier:
 
 
 _STOP = object()
+_PROBE = object()
+
+
+class StoreFailed(Exception):
+    """A commit failed: what waited for it is not safe."""
+
+
+def _lock(path):
+    """
+    An exclusive lock on the data directory for this process's life: a
+    second gateway on the same store would corrupt what both acknowledge.
+    """
+    import fcntl
+
+    try:
+        f = open(path, "a+")
+    except OSError as e:
+        raise StoreError(f"data directory {path.parent}: {e.strerror}") from None
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.seek(0)
+        holder = f.read().strip() or "another process"
+        f.close()
+        raise StoreError(
+            f"data directory {path.parent} is in use by another gateway (pid {holder})"
+        ) from None
+    f.seek(0)
+    f.truncate()
+    f.write(f"{os.getpid()}\n")
+    f.flush()
+    return f
 
 
 class Store:
@@ -95,11 +132,24 @@ class Store:
         # Work waiting for the commit of what was written this reactor turn.
         self._after_commit = []
         self._turn_end = None
+        self.data_dir = Path(data_dir)
+        # Health, as operators see it: None while commits succeed, else the
+        # error of the last failed commit or probe.
+        self.commits = 0
+        self.last_commit_seconds = None
+        self.last_commit_at = None
+        self.on_commit = None
+        self.on_state_change = None
         try:
             Path(data_dir).mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise StoreError(f"data directory {data_dir}: {e.strerror}") from None
-        self._db = self._open(DURABILITY[durability])
+        self._lock = _lock(self.data_dir / LOCK_NAME)
+        try:
+            self._db = self._open(DURABILITY[durability])
+        except StoreError:
+            self._lock.close()
+            raise
 
     def _open(self, synchronous):
         try:
@@ -113,6 +163,9 @@ class Store:
             row = db.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
             if row is None:
                 db.execute("INSERT INTO meta VALUES ('schema', ?)", (SCHEMA_VERSION,))
+            elif row[0] == 1:
+                db.execute("ALTER TABLE sessions ADD COLUMN last_seen REAL")
+                db.execute("UPDATE meta SET value = ? WHERE key = 'schema'", (SCHEMA_VERSION,))
             elif row[0] != SCHEMA_VERSION:
                 raise sqlite3.DatabaseError(f"schema version {row[0]} is not {SCHEMA_VERSION}")
         except sqlite3.Error as e:
@@ -127,8 +180,8 @@ class Store:
             db = self._db
             retained = db.execute("SELECT topic, payload, qos FROM retained").fetchall()
             sessions = {
-                cid: StoredSession(cid)
-                for (cid,) in db.execute("SELECT client_id FROM sessions")
+                cid: StoredSession(cid, last_seen)
+                for (cid, last_seen) in db.execute("SELECT client_id, last_seen FROM sessions")
             }
             for cid, topic_filter, qos in db.execute(
                 "SELECT client_id, topic_filter, qos FROM subscriptions"
@@ -158,6 +211,19 @@ class Store:
             self._thread.join()
             self._thread = None
         self._db.close()
+        self._lock.close()
+
+    @property
+    def state(self):
+        return "ok" if self.failed is None else "failed"
+
+    def probe(self):
+        """
+        Check, in the writer thread, that the data directory still takes a
+        new file and the database a commit; a failure makes the store
+        failed (as a failed commit does) until a later commit succeeds.
+        """
+        self._queue.put(_PROBE)
 
     # Writes, from the reactor thread
 
@@ -183,7 +249,7 @@ class Store:
     def _end_turn(self):
         self._turn_end = None
         waiting, self._after_commit = self._after_commit, []
-        self.barrier().addCallback(_run_all, waiting)
+        self.barrier().addCallbacks(_run_all, _fail_all, (waiting,), None, (waiting,))
 
     def set_retained(self, topic, payload, qos):
         self.write("INSERT OR REPLACE INTO retained VALUES (?, ?, ?)", (topic, payload, qos))
@@ -192,7 +258,10 @@ class Store:
         self.write("DELETE FROM retained WHERE topic = ?", (topic,))
 
     def add_session(self, client_id):
-        self.write("INSERT OR IGNORE INTO sessions VALUES (?)", (client_id,))
+        self.write("INSERT OR IGNORE INTO sessions VALUES (?, NULL)", (client_id,))
+
+    def touch_session(self, client_id, last_seen):
+        self.write("UPDATE sessions SET last_seen = ? WHERE client_id = ?", (last_seen, client_id))
 
     def delete_session(self, client_id):
         for table in ("sessions", "subscriptions", "deliveries", "awaiting_pubrel"):
@@ -269,37 +338,82 @@ class Store:
         db = self._db
         barriers = []
         carry_on = True
+        probe = False
         # Runs of the same statement go to SQLite as one executemany.
         runs = []
         for item in batch:
             if item is _STOP:
                 carry_on = False
+            elif item is _PROBE:
+                probe = True
             elif isinstance(item, _Barrier):
                 barriers.append(item)
             elif runs and runs[-1][0] == item[0]:
                 runs[-1][1].append(item[1])
             else:
                 runs.append((item[0], [item[1]]))
+        started = time.perf_counter()
         try:
+            if probe:
+                self._probe_directory()
             db.execute("BEGIN")
             for sql, args in runs:
                 db.executemany(sql, args)
+            if probe:
+                db.execute("UPDATE meta SET value = value WHERE key = 'schema'")
             db.execute("COMMIT")
-        except sqlite3.Error as e:
+        except (sqlite3.Error, OSError) as e:
             # The disk failed us: nothing in this batch is acknowledged as
-            # safe; the clients will send it again.
+            # safe.  Those waiting are told, so their clients see it (the
+            # connection closes, and they send again) instead of waiting for
+            # ever.
+            was_ok = self.failed is None
             self.failed = e
-            call_in_reactor(
-                log.critical, "store {path}: write failed: {error}", path=self.path, error=e
-            )
+            if was_ok:
+                call_in_reactor(self._state_changed, e)
             try:
                 db.execute("ROLLBACK")
             except sqlite3.Error:
                 pass
+            for barrier in barriers:
+                call_in_reactor(barrier.deferred.errback, StoreFailed(str(e)))
             return carry_on
+        elapsed = time.perf_counter() - started
+        self.commits += 1
+        self.last_commit_seconds = elapsed
+        self.last_commit_at = time.monotonic()
+        if self.on_commit is not None:
+            self.on_commit(elapsed)
+        # Only a probe (a new file and a commit) clears a failure: a commit
+        # to an open database can succeed where the directory cannot take
+        # a new file.
+        if self.failed is not None and probe:
+            self.failed = None
+            call_in_reactor(self._state_changed, None)
         for barrier in barriers:
             call_in_reactor(barrier.deferred.callback, None)
         return carry_on
+
+    def _probe_directory(self):
+        probe = self.data_dir / ".probe"
+        with open(probe, "wb") as f:
+            f.write(b"mqttgw")
+            f.flush()
+            os.fsync(f.fileno())
+        probe.unlink()
+
+    def _state_changed(self, error):
+        if error is not None:
+            log.critical(
+                "store {path}: cannot write: {error}; publishes that need the store"
+                " are refused (their connections closed) until it can",
+                path=self.path,
+                error=str(error),
+            )
+        else:
+            log.warn("store {path}: writable again", path=self.path)
+        if self.on_state_change is not None:
+            self.on_state_change(error)
 
 
 class OrderedAcks:
@@ -325,7 +439,25 @@ class OrderedAcks:
         self._waiting -= 1
         self._write(ack)
 
+    # Called instead of _release when the commit failed.
+    on_failure = None
+
 
 def _run_all(_, callbacks):
     for callback, args in callbacks:
         callback(*args)
+
+
+def _fail_all(reason, callbacks):
+    """
+    The commit these waited for failed: whoever holds an ack that cannot
+    be sent is told (once), everything else waits for a retry.
+    """
+    told = set()
+    for callback, args in callbacks:
+        owner = getattr(callback, "__self__", None)
+        failed = getattr(owner, "on_failure", None)
+        if failed is not None and id(owner) not in told:
+            told.add(id(owner))
+            failed(reason.value)
+    return None

@@ -4,7 +4,6 @@ The twistd plugin's options and service: ``twistd -n mqttgw --tcp 1883``.
 
 import sys
 
-from twisted.application import strports
 from twisted.application.service import MultiService, Service
 from twisted.internet.threads import deferToThread
 from twisted.internet.endpoints import serverFromString
@@ -15,7 +14,7 @@ from twisted.protocols.tls import TLSMemoryBIOFactory
 
 from twisted.python.threadpool import ThreadPool
 
-from mqttgw import config
+from mqttgw import __version__, config, logs
 from mqttgw.acl import ACL, Access
 from mqttgw.auth import (
     AuthConfigError,
@@ -100,6 +99,15 @@ def _flag_keys():
     return [k for k in config.KEYS if k.type is not list]
 
 
+def _help(key):
+    """A flag's help: what it does, its key, and a default worth showing."""
+    if key.type is bool:
+        return f"{key.flag_help or key.help} [{key.path}]"
+    if key.default in ("", None, []):
+        return f"{key.help} [{key.path}]"
+    return f"{key.help} [{key.path}, default {key.default}]"
+
+
 class Options(usage.Options):
     synopsis = "[--tcp PORT]... [--ws PORT]... [--tls PORT --cert F --key F]... [options]"
     longdesc = (
@@ -109,13 +117,20 @@ class Options(usage.Options):
         " the --config TOML file; options given here win over the file."
     )
     optParameters = [["config", "c", None, "TOML configuration file"]] + [
-        [k.flag, None, None, f"{k.help} [{k.path}, default {k.default}]"]
-        for k in _flag_keys()
-        if k.type is not bool
+        [k.flag, None, None, _help(k)] for k in _flag_keys() if k.type is not bool
     ]
-    optFlags = [
-        [k.flag, None, f"{k.help} [{k.path}]"] for k in _flag_keys() if k.type is bool
-    ] + [["no-anonymous", None, "refuse clients without a user name [auth.allow_anonymous]"]]
+    optFlags = [[k.flag, None, _help(k)] for k in _flag_keys() if k.type is bool] + [
+        ["no-anonymous", None, "refuse clients without a user name [auth.allow_anonymous]"]
+    ]
+
+    def opt_version(self):
+        """Print mqttgw's version and exit."""
+        import platform
+
+        import twisted
+
+        print(f"mqttgw {__version__} (Twisted {twisted.__version__}, Python {platform.python_version()})")
+        sys.exit(0)
 
     def __init__(self):
         super().__init__()
@@ -134,23 +149,20 @@ class Options(usage.Options):
             try:
                 value = key.type(raw)
             except ValueError:
-                raise usage.UsageError(
+                raise config.ConfigError(
                     f"--{key.flag} must be {config._type_name(key.type)}, not {raw!r}"
                 ) from None
-            try:
-                values[key.path] = config.check_value(key, value, f"--{key.flag}")
-            except config.ConfigError as e:
-                raise usage.UsageError(str(e)) from None
+            values[key.path] = config.check_value(key, value, f"--{key.flag}")
         if self["no-anonymous"]:
             if self["allow-anonymous"]:
-                raise usage.UsageError("--allow-anonymous and --no-anonymous contradict each other")
+                raise config.ConfigError("--allow-anonymous and --no-anonymous contradict each other")
             values["auth.allow_anonymous"] = False
         values.update(self.lists)
         return values
 
     def postOptions(self):
-        flags = self._flag_values()
         try:
+            flags = self.flag_values = self._flag_values()
             from_file = config.load_file(self["config"]) if self["config"] else {}
             settings = config.build(from_file, flags)
             _check_listeners(settings)
@@ -158,10 +170,14 @@ class Options(usage.Options):
             self.bridges = _check_bridges(settings)
             self.auth_files = load_auth_files(settings)
             self.listener_tables = _check_listener_tables(settings)
+            _check_http(settings)
         except config.ConfigError as e:
             # One line naming the problem, not a page of usage.
             sys.exit(f"mqttgw: {e}")
         self.settings = settings
+        parent = getattr(self, "parent", None)
+        if parent is not None:
+            logs.use_under_twistd(parent, settings["log.format"])
 
 
 def _repeatable(key):
@@ -178,17 +194,42 @@ for _key in config.KEYS:
         setattr(Options, "opt_" + _key.flag.replace("-", "_"), _repeatable(_key))
 
 
-def _check_listeners(settings):
+def check_endpoint(listener, where):
+    """A listening endpoint for ``listener``, or ConfigError naming it."""
     from twisted.internet import reactor
 
+    try:
+        endpoint = serverFromString(reactor, endpoint_description(listener))
+    except (ValueError, TypeError, KeyError) as e:
+        raise config.ConfigError(f"{where}: {listener!r} is not a port or endpoint: {e}") from None
+    port = getattr(endpoint, "_port", None)
+    if isinstance(port, int) and not 0 <= port <= 65535:
+        raise config.ConfigError(f"{where}: {listener!r}: port {port} is not in 0-65535")
+    return endpoint
+
+
+def _check_listeners(settings):
     for path in config.LISTENERS:
         for listener in settings[path]:
-            try:
-                serverFromString(reactor, endpoint_description(listener))
-            except (ValueError, TypeError, KeyError) as e:
-                raise config.ConfigError(
-                    f"{path}: {listener!r} is not a port or endpoint: {e}"
-                ) from None
+            check_endpoint(listener, path)
+
+
+def _check_http(settings):
+    """The admin listener beyond loopback needs a way to check credentials."""
+    from mqttgw.admin import is_loopback
+
+    address = settings["http.address"]
+    if not address:
+        return
+    description = http_description(address)
+    check_endpoint(description, "http.address")
+    if not is_loopback(_http_host(description)):
+        auth = settings.section("auth")
+        if not (auth["password_file"] or auth["jwt_secret_file"] or auth["jwt_public_key"]):
+            raise config.ConfigError(
+                f"http.address {address} is reachable beyond this machine: it needs"
+                " auth.password_file or a token key, and http.admin_users"
+            )
 
 
 def _check_bridges(settings):
@@ -213,16 +254,11 @@ def _check_bridges(settings):
 
 def _check_listener_tables(settings):
     """[[listener]] tables with their addresses and TLS files checked."""
-    from twisted.internet import reactor
-
     checked = []
     tls = settings.section("tls")
     for table in settings["listener_tables"]:
         where = f"listener {table['kind']} {table['address']}"
-        try:
-            serverFromString(reactor, endpoint_description(table["address"]))
-        except (ValueError, TypeError, KeyError) as e:
-            raise config.ConfigError(f"{where}: not a port or endpoint: {e}") from None
+        check_endpoint(table["address"], where)
         table = dict(table)
         if table["kind"] in ("tls", "wss"):
             cert, key = table.get("cert") or tls["cert"], table.get("key") or tls["key"]
@@ -259,85 +295,6 @@ def load_auth_files(settings):
     return table, acl, tokens
 
 
-class AuthService(Service):
-    """
-    The hashing threads, and reload on SIGHUP: the password file and the
-    ACL are read again (off the reactor thread) and swapped in at once; a
-    file that fails to parse leaves the old rules in force.  SIGUSR1 and
-    SIGUSR2 are ignored rather than left to kill the process.
-    """
-
-    token_checkers = ()
-
-    def __init__(self, reactor, settings, checker, access, pool):
-        self.reactor = reactor
-        self.settings = settings
-        self.checker = checker
-        self.access = access
-        self.pool = pool
-
-    def reload_tls(self):
-        """New handshakes use the renewed certificates; current ones go on."""
-
-        def load_all():
-            return [(listener, listener.load()) for listener in self.renewable_tls]
-
-        def swap(loaded):
-            for listener, renewed in loaded:
-                listener.options = renewed
-            if loaded:
-                log.info("reloaded: {n} TLS certificate(s)", n=len(loaded))
-
-        def failed(reason):
-            log.error("certificate reload failed, the old ones stay in use: {error}",
-                      error=reason.getErrorMessage())
-
-        return deferToThread(load_all).addCallbacks(swap, failed)
-
-    def startService(self):
-        super().startService()
-        import signal
-
-        self.pool.start()
-        self.reactor.addSystemEventTrigger("during", "shutdown", self.pool.stop)
-        signal.signal(signal.SIGHUP, lambda *_: self.reactor.callFromThread(self.reload))
-        for name in ("SIGUSR1", "SIGUSR2"):
-            signal.signal(getattr(signal, name), lambda signum, _: self.reactor.callFromThread(
-                log.info, "ignoring signal {signum}", signum=signum))
-
-    renewable_tls = ()
-
-    def reload(self):
-        log.info("SIGHUP: reading the password file, ACL, token keys and certificates again")
-        self.reload_tls()
-        d = deferToThread(load_auth_files, self.settings)
-
-        def swap(files):
-            table, acl, tokens = files
-            checker = self.checker
-            for listener_checker in self.token_checkers:
-                if listener_checker.tokens is not None:
-                    listener_checker.tokens = tokens
-            if isinstance(checker, TokenOrPasswordChecker):
-                checker.tokens = tokens
-                checker = checker.passwords
-            if isinstance(checker, PasswordChecker) and table is not None:
-                checker.replace(table)
-            if acl is not None:
-                self.access.replace(acl)
-            log.info("reloaded: {users} users, ACL {acl}, token keys {tokens}",
-                     users=len(table.entries) if table else 0,
-                     acl="in force" if acl is not None else "none",
-                     tokens="in force" if tokens is not None else "none")
-
-        def failed(reason):
-            log.error("reload failed, the old rules stay in force: {error}",
-                      error=reason.getErrorMessage())
-
-        d.addCallbacks(swap, failed)
-        return d
-
-
 def _tls_options(settings):
     if not (settings["listeners.tls"] or settings["listeners.wss"]):
         return None
@@ -347,21 +304,44 @@ def _tls_options(settings):
     )
 
 
-def build_router(settings, clock, store=None):
+def session_limits(settings):
     limits = settings.section("limits")
     mqtt = settings.section("mqtt")
-    return Router(
-        clock,
-        SessionLimits(
-            max_inflight_messages=limits["max_inflight_messages"],
-            max_queued_messages=limits["max_queued_messages"],
-            max_queued_bytes=limits["max_queued_bytes"],
-            queue_qos0_messages=mqtt["queue_qos0_messages"],
-            retry_interval=mqtt["retry_interval"],
-            retry_max_interval=mqtt["retry_max_interval"],
-        ),
-        max_qos=mqtt["max_qos"],
-        store=store,
+    return SessionLimits(
+        max_inflight_messages=limits["max_inflight_messages"],
+        max_queued_messages=limits["max_queued_messages"],
+        max_queued_bytes=limits["max_queued_bytes"],
+        queue_qos0_messages=mqtt["queue_qos0_messages"],
+        retry_interval=mqtt["retry_interval"],
+        retry_max_interval=mqtt["retry_max_interval"],
+    )
+
+
+def configure_router(router, settings):
+    """What of the router's behaviour the configuration sets (and SIGHUP renews)."""
+    router.limits = session_limits(settings)
+    router.max_qos = settings["mqtt.max_qos"]
+    router.max_persistent_sessions = settings["limits.max_persistent_sessions"]
+    router.max_retained_messages = settings["limits.max_retained_messages"]
+    router.persistent_client_expiration = settings["persistence.persistent_client_expiration"]
+
+
+def build_router(settings, clock, store=None):
+    router = Router(clock, store=store)
+    configure_router(router, settings)
+    return router
+
+
+def connection_limits(settings):
+    limits = settings.section("limits")
+    return ConnectionLimits(
+        max_packet_size=limits["max_packet_size"],
+        max_connect_size=limits["max_connect_size"],
+        connect_timeout=limits["connect_timeout"],
+        max_connections=connection_limit(limits["max_connections"], log),
+        reject_control_characters=settings["mqtt.reject_control_characters"],
+        allow_long_client_ids=settings["mqtt.allow_long_client_ids"],
+        connection_messages=settings["log.connection_messages"],
     )
 
 
@@ -383,6 +363,15 @@ class WorkerService(Service):
         return deferToThread(self.worker.stop)
 
 
+def check_archive_filters(settings):
+    a = settings.section("archive")
+    for topic_filter in a["include"] + a["exclude"]:
+        try:
+            validate_topic_filter(topic_filter)
+        except InvalidTopic as e:
+            raise config.ConfigError(f"archive.include/exclude: {e}") from None
+
+
 def open_archive(settings, reactor):
     """The archive, or None when archive.directory is empty."""
     a = settings.section("archive")
@@ -394,11 +383,10 @@ def open_archive(settings, reactor):
         sys.exit("mqttgw: archive.directory needs pyarrow: pip install 'mqttgw[archive]'")
     import socket
 
-    for topic_filter in a["include"] + a["exclude"]:
-        try:
-            validate_topic_filter(topic_filter)
-        except InvalidTopic as e:
-            sys.exit(f"mqttgw: archive.include/exclude: {e}")
+    try:
+        check_archive_filters(settings)
+    except config.ConfigError as e:
+        sys.exit(f"mqttgw: {e}")
     return Archive(
         a["directory"],
         reactor,
@@ -423,33 +411,127 @@ def open_store(settings, reactor):
         sys.exit(f"mqttgw: {e}")
 
 
+def http_description(address):
+    """
+    ``--http``: a bare port listens on loopback only; ``HOST:PORT`` on that
+    host; anything else is an endpoint string.
+    """
+    if address.isdigit():
+        return f"tcp:{address}:interface=127.0.0.1"
+    host, sep, port = address.rpartition(":")
+    if sep and port.isdigit() and not host.startswith(("tcp", "ssl", "unix")):
+        host = host.strip("[]")
+        return f"tcp{'6' if ':' in host else ''}:{port}:interface={host.replace(':', chr(92) + ':')}"
+    return address
+
+
+def _http_host(description):
+    for part in description.split(":"):
+        if part.startswith("interface="):
+            return part[len("interface="):].replace("\\", "")
+    return "0.0.0.0"
+
+
+class Parts:
+    """What the running gateway is made of, for reload and the admin API."""
+
+    top = router = pool = checker = gateway = sys_topics = archive = None
+    had_passwords = had_tokens = None
+
+    def __init__(self):
+        self.factories = []
+        self.bridges = []
+
+
+class GatewayService(Service):
+    """
+    Starts the periodic work (store probe, expiry sweep, $SYS) once the
+    listeners are bound, and says what is running in one summary.
+    """
+
+    def __init__(self, parts, settings, restored):
+        self.parts = parts
+        self.settings = settings
+        self.restored = restored
+
+    def startService(self):
+        super().startService()
+        parts = self.parts
+        parts.gateway.start()
+        if parts.sys_topics is not None:
+            parts.sys_topics.start()
+        self.summary()
+
+    def stopService(self):
+        super().stopService()
+        self.parts.gateway.stop()
+        if self.parts.sys_topics is not None:
+            self.parts.sys_topics.stop()
+
+    def summary(self):
+        settings = self.settings
+        parts = self.parts
+        listeners = ", ".join(
+            f"{l.kind} {l.address}"
+            + (" TLS" if l.secure else "")
+            + (" anonymous" if l.anonymous else "")
+            for l in parts.gateway.listeners
+        )
+        persistence = settings.section("persistence")
+        if parts.router.store is not None:
+            store = f"data dir {persistence['data_dir']} (durability {persistence['durability']})"
+        else:
+            store = "no persistence (memory only)"
+        retained, sessions = self.restored
+        queued = sum(len(s.deliveries) for s in sessions)
+        log.info(
+            "mqttgw {version} running: listeners {listeners}; {store}; restored {sessions}"
+            " persistent session(s) with {queued} queued message(s) and {retained} retained"
+            " message(s); bridges {bridges}; archive {archive}; $SYS every {sys}s; log level {log_level_name}",
+            version=__version__,
+            listeners=listeners,
+            store=store,
+            sessions=len(sessions),
+            queued=queued,
+            retained=len(retained),
+            bridges=", ".join(b.settings.name for b in parts.bridges) or "none",
+            archive=settings["archive.directory"] or "off",
+            sys=settings["mqtt.sys_interval"],
+            log_level_name=settings["log.level"],
+        )
+
+
 def makeService(options, reactor=None):
     if reactor is None:
         from twisted.internet import reactor
+    from mqttgw.admin import admin_site, is_loopback
+    from mqttgw.gateway import Gateway
+    from mqttgw.listening import ListenerService
+    from mqttgw.metrics import Metrics
+    from mqttgw.reload import ReloadService
+    from mqttgw.systopics import SysTopics
+
     settings = options.settings
-    store, (retained, sessions) = open_store(settings, reactor)
+    logs.set_level(settings["log.level"])
+    store, restored = open_store(settings, reactor)
     router = build_router(settings, reactor, store)
-    router.restore(retained, sessions)
+    router.restore(*restored)
     limits = settings.section("limits")
-    connection_limits = ConnectionLimits(
-        max_packet_size=limits["max_packet_size"],
-        max_connect_size=limits["max_connect_size"],
-        connect_timeout=limits["connect_timeout"],
-        max_connections=connection_limit(limits["max_connections"], log),
-        reject_control_characters=settings["mqtt.reject_control_characters"],
-        allow_long_client_ids=settings["mqtt.allow_long_client_ids"],
-        connection_messages=settings["log.connection_messages"],
-    )
+    parts = Parts()
+    parts.router = router
+    top = parts.top = MultiService()
     # Who may connect, and what they may touch.
     auth = settings.section("auth")
     table, acl, tokens = options.auth_files
+    parts.had_passwords, parts.had_tokens = table, tokens
     router.access = Access(acl, auth["analytics_writers"])
     allow_anonymous = auth["allow_anonymous"]
     if allow_anonymous is None:
         allow_anonymous = table is None and tokens is None
-    pool = ThreadPool(0, 2, "mqttgw-auth")
+    pool = parts.pool = ThreadPool(0, 2, "mqttgw-auth")
     passwords = PasswordChecker(table, reactor, pool) if table is not None else None
-    checker = credentials_checker(passwords, tokens, reactor, pool)
+    checker = parts.checker = credentials_checker(passwords, tokens, reactor, pool)
+    reloader = ReloadService(reactor, options, parts)
 
     def portal_for(anonymous, methods=None):
         """A portal for a listener accepting ``methods`` (None: all configured)."""
@@ -463,25 +545,27 @@ def makeService(options, reactor=None):
             )
             if isinstance(listener_checker, TokenOrPasswordChecker):
                 # Shares the reload of the main checker.
-                reloads.append(listener_checker)
+                reloader.token_checkers.append(listener_checker)
         if listener_checker is None and anonymous:
             return None
         return make_portal(listener_checker, anonymous)
 
-    reloads = []
-
     portal = portal_for(allow_anonymous)
     # One flusher for the reactor: output of all listeners leaves together.
     flusher = Flusher(reactor)
-    factory = MQTTServerFactory(router, connection_limits, reactor, flusher, portal=portal)
-    tls_factory = MQTTServerFactory(
-        router,
-        connection_limits,
-        reactor,
-        flusher,
-        identity_as_username=settings["tls.use_identity_as_username"],
-        portal=portal,
-    )
+    limits_now = connection_limits(settings)
+
+    def mqtt_factory(kind, portal, identity_as_username=False):
+        factory = MQTTServerFactory(
+            router, limits_now, reactor, flusher,
+            identity_as_username=identity_as_username, portal=portal,
+        )
+        factory.kind = kind
+        parts.factories.append(factory)
+        return factory
+
+    factory = mqtt_factory("tcp", portal)
+    tls_factory = mqtt_factory("tls", portal, settings["tls.use_identity_as_username"])
     ws = settings.section("websocket")
 
     def site(mqtt_factory, secure=False, allowed_origins=None):
@@ -507,71 +591,97 @@ def makeService(options, reactor=None):
             else:
                 load = lambda: server_options(*files)  # noqa: E731
             renewable[key] = ReloadableServerTLS(tls_options or options.tls_options, load)
-        return TLSMemoryBIOFactory(renewable[key], False, wrapped)
+        wrapper = TLSMemoryBIOFactory(renewable[key], False, wrapped)
+        wrapper.noisy = False
+        return wrapper
 
-    top = MultiService()
-    auth_service = AuthService(reactor, settings, checker, router.access, pool)
-    auth_service.setServiceParent(top)
+    reloader.setServiceParent(top)
     if store is not None:
         # First in, so last to stop: connections close before it commits.
         WorkerService(store).setServiceParent(top)
-    archive = open_archive(settings, reactor)
+    archive = parts.archive = open_archive(settings, reactor)
     if archive is not None:
         router.recorder = archive
         WorkerService(archive).setServiceParent(top)
-    listeners = [
-        ("listeners.tcp", lambda: factory),
-        ("listeners.tls", lambda: tls(tls_factory)),
-        ("listeners.ws", lambda: site(factory)),
-        ("listeners.wss", lambda: tls(site(tls_factory, secure=True))),
-    ]
-    for path, make_factory in listeners:
-        for listener in settings[path]:
-            if allow_anonymous and not (path.endswith("tls") and settings["tls.use_identity_as_username"]):
-                log.warn(
-                    "listener {listener} ({kind}) accepts anonymous clients: anyone who can"
-                    " reach it may publish and subscribe (set auth.password_file, or"
-                    " auth.allow_anonymous = false)",
-                    listener=listener,
-                    kind=path.split(".")[1],
-                )
-            strports.service(
-                endpoint_description(listener, limits["listen_backlog"]),
-                make_factory(),
-                reactor=reactor,
-            ).setServiceParent(top)
-    # [[listener]] tables: each with its own factory, portal and TLS.
-    for table in options.listener_tables:
-        kind = table["kind"]
-        anonymous = table.get("allow_anonymous", allow_anonymous)
-        listener_factory = MQTTServerFactory(
-            router,
-            connection_limits,
+    gateway = parts.gateway = Gateway(router, reactor, store, archive)
+    gateway.bridges = parts.bridges
+
+    def listen(kind, address, made, anonymous):
+        listener = ListenerService(
             reactor,
-            flusher,
-            identity_as_username=table.get(
-                "use_identity_as_username", settings["tls.use_identity_as_username"]
-            ),
-            portal=portal_for(anonymous, table.get("auth")),
+            kind,
+            endpoint_description(address, limits["listen_backlog"]),
+            made,
+            secure=kind in ("tls", "wss"),
+            anonymous=anonymous,
+            name=address,
         )
-        made = listener_factory
-        if kind in ("ws", "wss"):
-            made = site(listener_factory, kind == "wss", table.get("allowed_origins"))
-        if kind in ("tls", "wss"):
-            made = tls(made, table["tls_options"], table["tls_files"])
+        gateway.listeners.append(listener)
+        listener.setServiceParent(top)
         if anonymous:
             log.warn(
                 "listener {listener} ({kind}) accepts anonymous clients: anyone who can"
-                " reach it may publish and subscribe",
-                listener=table["address"],
+                " reach it may publish and subscribe (set auth.password_file, or"
+                " auth.allow_anonymous = false)",
+                listener=address,
                 kind=kind,
             )
-        strports.service(
-            endpoint_description(table["address"], limits["listen_backlog"]), made, reactor=reactor
-        ).setServiceParent(top)
-    auth_service.token_checkers = reloads
-    auth_service.renewable_tls = list(renewable.values())
+
+    listeners = [
+        ("tcp", lambda: factory),
+        ("tls", lambda: tls(tls_factory)),
+        ("ws", lambda: site(factory)),
+        ("wss", lambda: tls(site(tls_factory, secure=True))),
+    ]
+    for kind, make_factory in listeners:
+        for address in settings[f"listeners.{kind}"]:
+            identity = kind in ("tls", "wss") and settings["tls.use_identity_as_username"]
+            listen(kind, address, make_factory(), allow_anonymous and not identity)
+    # [[listener]] tables: each with its own factory, portal and TLS.
+    for table_ in options.listener_tables:
+        kind = table_["kind"]
+        anonymous = table_.get("allow_anonymous", allow_anonymous)
+        listener_factory = mqtt_factory(
+            kind,
+            portal_for(anonymous, table_.get("auth")),
+            table_.get("use_identity_as_username", settings["tls.use_identity_as_username"]),
+        )
+        made = listener_factory
+        if kind in ("ws", "wss"):
+            made = site(listener_factory, kind == "wss", table_.get("allowed_origins"))
+        if kind in ("tls", "wss"):
+            made = tls(made, table_["tls_options"], table_["tls_files"])
+        listen(kind, table_["address"], made, anonymous)
+    reloader.renewable_tls = list(renewable.values())
     for kind, bridge in options.bridges:
-        kind.make_service(router, bridge, reactor).setServiceParent(top)
+        service = kind.make_service(router, bridge, reactor)
+        parts.bridges.append(service)
+        service.setServiceParent(top)
+    # $SYS, metrics and the admin listener.
+    if settings["mqtt.sys_interval"] > 0:
+        parts.sys_topics = SysTopics(
+            router, reactor, settings["mqtt.sys_interval"], parts.bridges, store
+        )
+    http = settings["http.address"]
+    if http:
+        metrics = Metrics(router, gateway.listeners, parts.bridges, store, archive)
+        description = http_description(http)
+        admin_portal = None
+        if not is_loopback(_http_host(description)):
+            admin_portal = make_portal(checker, False)
+            log.warn(
+                "admin listener {address} is reachable beyond this machine: /metrics"
+                " and /api/ ask for the credentials of http.admin_users ({users})",
+                address=http,
+                users=", ".join(settings["http.admin_users"]) or "none yet",
+            )
+        ListenerService(
+            reactor, "http", description,
+            admin_site(gateway, metrics, admin_portal, settings["http.admin_users"]),
+            name=http,
+        ).setServiceParent(top)
+        gateway.http = description
+    GatewayService(parts, settings, restored).setServiceParent(top)
     top.router = router
+    top.parts = parts
     return top

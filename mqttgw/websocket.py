@@ -10,7 +10,7 @@ of bytes.
 
 import json
 import time
-from ipaddress import ip_address
+from ipaddress import ip_address, ip_network
 
 from autobahn.twisted.resource import WebSocketResource
 from autobahn.twisted.websocket import WebSocketServerFactory, WebSocketServerProtocol
@@ -137,7 +137,7 @@ class MQTTWebSocketProtocol(WebSocketServerProtocol):
         peer = self.transport.getPeer()
         forwarded = request.headers.get("x-forwarded-for")
         host = getattr(peer, "host", None)
-        if forwarded and host in self.factory.trusted_proxies:
+        if forwarded and self.factory.is_trusted_proxy(host):
             # The right-most address is the one our trusted proxy saw.
             client = forwarded.split(",")[-1].strip()
             try:
@@ -156,6 +156,7 @@ class MQTTWebSocketProtocol(WebSocketServerProtocol):
     def onOpen(self):
         # The connection was counted against the limit when it was accepted.
         mqtt = self._mqtt = self.factory.mqtt_factory.admit(self._peer)
+        mqtt.listener_kind = "wss" if self.factory.isSecure else "ws"
         self._transport = _Transport(self, self._peer, self.maxMessagePayloadSize)
         mqtt.makeConnection(self._transport)
 
@@ -241,7 +242,9 @@ class MQTTWebSocketFactory(WebSocketServerFactory):
     ):
         super().__init__(protocols=list(SUBPROTOCOLS))
         self.mqtt_factory = mqtt_factory
-        self.trusted_proxies = frozenset(trusted_proxies)
+        self.trusted_proxies = [
+            p if not isinstance(p, str) else ip_network(p, strict=False) for p in trusted_proxies
+        ]
         self.allowed_origins = frozenset(o.rstrip("/").lower() for o in allowed_origins)
         self.scheme = "https" if secure else "http"
         options = dict(
@@ -269,6 +272,15 @@ class MQTTWebSocketFactory(WebSocketServerFactory):
             options["perMessageCompressionAccept"] = accept
         self.setProtocolOptions(**options)
 
+    def is_trusted_proxy(self, host):
+        """Whether ``host`` is, or is in a network of, ``trusted_proxies``."""
+        if not self.trusted_proxies or host is None:
+            return False
+        try:
+            address = ip_address(host)
+        except ValueError:
+            return False
+        return any(address in network for network in self.trusted_proxies)
 
     def origin_allowed(self, origin, host):
         """

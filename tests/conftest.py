@@ -45,6 +45,13 @@ def gateway(tmp_path):
     gw.stop()
     log = gw.log()
     assert "Traceback" not in log and "Unhandled" not in log, log
+    check_log_is_readable(log)
+
+
+def check_log_is_readable(log):
+    """No NUL (grep would take the file for binary), no object reprs."""
+    assert "\x00" not in log, "a NUL byte in the log"
+    assert " object at 0x" not in log, [l for l in log.splitlines() if " object at 0x" in l]
 
 
 @pytest.fixture
@@ -65,3 +72,4 @@ def gateway_with(tmp_path):
     for gw in started:
         gw.stop()
         assert "Traceback" not in gw.log(), gw.log()
+        check_log_is_readable(gw.log())

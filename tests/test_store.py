@@ -219,7 +219,7 @@ def test_store_path_that_is_a_directory_is_an_error_naming_it(tmp_path):
 
 
 def test_store_of_another_schema_version_is_refused(tmp_path):
-    Store(tmp_path, reactor=None)._db.close()
+    Store(tmp_path, reactor=None).stop()
     db = sqlite3.connect(tmp_path / "mqttgw.db")
     db.execute("UPDATE meta SET value = 99 WHERE key = 'schema'")
     db.commit()
@@ -232,3 +232,31 @@ def test_data_dir_that_cannot_be_made_is_an_error(tmp_path):
     (tmp_path / "file").write_text("")
     with pytest.raises(StoreError, match="data directory"):
         Store(tmp_path / "file" / "sub", reactor=None)
+
+
+def test_a_second_store_on_the_same_directory_is_refused(tmp_path):
+    first = Store(tmp_path, reactor=None)
+    with pytest.raises(StoreError, match=r"in use by another gateway \(pid \d+\)"):
+        Store(tmp_path, reactor=None)
+    first.stop()
+    Store(tmp_path, reactor=None).stop()
+
+
+def test_a_version_1_store_is_upgraded_and_its_sessions_kept(tmp_path):
+    db = sqlite3.connect(tmp_path / "mqttgw.db")
+    db.executescript(
+        "CREATE TABLE meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);"
+        "INSERT INTO meta VALUES ('schema', 1);"
+        "CREATE TABLE sessions (client_id TEXT PRIMARY KEY);"
+        "INSERT INTO sessions VALUES ('old');"
+    )
+    db.commit()
+    db.close()
+    store = Store(tmp_path, reactor=None)
+    _, sessions = store.load()
+    assert [(s.client_id, s.last_seen) for s in sessions] == [("old", None)]
+    store.touch_session("old", 1234.5)
+    store.run_pending()
+    _, sessions = store.load()
+    assert sessions[0].last_seen == 1234.5
+    store.stop()

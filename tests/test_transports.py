@@ -487,7 +487,7 @@ def test_sighup_renews_the_tls_certificate_for_new_handshakes(gateway_with, tmp_
     assert before.recv(4) == P.Connack(0).encode()
     new_ca = issue("new")
     gw.process.send_signal(signal.SIGHUP)
-    gw.wait_for_log("reloaded: 1 TLS certificate(s)")
+    gw.wait_for_log("1 TLS certificate(s)")
     handshake(tls_port, new_ca).close()
     with pytest.raises(ssl.SSLCertVerificationError):
         handshake(tls_port, old_ca)
@@ -498,5 +498,5 @@ def test_sighup_renews_the_tls_certificate_for_new_handshakes(gateway_with, tmp_
     # A broken file leaves the certificate in use.
     (tmp_path / "server.pem").write_text("not a certificate\n")
     gw.process.send_signal(signal.SIGHUP)
-    gw.wait_for_log("certificate reload failed, the old ones stay in use")
+    gw.wait_for_log("reload failed, nothing changed")
     handshake(tls_port, new_ca).close()

@@ -1,0 +1,167 @@
+"""
+The running gateway as operators see it: its listeners, store, archive and
+bridges beside the router, with the questions the admin API, ``$SYS`` and
+readiness ask of them, and the periodic work that answers some (the store
+probe, the session expiry sweep).
+"""
+
+import time
+
+from twisted.internet.task import LoopingCall
+
+from mqttgw import packets as P
+from mqttgw.systopics import stored_messages
+
+# Seconds between store probes; the store is unready once no commit has
+# completed for STALE_AFTER (a disk that hangs rather than fails).
+PROBE_INTERVAL = 5.0
+STALE_AFTER = 15.0
+
+
+def _internal(session):
+    return session.client_id.startswith("\x00")
+
+
+class Gateway:
+    def __init__(self, router, clock, store=None, archive=None):
+        self.router = router
+        self.clock = clock
+        self.store = store
+        self.archive = archive
+        self.listeners = []
+        self.bridges = []
+        self.started = time.time()
+        self._probe = None
+        self._sweep = None
+
+    # Periodic work
+
+    def start(self):
+        if self.store is not None:
+            self._probe = LoopingCall(self.store.probe)
+            self._probe.clock = self.clock
+            self._probe.start(PROBE_INTERVAL, now=True)
+        self.schedule_sweep()
+
+    def stop(self):
+        for loop in (self._probe, self._sweep):
+            if loop is not None and loop.running:
+                loop.stop()
+        self._probe = self._sweep = None
+
+    def schedule_sweep(self):
+        """Sweep for expired sessions at a tenth of the expiry, 1 s to 60 s."""
+        if self._sweep is not None and self._sweep.running:
+            self._sweep.stop()
+        self._sweep = None
+        expiration = self.router.persistent_client_expiration
+        if expiration is None:
+            return
+        self._sweep = LoopingCall(self.router.expire_sessions)
+        self._sweep.clock = self.clock
+        self._sweep.start(min(60.0, max(1.0, expiration / 10)), now=True)
+
+    # Readiness
+
+    def not_ready(self):
+        """Why the gateway should not be sent traffic: [] when it may."""
+        reasons = []
+        for listener in self.listeners:
+            if listener.port is None:
+                reasons.append(f"{listener.kind} listener {listener.description} is not bound")
+        store = self.store
+        if store is not None:
+            if store.failed is not None:
+                reasons.append(f"store cannot be written: {store.failed}")
+            elif (
+                store.last_commit_at is not None
+                and time.monotonic() - store.last_commit_at > STALE_AFTER
+            ):
+                reasons.append(
+                    f"store has not committed for {time.monotonic() - store.last_commit_at:.0f}s"
+                )
+        archive = self.archive
+        if archive is not None and archive.failing:
+            reasons.append(f"archive {archive.directory} cannot be written")
+        return reasons
+
+    # What the admin API lists
+
+    def clients(self):
+        listed = []
+        for session in self.router.sessions.values():
+            connection = session.connection
+            if connection is None or _internal(session):
+                continue
+            listed.append(
+                {
+                    "client_id": session.client_id,
+                    "address": connection.peer,
+                    "listener": getattr(connection, "listener_kind", None),
+                    "protocol": "3.1.1" if connection.protocol_level == P.MQTT_311 else "3.1",
+                    "username": connection.username,
+                    "keepalive": connection.keepalive,
+                    "clean_session": session.clean_session,
+                    "subscriptions": len(session.subscriptions),
+                    "queued": session.queued,
+                    "inflight": len(session.inflight),
+                    "dropped": session.dropped,
+                    "connected_since": session.connected_since,
+                }
+            )
+        listed.sort(key=lambda c: c["client_id"])
+        return listed
+
+    def kick(self, client_id):
+        session = self.router.sessions.get(client_id)
+        if session is None or session.connection is None or _internal(session):
+            return False
+        session.connection.kick()
+        return True
+
+    def sessions(self):
+        listed = []
+        for session in self.router.sessions.values():
+            if session.clean_session or _internal(session):
+                continue
+            listed.append(
+                {
+                    "client_id": session.client_id,
+                    "connected": session.connection is not None,
+                    "subscriptions": sorted(session.subscriptions),
+                    "queued": session.queued,
+                    "inflight": len(session.inflight),
+                    "last_seen": session.last_seen,
+                }
+            )
+        listed.sort(key=lambda s: s["client_id"])
+        return listed
+
+    def retained(self, topic_filter):
+        """Retained messages matching ``topic_filter``, parents first."""
+        for item in self.router.retained.walk([(topic_filter, 0)]):
+            if item is not None:
+                yield item[0]
+
+    def overview(self):
+        router = self.router
+        store = self.store
+        stored, stored_bytes = stored_messages(router)
+        return {
+            "uptime": round(time.time() - self.started, 1),
+            "listeners": [listener.as_dict() for listener in self.listeners],
+            "clients": sum(
+                1 for s in router.sessions.values() if s.connection is not None and not _internal(s)
+            ),
+            "sessions": len(router.sessions),
+            "subscriptions": router.subscriptions.count,
+            "retained": len(router.retained),
+            "stored_messages": stored,
+            "stored_bytes": stored_bytes,
+            "stats": router.stats.as_dict(),
+            "store": None
+            if store is None
+            else {"state": store.state, "commit_seconds": store.last_commit_seconds},
+            "bridges": [b.status() for b in self.bridges],
+            "ready": not self.not_ready(),
+        }

@@ -1,0 +1,65 @@
+"""
+A listener as a service: one line naming it when its port cannot be had,
+and what it is bound to for the start-up summary, readiness and the admin
+API.
+"""
+
+from twisted.application.internet import StreamServerEndpointService
+from twisted.internet.endpoints import serverFromString
+from twisted.internet.error import CannotListenError
+
+
+class ListenerService(StreamServerEndpointService):
+    """
+    ``kind`` is what it speaks (tcp, tls, ws, wss, http), ``description``
+    the endpoint string it was given; ``port`` is the listening port once
+    bound, None before and after.
+    """
+
+    port = None
+
+    def __init__(
+        self, reactor, kind, description, factory, secure=False, anonymous=False, name=None
+    ):
+        super().__init__(serverFromString(reactor, description), factory)
+        self.kind = kind
+        self.description = description
+        # As the configuration gave it.
+        self.name = name or description
+        self.secure = secure
+        self.anonymous = anonymous
+        # Errors at start-up are raised, not just logged: twistd stops.
+        self._raiseSynchronously = True
+
+    def privilegedStartService(self):
+        try:
+            super().privilegedStartService()
+        except CannotListenError as e:
+            reason = e.socketError.strerror if hasattr(e.socketError, "strerror") else e.socketError
+            raise SystemExit(f"mqttgw: {self.kind} listener {self.name}: cannot listen: {reason}") from None
+        self._waitingForPort.addCallback(self._bound)
+
+    def _bound(self, port):
+        self.port = port
+        return port
+
+    def stopService(self):
+        self.port = None
+        return super().stopService()
+
+    @property
+    def address(self):
+        """``host:port`` once bound, else the description."""
+        if self.port is None:
+            return self.name
+        host = self.port.getHost()
+        return f"{getattr(host, 'host', '?')}:{getattr(host, 'port', '?')}"
+
+    def as_dict(self):
+        return {
+            "kind": self.kind,
+            "address": self.address,
+            "listening": self.port is not None,
+            "tls": self.secure,
+            "anonymous": self.anonymous,
+        }

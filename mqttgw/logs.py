@@ -1,0 +1,154 @@
+"""
+The log as operators read it: a level that SIGHUP can change, text or JSON
+lines with stable field names, and repeated warnings summarised rather
+than repeated.  Under ``twistd`` the observer is installed through its
+``--logger`` hook, so ``--logfile`` and ``--nodaemon`` keep their meaning
+(and SIGUSR1 rotates the log file, as twistd's own observer does).
+"""
+
+import json
+import sys
+import time
+from datetime import datetime, timezone
+
+from twisted.logger import (
+    FilteringLogObserver,
+    LogLevel,
+    LogLevelFilterPredicate,
+    formatEvent,
+    textFileLogObserver,
+)
+from twisted.python.logfile import LogFile
+
+LEVELS = {
+    "debug": LogLevel.debug,
+    "info": LogLevel.info,
+    "warn": LogLevel.warn,
+    "error": LogLevel.error,
+    "critical": LogLevel.critical,
+}
+
+# One predicate for the process, so that a reload changes the level of
+# whatever observer is in use.
+level_filter = LogLevelFilterPredicate(defaultLogLevel=LogLevel.info)
+
+# The log file when logging to one (SIGUSR1 rotates it), else None.
+log_file = None
+
+
+def set_level(name):
+    # The root namespace's level is every namespace's unless set apart.
+    level_filter.setLogLevelForNamespace("", LEVELS[name])
+
+
+def json_observer(out):
+    """
+    One JSON object per line: ``time`` (UTC, ISO 8601), ``level``,
+    ``namespace``, ``message`` (the formatted text), ``traceback`` for
+    failures, and the event's own fields of plain types (``client_id``,
+    ``peer``, ``topic``...).
+    """
+
+    def observe(event):
+        record = {
+            "time": datetime.fromtimestamp(event.get("log_time", time.time()), timezone.utc)
+            .isoformat(timespec="milliseconds")
+            .replace("+00:00", "Z"),
+            "level": event["log_level"].name if "log_level" in event else "info",
+            "namespace": event.get("log_namespace", ""),
+            "message": formatEvent(event),
+        }
+        failure = event.get("log_failure")
+        if failure is not None:
+            record["traceback"] = failure.getTraceback()
+        for key, value in event.items():
+            if not key.startswith("log_") and key not in record and (
+                value is None or isinstance(value, (str, int, float, bool))
+            ):
+                record[key] = value
+        out.write(json.dumps(record, ensure_ascii=False) + "\n")
+        out.flush()
+
+    return observe
+
+
+def make_observer(out, log_format):
+    base = json_observer(out) if log_format == "json" else textFileLogObserver(out)
+    return FilteringLogObserver(base, [level_filter])
+
+
+# Set by the plugin's options: twistd's own options, and the format.
+_twistd = {"config": None, "format": "text"}
+
+
+def use_under_twistd(twistd_config, log_format):
+    """
+    Have twistd log through :func:`twistd_observer` (unless ``--logger``
+    names another observer).
+    """
+    if twistd_config.get("logger") is None:
+        _twistd.update(config=twistd_config, format=log_format)
+        twistd_config["logger"] = "mqttgw.logs.twistd_observer"
+
+
+def twistd_observer():
+    """
+    twistd's ``logger``: where twistd would log (stdout with
+    ``--nodaemon`` and no file, or ``--logfile=-``; else the log file,
+    which SIGUSR1 rotates), filtered by level, in the chosen format.
+    """
+    global log_file
+    twistd_config = _twistd["config"] or {}
+    name = twistd_config.get("logfile", "")
+    nodaemon = twistd_config.get("nodaemon", False)
+    if name == "-" or (nodaemon and not name):
+        if not nodaemon:
+            sys.exit("mqttgw: a daemon cannot log to stdout: give --logfile")
+        out = sys.stdout
+    else:
+        out = log_file = LogFile.fromFullPath(name or "twistd.log")
+    return make_observer(out, _twistd["format"])
+
+
+class RateLimited:
+    """
+    A warning that may repeat many times a second (a full queue, a flood
+    of bad clients): at most ``burst`` lines per ``interval`` seconds,
+    then one line with how many were left out.
+    """
+
+    def __init__(self, logger, interval=60.0, burst=10, clock=time.monotonic):
+        self.logger = logger
+        self.interval = interval
+        self.burst = burst
+        self.clock = clock
+        self._window_end = 0.0
+        self._logged = 0
+        self.suppressed = 0
+
+    def emit(self, level, format, **fields):
+        now = self.clock()
+        if now >= self._window_end:
+            if self.suppressed:
+                self.logger.warn(
+                    "{suppressed} more warnings like the last were not logged in {interval:.0f}s",
+                    suppressed=self.suppressed,
+                    interval=self.interval,
+                )
+            self._window_end = now + self.interval
+            self._logged = 0
+            self.suppressed = 0
+        if self._logged >= self.burst:
+            self.suppressed += 1
+            return
+        self._logged += 1
+        if self._logged == self.burst:
+            format += " (further ones are counted for {interval:.0f}s, not logged)"
+            fields["interval"] = self.interval
+        self.logger.emit(level, format, **fields)
+
+    def warn(self, format, **fields):
+        self.emit(LogLevel.warn, format, **fields)
+
+    def info(self, format, **fields):
+        self.emit(LogLevel.info, format, **fields)

@@ -1,0 +1,177 @@
+"""
+Prometheus metrics.  Counters are read from the router's Stats when
+scraped (the hot path only increments integers); two histograms are
+observed as things happen: store commit latency (in the writer thread)
+and publish-to-delivery latency, on one message in ``TRACE_EVERY``.
+"""
+
+import time
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from mqttgw.packets import Publish
+from mqttgw.systopics import stored_messages
+
+# One PUBLISH in this many (the first among them) is traced from its
+# arrival to each write of a copy to a subscriber's connection: at 100,000
+# messages a second that is still a hundred samples a second, for a cost
+# that does not show in throughput.
+TRACE_EVERY = 1024
+
+COUNTERS = [
+    # (metric name, Stats attribute, help)
+    ("mqttgw_packets_received", "packets_received", "MQTT packets received"),
+    ("mqttgw_packets_sent", "packets_sent", "MQTT packets sent"),
+    ("mqttgw_bytes_received", "bytes_received", "MQTT bytes received"),
+    ("mqttgw_bytes_sent", "bytes_sent", "MQTT bytes sent"),
+    ("mqttgw_publish_received", "messages_received", "PUBLISH packets received from clients"),
+    ("mqttgw_publish_sent", "messages_delivered", "messages routed to subscribers"),
+    ("mqttgw_publish_dropped", "messages_dropped", "messages dropped at a full queue"),
+    ("mqttgw_publish_denied", "messages_denied", "PUBLISHes refused by the ACL"),
+    ("mqttgw_publish_bytes_received", "publish_bytes_received", "PUBLISH payload bytes received"),
+    ("mqttgw_publish_bytes_sent", "publish_bytes_sent", "payload bytes routed to subscribers"),
+    ("mqttgw_protocol_errors", "protocol_errors", "connections closed for a protocol violation"),
+    ("mqttgw_connections_accepted", "connections_accepted", "connections accepted"),
+    ("mqttgw_connections_refused", "connections_refused", "connections or CONNECTs refused"),
+    ("mqttgw_logins_refused", "logins_refused", "CONNECTs refused for their credentials"),
+    ("mqttgw_clients_expired", "clients_expired", "persistent sessions expired"),
+    ("mqttgw_retained_refused", "retained_refused", "retained messages not kept at the limit"),
+    ("mqttgw_sessions_refused", "sessions_refused", "persistent sessions refused at the limit"),
+    ("mqttgw_store_refused", "store_refused", "publishes refused while the store failed"),
+]
+
+
+class TracedPublish(Publish):
+    """A sampled message: each copy framed for a subscriber is timed."""
+
+    __slots__ = ("received_at", "histogram")
+
+    def frame(self, qos, message_id=None, retain=False, dup=False):
+        self.histogram.observe(time.perf_counter() - self.received_at)
+        return Publish.frame(self, qos, message_id, retain, dup)
+
+
+class Metrics:
+    """The registry behind ``GET /metrics``."""
+
+    def __init__(self, router, listeners=(), bridges=(), store=None, archive=None):
+        self.router = router
+        self.listeners = listeners
+        self.bridges = bridges
+        self.store = store
+        self.archive = archive
+        self.registry = CollectorRegistry()
+        self.commit_latency = Histogram(
+            "mqttgw_store_commit_seconds",
+            "time to commit one batch to the store",
+            buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+            registry=self.registry,
+        )
+        self.delivery_latency = Histogram(
+            "mqttgw_delivery_seconds",
+            "time from a PUBLISH's arrival to a copy's write to a subscriber"
+            f" (one message in {TRACE_EVERY})",
+            buckets=(0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30),
+            registry=self.registry,
+        )
+        self.registry.register(self)
+        if store is not None:
+            store.on_commit = self.commit_latency.observe
+        router.trace = self.trace
+        router.trace_every = TRACE_EVERY
+        router._until_trace = 1
+
+    def trace(self, message):
+        """A copy of ``message`` whose deliveries are timed."""
+        traced = TracedPublish(
+            message.topic, message.payload, message.qos, message.retain, message.dup, message.message_id
+        )
+        traced.received_at = time.perf_counter()
+        traced.histogram = self.delivery_latency
+        return traced
+
+    def text(self):
+        return generate_latest(self.registry)
+
+    # prometheus_client's collector interface: read when scraped.
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        router = self.router
+        stats = router.stats
+        for name, attribute, text in COUNTERS:
+            counter = CounterMetricFamily(name, text)
+            counter.add_metric([], getattr(stats, attribute))
+            yield counter
+        sessions = router.sessions.values()
+        gauges = [
+            ("mqttgw_clients_connected", "clients connected",
+             sum(1 for s in sessions if s.connection is not None and not s.client_id.startswith("\x00"))),
+            ("mqttgw_clients_maximum", "most clients connected at once", stats.clients_maximum),
+            ("mqttgw_sessions", "sessions, persistent ones away included", len(router.sessions)),
+            ("mqttgw_retained_messages", "retained messages", len(router.retained)),
+            ("mqttgw_subscriptions", "subscriptions", router.subscriptions.count),
+            ("mqttgw_messages_stored", "messages queued or in flight for sessions",
+             stored_messages(router)[0]),
+            ("mqttgw_websocket_handshakes", "WebSocket connections not yet upgraded",
+             stats.handshakes),
+        ]
+        for name, text, value in gauges:
+            gauge = GaugeMetricFamily(name, text)
+            gauge.add_metric([], value)
+            yield gauge
+        per_listener = GaugeMetricFamily(
+            "mqttgw_listener_up", "whether a listener is bound", labels=["kind", "address"]
+        )
+        for listener in self.listeners:
+            per_listener.add_metric([listener.kind, listener.description], 1 if listener.port else 0)
+        yield per_listener
+        connections = GaugeMetricFamily(
+            "mqttgw_listener_connections", "connections open, by listener kind", labels=["kind"]
+        )
+        by_kind = {}
+        for listener in self.listeners:
+            by_kind.setdefault(listener.kind, 0)
+        for connection in _connections(router):
+            kind = getattr(connection, "listener_kind", None)
+            if kind is not None:
+                by_kind[kind] = by_kind.get(kind, 0) + 1
+        for kind, n in sorted(by_kind.items()):
+            connections.add_metric([kind], n)
+        yield connections
+        store = self.store
+        if store is not None:
+            up = GaugeMetricFamily("mqttgw_store_up", "1 while the store commits, 0 when it fails")
+            up.add_metric([], 1 if store.failed is None else 0)
+            yield up
+        bridge_metrics = {
+            "state": GaugeMetricFamily("mqttgw_bridge_up", "1 while a bridge's upstream is connected", labels=["bridge"]),
+            "queued": GaugeMetricFamily("mqttgw_bridge_queued", "messages waiting for the upstream", labels=["bridge"]),
+            "dropped": CounterMetricFamily("mqttgw_bridge_dropped", "messages dropped at a full bridge queue", labels=["bridge"]),
+            "sent": CounterMetricFamily("mqttgw_bridge_sent", "messages forwarded upstream", labels=["bridge"]),
+            "received": CounterMetricFamily("mqttgw_bridge_received", "messages brought in from upstream", labels=["bridge"]),
+        }
+        for bridge in self.bridges:
+            status = bridge.status()
+            labels = [status["name"]]
+            bridge_metrics["state"].add_metric(labels, 1 if status["connected"] else 0)
+            for key in ("queued", "dropped", "sent", "received"):
+                bridge_metrics[key].add_metric(labels, status[key])
+        yield from bridge_metrics.values()
+        archive = self.archive
+        if archive is not None:
+            written = CounterMetricFamily("mqttgw_archive_rows_written", "rows written to the archive")
+            written.add_metric([], archive.written)
+            yield written
+            dropped = CounterMetricFamily("mqttgw_archive_rows_dropped", "rows the archive could not write")
+            dropped.add_metric([], archive.dropped)
+            yield dropped
+
+
+def _connections(router):
+    for session in router.sessions.values():
+        if session.connection is not None:
+            yield session.connection

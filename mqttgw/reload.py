@@ -1,0 +1,206 @@
+"""
+SIGHUP: the configuration file (and the files it names) read again, off
+the reactor thread, and what can change live applied without dropping a
+client: log level, limits for new connections and sessions, $SYS interval,
+session expiry, archive filters, passwords, ACL, token keys, TLS
+certificates (new handshakes use them) and bridges (only those added,
+removed or changed are started or stopped).  What cannot change live is
+named in one line as needing a restart.  A file that fails its checks
+changes nothing and is reported in one line.  SIGUSR1 rotates the log file
+when there is one; SIGUSR1 and SIGUSR2 never end the process.
+"""
+
+import signal
+
+from twisted.application.service import Service
+from twisted.internet.defer import DeferredList, maybeDeferred
+from twisted.internet.threads import deferToThread
+from twisted.logger import Logger
+
+from mqttgw import config, logs
+from mqttgw.auth import PasswordChecker, TokenOrPasswordChecker
+
+log = Logger()
+
+# Keys (or key prefixes) that take effect only at start-up.
+NEEDS_RESTART = (
+    "listeners.",
+    "listener_tables",
+    "persistence.",
+    "archive.directory",
+    "archive.gateway_id",
+    "http.",
+    "log.format",
+    "websocket.",
+    "auth.allow_anonymous",
+    "auth.analytics_writers",
+    "tls.use_identity_as_username",
+    "tls.require_client_cert",
+    "tls.ca",
+)
+
+
+class ReloadService(Service):
+    """
+    Holds what a reload touches.  ``read(settings)`` (run in a thread)
+    returns the new configuration checked; ``apply`` swaps it in.
+    """
+
+    def __init__(self, reactor, options, parts):
+        self.reactor = reactor
+        self.options = options
+        self.settings = options.settings
+        self.parts = parts
+        # Token checkers of [[listener]] tables, reloaded with the main one.
+        self.token_checkers = []
+        self.renewable_tls = []
+
+    def startService(self):
+        super().startService()
+        self.parts.pool.start()
+        self.reactor.addSystemEventTrigger("during", "shutdown", self.parts.pool.stop)
+        signal.signal(signal.SIGHUP, lambda *_: self.reactor.callFromThread(self.reload))
+        signal.signal(signal.SIGUSR1, lambda *_: self.reactor.callFromThread(self.rotate))
+        signal.signal(
+            signal.SIGUSR2,
+            lambda signum, _: self.reactor.callFromThread(log.info, "ignoring signal SIGUSR2"),
+        )
+
+    def rotate(self):
+        if logs.log_file is not None:
+            logs.log_file.rotate()
+            log.info("SIGUSR1: log file rotated")
+        else:
+            log.info("ignoring signal SIGUSR1: no log file to rotate")
+
+    # Reading, in a thread
+
+    def read(self):
+        from mqttgw import tap
+
+        options = self.options
+        from_file = config.load_file(options["config"]) if options["config"] else {}
+        settings = config.build(from_file, options.flag_values)
+        tap._check_listeners(settings)
+        tap.check_archive_filters(settings)
+        return {
+            "settings": settings,
+            "bridges": tap._check_bridges(settings),
+            "auth_files": tap.load_auth_files(settings),
+            "tls": [(listener, listener.load()) for listener in self.renewable_tls],
+        }
+
+    def reload(self):
+        where = self.options["config"] or "the command line"
+        log.info("SIGHUP: reading {where} again", where=where)
+        d = deferToThread(self.read)
+        d.addCallbacks(self.apply, self._failed)
+        return d
+
+    def _failed(self, reason):
+        log.error(
+            "reload failed, nothing changed: {error}",
+            error=reason.getErrorMessage(),
+        )
+
+    # Applying, in the reactor
+
+    def apply(self, new):
+        from mqttgw import tap
+
+        old, settings = self.settings, new["settings"]
+        self.settings = settings
+        self.options.settings = settings
+        parts = self.parts
+        restart = sorted(
+            path
+            for path in set(old.values) | set(settings.values)
+            if path.startswith(NEEDS_RESTART) and old.values.get(path) != settings.values.get(path)
+        )
+        if restart:
+            log.warn("reload: changed but needs a restart: {keys}", keys=", ".join(restart))
+        logs.set_level(settings["log.level"])
+        limits = tap.connection_limits(settings)
+        for factory in parts.factories:
+            factory.limits = limits
+        router = parts.router
+        tap.configure_router(router, settings)
+        parts.gateway.schedule_sweep()
+        if parts.sys_topics is None and settings["mqtt.sys_interval"] > 0:
+            from mqttgw.systopics import SysTopics
+
+            parts.sys_topics = SysTopics(router, self.reactor, 0, parts.bridges, router.store)
+        if parts.sys_topics is not None:
+            parts.sys_topics.interval = settings["mqtt.sys_interval"]
+            parts.sys_topics.start()
+        archive = parts.archive
+        if archive is not None:
+            a = settings.section("archive")
+            archive.include = list(a["include"])
+            archive.exclude = list(a["exclude"])
+            archive.directions = frozenset(a["directions"])
+            archive.roll_seconds = a["roll_seconds"]
+            archive.roll_rows = a["roll_rows"]
+            archive._wanted.clear()
+        table, acl, tokens = new["auth_files"]
+        self._swap_auth(new["auth_files"])
+        for listener, renewed in new["tls"]:
+            listener.options = renewed
+        changes = self._reload_bridges(new["bridges"])
+        log.info(
+            "reloaded: {users} users, ACL {acl}, token keys {tokens}, {tls} TLS certificate(s),"
+            " limits, log level {log_level_name}, bridges {changes}",
+            users=len(table.entries) if table else 0,
+            acl="in force" if acl is not None else "none",
+            tokens="in force" if tokens is not None else "none",
+            tls=len(new["tls"]),
+            log_level_name=settings["log.level"],
+            changes=changes or "unchanged",
+        )
+
+    def _swap_auth(self, files):
+        table, acl, tokens = files
+        checker = self.parts.checker
+        for listener_checker in self.token_checkers:
+            if listener_checker.tokens is not None:
+                listener_checker.tokens = tokens
+        if isinstance(checker, TokenOrPasswordChecker):
+            checker.tokens = tokens
+            checker = checker.passwords
+        if isinstance(checker, PasswordChecker) and table is not None:
+            checker.replace(table)
+        if acl is not None:
+            self.parts.router.access.replace(acl)
+        if (table is None) != (self.parts.had_passwords is None) or (
+            tokens is None
+        ) != (self.parts.had_tokens is None):
+            log.warn("reload: turning password files or token keys on or off needs a restart")
+
+    def _reload_bridges(self, wanted):
+        """Stop bridges removed or changed, start those added or changed."""
+        parts = self.parts
+        running = {b.settings.name: b for b in parts.bridges}
+        wanted_by_name = {checked.name: (kind, checked) for kind, checked in wanted}
+        said = []
+        stopping = []
+        for name, bridge in running.items():
+            new = wanted_by_name.get(name)
+            if new is None or new[1] != bridge.settings:
+                said.append(f"{'-' if new is None else '~'}{name}")
+                parts.bridges.remove(bridge)
+                stopping.append(maybeDeferred(bridge.disownServiceParent))
+        starting = [
+            (kind, checked)
+            for name, (kind, checked) in wanted_by_name.items()
+            if name not in running or running[name].settings != checked
+        ]
+        said += [f"+{checked.name}" for _, checked in starting if checked.name not in running]
+
+        def start(_):
+            for kind, checked in starting:
+                bridge = kind.make_service(parts.router, checked, self.reactor)
+                parts.bridges.append(bridge)
+                bridge.setServiceParent(parts.top)
+
+        DeferredList(stopping).addCallback(start)
+        return " ".join(said)

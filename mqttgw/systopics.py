@@ -1,0 +1,181 @@
+"""
+The ``$SYS`` topics: the broker's counters published every
+``sys_interval`` seconds, retained, with mosquitto's names and meanings
+for the ones both have, and mqttgw's own for bridges and the store.  A
+value is published only when it changed, as mosquitto does.
+"""
+
+import math
+import time
+
+from twisted.internet.task import LoopingCall
+
+from mqttgw import __version__
+from mqttgw.packets import Publish
+
+# Load averages: exponentially damped rates per minute over 1, 5 and 15
+# minutes, computed as mosquitto's sys_tree.c does.
+LOAD_PERIODS = (("1min", 60.0), ("5min", 300.0), ("15min", 900.0))
+
+# Counters with a load average, by their name under $SYS/broker/load/.
+LOADS = {
+    "messages/received": "packets_received",
+    "messages/sent": "packets_sent",
+    "publish/received": "messages_received",
+    "publish/sent": "messages_delivered",
+    "publish/dropped": "messages_dropped",
+    "bytes/received": "bytes_received",
+    "bytes/sent": "bytes_sent",
+    "connections": "connections_accepted",
+    "sockets": "connections_accepted",
+}
+
+# Topics that mosquitto publishes too (every one of them is checked
+# against a real mosquitto by the tests).
+SHARED = [
+    "$SYS/broker/version",
+    "$SYS/broker/uptime",
+    "$SYS/broker/clients/connected",
+    "$SYS/broker/clients/disconnected",
+    "$SYS/broker/clients/total",
+    "$SYS/broker/clients/maximum",
+    "$SYS/broker/clients/expired",
+    "$SYS/broker/messages/received",
+    "$SYS/broker/messages/sent",
+    "$SYS/broker/messages/stored",
+    "$SYS/broker/publish/messages/received",
+    "$SYS/broker/publish/messages/sent",
+    "$SYS/broker/publish/messages/dropped",
+    "$SYS/broker/publish/bytes/received",
+    "$SYS/broker/publish/bytes/sent",
+    "$SYS/broker/bytes/received",
+    "$SYS/broker/bytes/sent",
+    "$SYS/broker/retained messages/count",
+    "$SYS/broker/subscriptions/count",
+    "$SYS/broker/store/messages/count",
+    "$SYS/broker/store/messages/bytes",
+] + [
+    f"$SYS/broker/load/{name}/{period}" for name in LOADS for period, _ in LOAD_PERIODS
+]
+
+
+def stored_messages(router):
+    """Messages held for sessions (queued and in flight), and their bytes."""
+    count = size = 0
+    for session in router.sessions.values():
+        count += session.queued + len(session.inflight)
+        size += session.queued_bytes
+    return count, size
+
+
+class SysTopics:
+    """
+    Publishes the ``$SYS`` tree through ``router.publish_sys`` every
+    ``interval`` seconds; ``bridges`` and ``store`` (optional) add
+    mqttgw's own topics.
+    """
+
+    def __init__(self, router, clock, interval, bridges=(), store=None):
+        self.router = router
+        self.clock = clock
+        self.interval = interval
+        self.bridges = bridges
+        self.store = store
+        self.started = clock.seconds()
+        self._last = {}
+        self._loads = {}
+        self._previous = None
+        self._loop = None
+
+    def start(self):
+        self.stop()
+        if self.interval > 0:
+            self._loop = LoopingCall(self.update)
+            self._loop.clock = self.clock
+            self._loop.start(self.interval, now=True)
+
+    def stop(self):
+        if self._loop is not None and self._loop.running:
+            self._loop.stop()
+        self._loop = None
+
+    def values(self):
+        """``{topic: text}`` as of now."""
+        router = self.router
+        stats = router.stats
+        sessions = router.sessions.values()
+        connected = sum(1 for s in sessions if s.connection is not None and not _internal(s))
+        persistent_away = sum(
+            1 for s in sessions if s.connection is None and not s.clean_session and not _internal(s)
+        )
+        stored, stored_bytes = stored_messages(router)
+        broker = "$SYS/broker/"
+        values = {
+            broker + "version": f"mqttgw version {__version__}",
+            broker + "uptime": f"{int(self.clock.seconds() - self.started)} seconds",
+            broker + "clients/connected": connected,
+            broker + "clients/disconnected": persistent_away,
+            broker + "clients/total": connected + persistent_away,
+            broker + "clients/maximum": stats.clients_maximum,
+            broker + "clients/expired": stats.clients_expired,
+            broker + "messages/received": stats.packets_received,
+            broker + "messages/sent": stats.packets_sent,
+            broker + "messages/stored": stored,
+            broker + "publish/messages/received": stats.messages_received,
+            broker + "publish/messages/sent": stats.messages_delivered,
+            broker + "publish/messages/dropped": stats.messages_dropped,
+            broker + "publish/bytes/received": stats.publish_bytes_received,
+            broker + "publish/bytes/sent": stats.publish_bytes_sent,
+            broker + "bytes/received": stats.bytes_received,
+            broker + "bytes/sent": stats.bytes_sent,
+            broker + "retained messages/count": len(router.retained),
+            broker + "subscriptions/count": router.subscriptions.count,
+            broker + "store/messages/count": stored,
+            broker + "store/messages/bytes": stored_bytes,
+        }
+        values.update(self._load_values(stats))
+        store = self.store
+        if store is not None:
+            values[broker + "store/state"] = store.state
+            if store.last_commit_seconds is not None:
+                values[broker + "store/commit/latency"] = f"{store.last_commit_seconds:.6f}"
+        for bridge in self.bridges:
+            status = bridge.status()
+            prefix = f"{broker}bridge/{status['name']}/"
+            values[prefix + "state"] = 1 if status["connected"] else 0
+            for name in ("queued", "dropped", "sent", "received"):
+                values[prefix + name] = status[name]
+        return values
+
+    def _load_values(self, stats):
+        now = time.monotonic()
+        counts = {name: getattr(stats, attr) for name, attr in LOADS.items()}
+        previous, self._previous = self._previous, (now, counts)
+        if previous is None:
+            return {}
+        elapsed = now - previous[0]
+        if elapsed <= 0:
+            return {}
+        values = {}
+        for name, count in counts.items():
+            per_minute = (count - previous[1][name]) * 60.0 / elapsed
+            for period, seconds in LOAD_PERIODS:
+                key = (name, period)
+                exponent = math.exp(-elapsed / seconds)
+                current = self._loads.get(key, 0.0)
+                current = per_minute + exponent * (current - per_minute)
+                self._loads[key] = current
+                values[f"$SYS/broker/load/{name}/{period}"] = f"{current:.2f}"
+        return values
+
+    def update(self):
+        for topic, value in self.values().items():
+            payload = str(value).encode()
+            if self._last.get(topic) != payload:
+                self._last[topic] = payload
+                self.router.publish_sys(Publish(topic, payload, 0, True))
+
+
+def _internal(session):
+    """A bridge's own session: not a client for $SYS/broker/clients."""
+    return session.client_id.startswith("\x00")
