@@ -31,7 +31,11 @@ def test_benchmark_reports_every_figure_and_loses_nothing(tmp_path, monkeypatch)
         for scenario, (pubs, subs, qos) in run.THROUGHPUT.items():
             r = results[scenario]
             assert r["errors"] == 0, (broker, scenario)
-            assert r["delivered"] > 0 and r["per_second"] > 0, (broker, scenario)
+            # A one-second run of another broker may deliver nothing at all
+            # (seen: mosquitto's QoS 2 fan-in at 0/s, its CPU at 1%, once in
+            # a CI run); that is its figure to report, not this test's to fail.
+            if broker == "mqttgw":
+                assert r["delivered"] > 0 and r["per_second"] > 0, (broker, scenario)
             # mqttgw loses nothing; what the others lose is reported, as a
             # figure (mosquitto drops queued QoS 1/2 messages in bursts).
             if broker == "mqttgw":
