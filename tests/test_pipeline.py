@@ -6,8 +6,10 @@ into the gateway as retained messages.
 """
 
 import json
+import os
 import subprocess
 import sys
+import time
 from collections import defaultdict
 from datetime import datetime, timezone
 from pathlib import Path
@@ -98,6 +100,16 @@ def test_batch_tables_match_what_was_published(tmp_path):
         minutes[(row["topic"], row["timestamp"].replace(second=0, microsecond=0))] += 1
     got = {(r["topic"], r["window_start"].replace(tzinfo=timezone.utc)): r["messages"] for r in table(out / "topic_minute")}
     assert got == dict(minutes)
+    for name, width in (("topic_minute", 60), ("topic_hour", 3600), ("client_hour", 3600), ("json_minute", 60)):
+        for r in table(out / name):
+            assert (r["window_end"] - r["window_start"]).total_seconds() == width, name
+    # UTC instants as Parquet TIMESTAMP_MICROS, not INT96.
+    import pyarrow.parquet as pq
+
+    [first, *_] = sorted((out / "topic_minute").rglob("*.parquet"))
+    column = pq.ParquetFile(first).schema.column(pq.ParquetFile(first).schema_arrow.get_field_index("window_start"))
+    assert column.physical_type == "INT64" and "isAdjustedToUTC=true" in str(column.logical_type)
+    assert "timeUnit=microseconds" in str(column.logical_type)
     publishers = defaultdict(set)
     for row in table(archive):
         publishers[(row["topic"], row["timestamp"].replace(minute=0, second=0, microsecond=0))].add(row["client_id"])
@@ -159,6 +171,68 @@ def write_segment(archive, start, topics, count, gateway_id="gw"):
     a.stop()
 
 
+def test_dirty_values_are_counted_and_never_stop_a_run(tmp_path):
+    archive = tmp_path / "archive"
+    now = [datetime(2026, 11, 22, 10, 0, 5, tzinfo=timezone.utc).timestamp()]
+
+    def clock():
+        now[0] += 0.1
+        return now[0]
+
+    payloads = [
+        b'{"celsius": 21.5}', b'{"celsius": "n/a"}', b'{"celsius": true}',
+        b'{"celsius": {"inner": 1}}', b'{"kelvin": 290}', b"not json at all",
+        b"", bytes(range(256)), b'{"celsius": -3}', b'{"celsius": "12"}', b'{"celsius": 1e2}',
+    ]
+    a = Archive(archive, ThreadClock(), "gw", clock=clock)
+    a.start()
+    for i, payload in enumerate(payloads):
+        a.record("in", "dev", P.Publish("sensors/dirty", payload, 1, False))
+    a.record("in", "dev", P.Publish("other/topic", b"plain text", 0, False))
+    a.stop()
+    out = tmp_path / "tables"
+    pipeline("batch", "--archive", str(archive), "--out", str(out), "--json-field", "celsius", cwd=tmp_path)
+    [row] = table(out / "json_minute")
+    assert row["topic"] == "sensors/dirty"
+    # 21.5, -3, 100 and "12" (text that is exactly a number, as some
+    # devices send) count; "n/a", true, an object, a missing field, text,
+    # empty and binary payloads do not.
+    assert (row["count"], row["invalid"]) == (4, len(payloads) - 4)
+    assert (row["min"], row["max"]) == (-3.0, 100.0)
+    assert row["avg"] == pytest.approx((21.5 - 3 + 12 + 100) / 4)
+    # The other tables count every message, dirty or not.
+    assert sum(r["messages"] for r in table(out / "topic_minute")) == len(payloads) + 1
+    # The run is logged, and each table marked complete.
+    [run] = [json.loads(line) for line in (out / "_runs" / "runs.jsonl").read_text().splitlines()]
+    assert run["status"] == "ok" and run["command"] == "batch" and run["json_fields"] == ["celsius"]
+    assert (run["rows_in"], run["invalid"]) == (len(payloads) + 1, len(payloads) - 4)
+    assert run["rows_out"]["json_minute"] == 1 and run["start"] <= run["end"]
+    for name in ("topic_minute", "topic_hour", "client_hour", "json_minute", "last_value"):
+        assert (out / name / "_SUCCESS").exists(), name
+
+
+def test_each_json_field_keeps_its_own_rows(tmp_path):
+    archive = tmp_path / "archive"
+    now = [datetime(2026, 11, 22, 10, 0, 5, tzinfo=timezone.utc).timestamp()]
+
+    def clock():
+        now[0] += 1.0
+        return now[0]
+
+    a = Archive(archive, ThreadClock(), "gw", clock=clock)
+    a.start()
+    for i in range(4):
+        payload = json.dumps({"celsius": i, "humidity": 50 + i, "sensors": {"t1": 7 * i}}).encode()
+        a.record("in", "dev", P.Publish("room/1", payload, 1, False))
+    a.stop()
+    out = tmp_path / "tables"
+    batch = ["batch", "--archive", str(archive), "--out", str(out)]
+    pipeline(*batch, "--json-field", "celsius", cwd=tmp_path)
+    pipeline(*batch, "--json-field", "humidity", "--json-field", "$.sensors.t1", cwd=tmp_path)
+    got = {r["field"]: (r["count"], r["min"], r["max"]) for r in table(out / "json_minute")}
+    assert got == {"celsius": (4, 0, 3), "humidity": (4, 50, 53), "$.sensors.t1": (4, 0, 21)}
+
+
 def snapshot(out):
     result = {}
     for name in ("topic_minute", "topic_hour", "client_hour", "last_value"):
@@ -175,8 +249,16 @@ def test_streaming_equals_batch_with_a_late_segment(tmp_path):
     first = snapshot(out)
     assert first["topic_hour"]
     write_segment(archive, "2026-11-22T11:10:00", ["a", "c"], 30, gateway_id="gw2")
-    # Late: a segment for the earlier hour arrives after it was processed.
+    # Late: a segment for the earlier hour arrives after it was processed,
+    # with the modification time of 30 days ago that a gateway offline for
+    # a month gives it when its archive is copied with rsync -a.
+    before = set(archive.rglob("*.parquet"))
     write_segment(archive, "2026-11-22T10:40:00", ["b", "d"], 25, gateway_id="late")
+    month_ago = time.time() - 30 * 86400
+    late = set(archive.rglob("*.parquet")) - before
+    assert late
+    for segment in late:
+        os.utime(segment, (month_ago, month_ago))
     result = pipeline(*stream, cwd=tmp_path)
     assert "hour(s) touched" in result.stderr
     batch_out = tmp_path / "batch"

@@ -27,7 +27,10 @@ def _parser():
         p.add_argument("--archive", required=True, help="the gateway's archive directory")
         p.add_argument("--out", required=True, help="where the tables are written")
         p.add_argument("--master", help="Spark master (default: local[*], or spark-submit's)")
-        p.add_argument("--json-field", help="also min/max/avg of this numeric JSON field")
+        p.add_argument(
+            "--json-field", action="append", default=[], metavar="FIELD",
+            help="also min/max/avg of this numeric JSON field (repeatable; a name, or a JSON path such as $.sensors.t1)",
+        )
         p.add_argument("--publish", metavar="HOST:PORT", help="publish the latest rollups to this broker as retained messages")
         p.add_argument("--prefix", default="$analytics", help="topic prefix of published rollups")
         p.add_argument("--tls", action="store_true", help="connect to --publish over TLS")
@@ -62,6 +65,9 @@ def _spark(master):
     spark = (
         builder.config("spark.sql.sources.partitionOverwriteMode", "dynamic")
         .config("spark.sql.session.timeZone", "UTC")
+        # UTC instants as Parquet TIMESTAMP_MICROS (isAdjustedToUTC), which
+        # every reader takes for what it is, rather than legacy INT96.
+        .config("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
         .config("spark.sql.shuffle.partitions", "8")
         .config("spark.ui.showConsoleProgress", str(sys.stderr.isatty()).lower())
         .getOrCreate()
@@ -74,20 +80,42 @@ def say(text):
     print(f"[{datetime.now():%H:%M:%S}] {text}", file=sys.stderr, flush=True)
 
 
-def write_partitions(tables, out, partitions=None):
+def write_partitions(tables, out, stats=None):
     """
-    Overwrite the tables' (date, hour) partitions that ``tables`` hold rows
-    for; others stay.  Returns {table: rows written}.
+    Overwrite the tables' (date, hour) partitions (for json_minute: field,
+    date, hour) that ``tables`` hold rows for; others stay.  Returns
+    {table: rows written}.
     """
+    from pyspark.sql import functions as F
+
     written = {}
     for name, frame in tables.items():
         frame = frame.cache()
         count = frame.count()
+        if stats is not None and count:
+            # For the run log, from the cached rollups (no second scan).
+            if name == "client_hour":
+                stats["rows_in"] = stats.get("rows_in", 0) + frame.agg(F.sum("messages")).first()[0]
+            elif name == "json_minute":
+                stats["invalid"] = stats.get("invalid", 0) + frame.agg(F.sum("invalid")).first()[0]
         say(f"writing {name}: {count} rows")
-        frame.write.mode("overwrite").partitionBy("date", "hour").parquet(str(Path(out) / name))
+        # json_minute is partitioned by field too: computing one field
+        # never replaces another's rows.
+        columns = ("field", "date", "hour") if name == "json_minute" else ("date", "hour")
+        frame.write.mode("overwrite").partitionBy(*columns).parquet(str(Path(out) / name))
+        mark_complete(out, name)
         written[name] = count
         frame.unpersist()
     return written
+
+
+def mark_complete(out, name):
+    """
+    ``TABLE/_SUCCESS``, renewed each time the table is written: Spark
+    writes none when it overwrites partitions dynamically.
+    """
+    if "://" not in str(out):
+        (Path(out) / name / "_SUCCESS").write_text(_now() + "\n")
 
 
 def write_last_value(spark, rows, out):
@@ -98,6 +126,7 @@ def write_last_value(spark, rows, out):
     say(f"writing last_value: {count} rows")
     # Computed over the whole archive, so replacing the table is idempotent.
     frame.write.mode("overwrite").parquet(str(Path(out) / "last_value"))
+    mark_complete(out, "last_value")
     frame.unpersist()
     return count
 
@@ -125,7 +154,7 @@ def run_batch(args, spark):
             (F.col("date") < last.strftime("%Y-%m-%d"))
             | ((F.col("date") == last.strftime("%Y-%m-%d")) & (F.col("hour") <= last.strftime("%H")))
         )
-    written = write_partitions(T.compute(selected, args.json_field), args.out)
+    written = write_partitions(T.compute(selected, args.json_field), args.out, args.stats)
     written["last_value"] = write_last_value(spark, rows, args.out)
     return written
 
@@ -148,13 +177,20 @@ def run_stream(args, spark):
         wanted = F.lit(False)
         for date, hour in touched:
             wanted = wanted | ((F.col("date") == date) & (F.col("hour") == hour))
-        for name, count in write_partitions(T.compute(rows.where(wanted), args.json_field), args.out).items():
+        for name, count in write_partitions(
+            T.compute(rows.where(wanted), args.json_field), args.out, args.stats
+        ).items():
             totals[name] = totals.get(name, 0) + count
         totals["last_value"] = write_last_value(spark, rows, args.out)
 
     stream = (
         spark.readStream.schema(T.ARCHIVE_SCHEMA)
         .option("basePath", args.archive)
+        # Spark skips files whose modification time is older than this
+        # (default 7 days) behind the newest it has seen: a gateway that was
+        # offline for weeks, its archive copied with rsync -a, would lose
+        # its segments.  Every segment counts, however old.
+        .option("maxFileAge", "36500d")
         .parquet(args.archive)
         .writeStream.foreachBatch(recompute)
         .option("checkpointLocation", args.checkpoint)
@@ -230,15 +266,53 @@ def publish_rollups(spark, out, target, prefix, username="mqttgw-pipeline", tls=
     return len(messages)
 
 
+def _now():
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def log_run(out, record):
+    """
+    One JSON line per run in ``OUT/_runs/runs.jsonl``: start, end, status,
+    rows in and out per table, invalid JSON values (and the error of a
+    failed run).  Files and directories starting with "_" are invisible
+    to Spark and pyarrow readers of the tables.
+    """
+    if "://" in str(out):
+        return  # a cluster file system: Spark's own logs tell
+    path = Path(out) / "_runs"
+    path.mkdir(parents=True, exist_ok=True)
+    with open(path / "runs.jsonl", "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
 def main(argv=None):
     args = _parser().parse_args(argv)
     if not Path(args.archive).is_dir():
         print(f"pipeline: archive {args.archive} is not a directory", file=sys.stderr)
         return 2
     started = time.monotonic()
+    args.stats = {}
+    run = {
+        "command": args.command,
+        "start": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "archive": str(args.archive),
+        "json_fields": list(args.json_field),
+    }
     spark = _spark(args.master)
     try:
         written = run_batch(args, spark) if args.command == "batch" else run_stream(args, spark)
+    except BaseException as e:
+        log_run(args.out, dict(run, end=_now(), status="failed", error=f"{type(e).__name__}: {e}"[:2000]))
+        spark.stop()
+        raise
+    log_run(
+        args.out,
+        dict(
+            run, end=_now(), status="ok", seconds=round(time.monotonic() - started, 1),
+            rows_out=written, rows_in=args.stats.get("rows_in", 0), invalid=args.stats.get("invalid", 0),
+        ),
+    )
+    try:
         if args.publish:
             if not (Path(args.out) / "topic_minute").exists():
                 say("nothing to publish yet")

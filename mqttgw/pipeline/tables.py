@@ -4,6 +4,8 @@ keyed by the archive partition (``date``, ``hour``) its rows came from, so
 recomputing some partitions replaces exactly their rows.
 """
 
+import functools
+
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
@@ -51,9 +53,15 @@ def read_archive(spark: SparkSession, archive: str) -> DataFrame:
     )
 
 
-def _topic_rollup(rows: DataFrame, bucket) -> DataFrame:
+def _with_end(frame: DataFrame, unit: str) -> DataFrame:
+    """``window_end``: the window's exclusive end, one ``unit`` after its start."""
+    return frame.withColumn("window_end", F.col("window_start") + F.expr(f"INTERVAL 1 {unit.upper()}"))
+
+
+def _topic_rollup(rows: DataFrame, unit: str) -> DataFrame:
     published = rows.where(F.col("direction").isin(*PUBLISHED))
-    return published.groupBy("date", "hour", "topic", bucket.alias("window_start")).agg(
+    bucket = F.date_trunc(unit, "timestamp")
+    return _with_end(published.groupBy("date", "hour", "topic", bucket.alias("window_start")).agg(
         F.count("*").alias("messages"),
         F.sum("payload_length").cast("long").alias("bytes"),
         F.countDistinct("client_id").alias("publishers"),
@@ -61,25 +69,25 @@ def _topic_rollup(rows: DataFrame, bucket) -> DataFrame:
         F.sum((F.col("qos") == 1).cast("int")).alias("qos1"),
         F.sum((F.col("qos") == 2).cast("int")).alias("qos2"),
         F.sum(F.col("retain").cast("int")).alias("retained"),
-    )
+    ), unit)
 
 
 def topic_minute(rows):
-    return _topic_rollup(rows, F.date_trunc("minute", "timestamp"))
+    return _topic_rollup(rows, "minute")
 
 
 def topic_hour(rows):
-    return _topic_rollup(rows, F.date_trunc("hour", "timestamp"))
+    return _topic_rollup(rows, "hour")
 
 
 def client_hour(rows):
-    return rows.groupBy(
+    return _with_end(rows.groupBy(
         "date", "hour", "client_id", "direction", F.date_trunc("hour", "timestamp").alias("window_start")
     ).agg(
         F.count("*").alias("messages"),
         F.sum("payload_length").cast("long").alias("bytes"),
         F.countDistinct("topic").alias("topics"),
-    )
+    ), "hour")
 
 
 def last_value(rows):
@@ -103,30 +111,56 @@ def last_value(rows):
 
 
 def json_minute(rows, field):
-    """min/max/avg per topic and minute of a numeric JSON field."""
+    """
+    min/max/avg per topic and minute of a numeric JSON field, for the
+    topics that carry it.  Messages on those topics whose value is not a
+    number or text that is exactly one (text such as "n/a", true, an
+    object, a missing field, a payload that is not JSON, binary or empty)
+    are counted in ``invalid`` and left
+    out of the figures: dirty data never stops a run.  ``try_cast`` gives
+    null where a cast would raise under Spark's ANSI mode (on by default
+    in Spark 4), without switching that mode off for everything else.
+    """
     published = rows.where(F.col("direction").isin(*PUBLISHED))
-    value = F.get_json_object(F.col("payload").cast("string"), f"$.{field}").cast("double")
+    # A plain name is a top-level key; "$..." a JSON path into nested objects.
+    path = field if field.startswith("$") else f"$.{field}"
+    raw = F.get_json_object(F.col("payload").cast("string"), path)
     return (
-        published.withColumn("value", value)
-        .where(F.col("value").isNotNull())
+        published.withColumn("raw", raw)
+        # A JSON number, or text that is exactly one ("21.5", as some
+        # devices send); not true, not "1e5x", not an object.
+        .withColumn("value", F.expr("try_cast(raw AS DOUBLE)"))
+        .withColumn(
+            "value",
+            F.when(F.col("raw").rlike(r"^-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?$"), F.col("value")),
+        )
         .groupBy("date", "hour", "topic", F.date_trunc("minute", "timestamp").alias("window_start"))
         .agg(
             F.count("value").alias("count"),
+            (F.count(F.lit(1)) - F.count("value")).alias("invalid"),
             F.min("value").alias("min"),
             F.max("value").alias("max"),
             F.avg("value").alias("avg"),
+            F.count("raw").alias("_present"),
         )
+        # Topics (and minutes) where the field never appears are not its.
+        .where(F.col("_present") > 0)
+        .drop("_present")
         .withColumn("field", F.lit(field))
+        .transform(lambda frame: _with_end(frame, "minute"))
     )
 
 
-def compute(rows, json_field=None):
+def compute(rows, json_fields=()):
     """{table name: DataFrame} for the partitioned tables."""
     tables = {
         "topic_minute": topic_minute(rows),
         "topic_hour": topic_hour(rows),
         "client_hour": client_hour(rows),
     }
-    if json_field:
-        tables["json_minute"] = json_minute(rows, json_field)
+    if isinstance(json_fields, str):
+        json_fields = [json_fields]
+    frames = [json_minute(rows, field) for field in dict.fromkeys(json_fields)]
+    if frames:
+        tables["json_minute"] = functools.reduce(lambda a, b: a.unionByName(b), frames)
     return tables
