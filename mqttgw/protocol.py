@@ -4,6 +4,7 @@ dispatched to ``handle_<TYPE>`` and on to the router.  Bad input closes this
 connection with a log line and nothing else.
 """
 
+import heapq
 import uuid
 from collections import deque
 
@@ -89,6 +90,8 @@ class MQTTServerProtocol(Protocol):
     FILTERS_PER_STEP = 1000
     _backlog = None
     _work = None
+    # Data read while reading was paused (a list, once there is some).
+    _held = ()
     _authenticating = False
     _denied_topics = None
     identity = Identity(None)
@@ -109,7 +112,6 @@ class MQTTServerProtocol(Protocol):
         self._flusher = flusher
         self._out = []
         self._out_size = 0
-        self._held = []
         self.framer = Framer(
             limits.max_packet_size,
             first_packet=P.CONNECT,
@@ -154,6 +156,8 @@ class MQTTServerProtocol(Protocol):
 
     def connectionLost(self, reason):
         self.router.stats.connections -= 1
+        if self.keepalive and self.state is not CLOSED:
+            self._flusher.keepalives.closed()
         self._cancel_timer()
         self._cancel_expiry()
         if self.state is AWAITING_CONNECT and reason.check(SSL.Error):
@@ -179,7 +183,10 @@ class MQTTServerProtocol(Protocol):
         self.stats.bytes_received += len(data)
         if self._backlog is not None:
             # Reading is paused; what was already on its way waits here.
-            self._held.append(data)
+            if self._held:
+                self._held.append(data)
+            else:
+                self._held = [data]
             return
         self._consume(self.framer.feed(data))
 
@@ -246,7 +253,7 @@ class MQTTServerProtocol(Protocol):
         if packets is not None:
             self._consume(packets)
         if self._backlog is None and self._held:
-            held, self._held = self._held, []
+            held, self._held = self._held, ()
             self._consume(self.framer.feed(b"".join(held)))
         if self._backlog is None:
             self._resume_reading()
@@ -335,6 +342,8 @@ class MQTTServerProtocol(Protocol):
         if self.state is CLOSED:
             return
         self.state = CLOSED
+        if self.keepalive:
+            self._flusher.keepalives.closed()
         self._cancel_timer()
         self._cancel_expiry()
         if self.session is not None:
@@ -397,21 +406,26 @@ class MQTTServerProtocol(Protocol):
         log.info("no CONNECT from {peer} in time: closing", peer=self.peer)
         self._close(publish_will=False, graceful=True)
 
-    def _check_keepalive(self):
-        # Rather than re-arming a timer per packet, check on expiry how long
-        # it has really been since the client was last heard from.
+    def keepalive_due(self, now):
+        """
+        The keepalive's deadline came (see :class:`KeepaliveTimers`): None
+        when the client is gone or expired, else its next deadline.
+        Rather than re-arming a timer per packet, check now how long it has
+        really been since the client was last heard from.
+        """
+        if self.state is not CONNECTED:
+            return None
         limit = self.keepalive * 1.5
-        idle = self.clock.seconds() - self._last_received
+        idle = now - self._last_received
         if idle >= limit:
-            self._timer = None
             log.info(
                 "client {client_id} keepalive expired ({idle:.1f}s silent)",
                 client_id=self.log_id,
                 idle=idle,
             )
             self._close(publish_will=True)
-        else:
-            self._timer = self.clock.callLater(limit - idle, self._check_keepalive)
+            return None
+        return self._last_received + limit
 
     # Flow control from the transport (IPushProducer)
 
@@ -573,9 +587,7 @@ class MQTTServerProtocol(Protocol):
         session.attach(self)
         self.keepalive = packet.keepalive
         if self.keepalive:
-            self._timer = self.clock.callLater(
-                self.keepalive * 1.5, self._check_keepalive
-            )
+            self._flusher.keepalives.add(self, self.clock.seconds() + self.keepalive * 1.5)
         if identity.expires is not None:
             self._expiry = self.clock.callLater(
                 max(0.0, identity.expires - self.clock.seconds()), self._token_expired
@@ -827,6 +839,59 @@ MQTTServerProtocol._before_connect = {
 }
 
 
+class KeepaliveTimers:
+    """
+    Every connection's keepalive deadline in one heap under one timer, set
+    for the earliest: a DelayedCall per connection cost an idle client
+    some 450 bytes, a heap entry a fifth of that.  Entries of connections
+    that closed are dropped when they come due.
+    """
+
+    def __init__(self, clock):
+        self.clock = clock
+        self._heap = []
+        self._call = None
+        self._order = 0
+        self._closed = 0
+
+    def closed(self):
+        """
+        A connection with a deadline here closed.  Once they are most of
+        the heap (a reconnect storm), it is rebuilt without them rather
+        than holding them until they come due.
+        """
+        self._closed += 1
+        if self._closed > 64 and self._closed * 2 > len(self._heap):
+            self._heap = [e for e in self._heap if e[2].state is not CLOSED]
+            heapq.heapify(self._heap)
+            self._closed = 0
+
+    def add(self, connection, due):
+        self._order += 1
+        heapq.heappush(self._heap, (due, self._order, connection))
+        if self._call is None or due < self._call.getTime():
+            if self._call is not None:
+                self._call.cancel()
+            self._call = self.clock.callLater(max(0.0, due - self.clock.seconds()), self._fire)
+
+    def _fire(self):
+        self._call = None
+        heap = self._heap
+        now = self.clock.seconds()
+        while heap and heap[0][0] <= now:
+            _, _, connection = heapq.heappop(heap)
+            try:
+                due = connection.keepalive_due(now)
+            except Exception:
+                log.failure("keepalive check of {client_id} failed", client_id=connection.log_id)
+                continue
+            if due is not None:
+                self._order += 1
+                heapq.heappush(heap, (due, self._order, connection))
+        if heap:
+            self._call = self.clock.callLater(max(0.0, heap[0][0] - now), self._fire)
+
+
 class Flusher:
     """
     Work shared out per reactor turn, one for every listener.  Connections
@@ -841,6 +906,7 @@ class Flusher:
 
     def __init__(self, clock):
         self.clock = clock
+        self.keepalives = KeepaliveTimers(clock)
         self.pending = []
         self._call = None
         self._admissions = 0
