@@ -423,6 +423,16 @@ def load_file(path):
                 raise ConfigError(f"{path}: bridge must be [[bridge]] tables")
             values["bridges"] = table
             continue
+        if section == "pipeline":
+            # The pipeline's options (python -m mqttgw.pipeline --config),
+            # checked here too so a typo fails at the gateway's start.
+            from mqttgw.pipeline.settings import SettingsError, check
+
+            try:
+                values["pipeline"] = check(table, path)
+            except SettingsError as e:
+                raise ConfigError(str(e)) from None
+            continue
         if section not in SECTIONS:
             raise ConfigError(f"{path}: unknown section [{section}]")
         if not isinstance(table, dict):

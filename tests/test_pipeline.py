@@ -61,7 +61,8 @@ MIX = (
 
 def test_batch_tables_match_what_was_published(tmp_path):
     archive = tmp_path / "archive"
-    gw = Gateway(tmp_path, "--archive", str(archive), "--no-persistence")
+    gateway_id = "field-7"
+    gw = Gateway(tmp_path, "--archive", str(archive), "--no-persistence", "--gateway-id", gateway_id)
     clients = {}
     for client_id, topic, payload, qos, retain in MIX:
         if client_id not in clients:
@@ -103,6 +104,9 @@ def test_batch_tables_match_what_was_published(tmp_path):
     for name, width in (("topic_minute", 60), ("topic_hour", 3600), ("client_hour", 3600), ("json_minute", 60)):
         for r in table(out / name):
             assert (r["window_end"] - r["window_start"]).total_seconds() == width, name
+            # Every rollup row names its gateway; hours are numbers.
+            assert r["gateway_id"] == gateway_id and r["hour"] == r["window_start"].hour, name
+        assert all(p.name == f"hour={int(p.name[5:])}" for p in (out / name).glob("date=*/hour=*")), name
     # UTC instants as Parquet TIMESTAMP_MICROS, not INT96.
     import pyarrow.parquet as pq
 
@@ -128,10 +132,19 @@ def test_batch_tables_match_what_was_published(tmp_path):
     assert dict(clients_rows) == dict(expected_clients)
 
     last = by(table(out / "last_value"), "topic")
+    assert {r["gateway_id"] for r in last.values()} == {gateway_id}
     final = {}  # the last publish on each topic wins
     for client_id, topic, payload, qos, retain in MIX:
         final[topic] = (client_id, payload, qos, retain)
     assert {t: (r["last_client_id"], r["payload"], r["qos"], r["retain"]) for (t,), r in last.items()} == final
+
+    # SCHEMA.md names every column of every table.
+    schema_doc = (REPO / "mqttgw" / "pipeline" / "SCHEMA.md").read_text()
+    for name in ("topic_minute", "topic_hour", "client_hour", "json_minute", "last_value"):
+        [section] = [s for s in schema_doc.split("\n## ") if name in s.splitlines()[0].split(", ")]
+        for column in ds.dataset(out / name, format="parquet", partitioning="hive").schema.names:
+            assert f"`{column}`" in section or (column.startswith("qos") and "`qos0`, `qos1`, `qos2`" in section), (
+                name, column)
 
     stats = defaultdict(list)
     for _, topic, payload, *_ in MIX:
@@ -156,7 +169,7 @@ class ThreadClock(Clock):
         f(*args, **kwargs)
 
 
-def write_segment(archive, start, topics, count, gateway_id="gw"):
+def write_segment(archive, start, topics, count, gateway_id="gw", payload=lambda i: b"x" * (i % 7)):
     """One archive segment of ``count`` rows from ``start`` (ISO, UTC) on."""
     now = [datetime.fromisoformat(start).replace(tzinfo=timezone.utc).timestamp()]
 
@@ -167,7 +180,7 @@ def write_segment(archive, start, topics, count, gateway_id="gw"):
     a = Archive(archive, ThreadClock(), gateway_id, clock=clock)
     a.start()
     for i in range(count):
-        a.record("in", f"c{i % 3}", P.Publish(topics[i % len(topics)], b"x" * (i % 7), i % 3, False))
+        a.record("in", f"c{i % 3}", P.Publish(topics[i % len(topics)], payload(i), i % 3, False))
     a.stop()
 
 
@@ -264,8 +277,8 @@ def test_streaming_equals_batch_with_a_late_segment(tmp_path):
     batch_out = tmp_path / "batch"
     pipeline("batch", "--archive", str(archive), "--out", str(batch_out), cwd=tmp_path)
     assert snapshot(out) == snapshot(batch_out)
-    hours = {(r["topic"], r["hour"]): r["messages"] for r in table(out / "topic_hour")}
-    assert sum(hours.values()) == 95
+    assert table_hour_counts(out) == hour_counts([archive])
+    assert sum(table_hour_counts(out).values()) == 95
     # Re-running is idempotent.
     pipeline("batch", "--archive", str(archive), "--out", str(batch_out), cwd=tmp_path)
     assert snapshot(out) == snapshot(batch_out)
@@ -278,7 +291,11 @@ def test_rollups_are_published_back_as_retained_messages(tmp_path):
     from tests.test_transports import endpoint, free_port
 
     archive = tmp_path / "archive"
-    write_segment(archive, "2026-11-22T10:00:00", ["plant/a", "plant/b"], 20)
+    celsius = lambda i: json.dumps({"celsius": i, "sensors": {"t1": -i}}).encode()  # noqa: E731
+    write_segment(archive, "2026-11-22T10:00:00", ["plant/a", "plant/b", "/plant/c"], 30, payload=celsius)
+    # An earlier run's own messages, archived by the gateway: never
+    # published again as $analytics/$analytics/...
+    write_segment(archive, "2026-11-22T10:05:00", ["$analytics/plant/a/1m"], 2)
     # A gateway with TLS and a password file: the pipeline logs in.
     ca = trustme.CA()
     cert = ca.issue_cert("localhost")
@@ -295,6 +312,7 @@ def test_rollups_are_published_back_as_retained_messages(tmp_path):
     try:
         pipeline(
             "batch", "--archive", str(archive), "--out", str(tmp_path / "t"),
+            "--json-field", "celsius", "--json-field", "$.sensors.t1",
             "--publish", f"localhost:{tls_port}", "--tls", "--ca", str(tmp_path / "ca.pem"),
             "--prefix", "$analytics", cwd=tmp_path, env={"MQTTGW_PASSWORD": "pipeline-pw"},
         )
@@ -302,22 +320,66 @@ def test_rollups_are_published_back_as_retained_messages(tmp_path):
         dashboard.client.username_pw_set("dashboard", "dash-pw")
         dashboard.connect()
         dashboard.subscribe("$analytics/#", 1)
-        got = {m.topic: (json.loads(m.payload), m.retain) for m in dashboard.receive(4)}
-        assert set(got) == {f"$analytics/plant/{x}/{w}" for x in "ab" for w in ("1m", "1h")}
+        # A leading slash is an empty level, published as "_".
+        topics = {"plant/a": "plant/a", "plant/b": "plant/b", "/plant/c": "_/plant/c"}
+        expected = {
+            f"$analytics/{name}/{suffix}"
+            for name in topics.values()
+            for suffix in ("1m", "1h", "last", "celsius/1m", "sensors.t1/1m")
+        }
+        got = {m.topic: (json.loads(m.payload), m.retain) for m in dashboard.receive(len(expected))}
+        assert set(got) == expected
         assert all(retain for _, retain in got.values())
-        assert got["$analytics/plant/a/1h"][0]["messages"] == 10
-        assert got["$analytics/plant/a/1h"][0]["window_start"] == "2026-11-22T10:00:00+00:00"
+        hour = got["$analytics/plant/a/1h"][0]
+        assert (hour["topic"], hour["messages"], hour["window_start"]) == ("plant/a", 10, "2026-11-22T10:00:00+00:00")
+        assert got["$analytics/_/plant/c/1m"][0]["topic"] == "/plant/c"
+        # plant/a got celsius i = 0, 3, ..., 27, all in minute 10:00.
+        values = list(range(0, 30, 3))
+        stats = got["$analytics/plant/a/celsius/1m"][0]
+        assert (stats["count"], stats["invalid"], stats["min"], stats["max"]) == (
+            len(values), 0, min(values), max(values))
+        assert stats["avg"] == pytest.approx(sum(values) / len(values))
+        assert got["$analytics/plant/a/sensors.t1/1m"][0]["min"] == -max(values)
+        last = got["$analytics/plant/b/last"][0]
+        assert (last["topic"], last["payload"], last["gateway_id"]) == ("plant/b", celsius(28).decode(), "gw")
+        assert not [t for t in got if t.startswith("$analytics/$analytics")]
     finally:
         gw.stop()
 
 
-def test_missing_archive_is_a_clear_error(tmp_path):
+@pytest.mark.parametrize(
+    "args, error",
+    [
+        (["--archive", "{tmp}/nope", "--out", "{tmp}/o"], "archive {tmp}/nope is not a directory"),
+        (["--out", "{tmp}/o"], "no --archive given"),
+        (["--archive", "{tmp}"], "no --out given"),
+        (["--archive", "{tmp}", "--out", "{tmp}/o", "--tables", "topic_hour,nope"], "unknown table 'nope'"),
+        (["--archive", "{tmp}", "--out", "{tmp}/o", "--conf", "spark.x"], "--conf takes KEY=VALUE"),
+        (["--archive", "{tmp}", "--out", "{tmp}/o", "--json-field", "a/b"], "JSON field 'a/b' may not hold"),
+        (["--archive", "{tmp}", "--out", "{tmp}/o", "--publish", "host"], "publish must be HOST:PORT"),
+        (["--config", "{tmp}/missing.toml"], "missing.toml: No such file or directory"),
+    ],
+)
+def test_bad_options_are_one_clear_line(tmp_path, args, error):
     out = subprocess.run(
-        [sys.executable, "-m", "mqttgw.pipeline", "batch", "--archive", str(tmp_path / "nope"), "--out", str(tmp_path / "o")],
+        [sys.executable, "-m", "mqttgw.pipeline", "batch", *(a.format(tmp=tmp_path) for a in args)],
         capture_output=True, text=True, env=gateway_env(), timeout=60,
     )
     assert out.returncode == 2
-    assert "is not a directory" in out.stderr
+    assert out.stderr.startswith("pipeline: ") and error.format(tmp=tmp_path) in out.stderr
+    assert len(out.stderr.splitlines()) == 1
+
+
+def test_the_gateway_checks_the_pipeline_section(tmp_path):
+    from mqttgw import config as C
+
+    path = tmp_path / "mqttgw.toml"
+    path.write_text('[pipeline]\ntables = ["topic_hour", "topic_day"]\n')
+    with pytest.raises(C.ConfigError, match="unknown table 'topic_day'"):
+        C.load_file(path)
+    path.write_text('[pipeline]\nout = "/srv/tables"\nspeed = 3\n')
+    with pytest.raises(C.ConfigError, match="unknown key pipeline.speed"):
+        C.load_file(path)
 
 
 def test_the_same_module_runs_under_spark_submit(tmp_path):
@@ -338,3 +400,197 @@ def test_the_same_module_runs_under_spark_submit(tmp_path):
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert sum(r["messages"] for r in table(tmp_path / "t" / "topic_hour")) == 12
+
+
+def hour_counts(archive_dirs):
+    """messages per (gateway, topic, hour), from the archives themselves."""
+    counts = defaultdict(int)
+    for archive in archive_dirs:
+        for row in table(archive):
+            if row["direction"] in ("in", "bridge_in"):
+                counts[(row["gateway_id"], row["topic"], row["timestamp"].hour)] += 1
+    return dict(counts)
+
+
+def table_hour_counts(out):
+    return {(r["gateway_id"], r["topic"], r["hour"]): r["messages"] for r in table(out / "topic_hour")}
+
+
+def test_a_killed_run_leaves_the_previous_tables_and_the_next_completes_them(tmp_path):
+    import signal
+
+    archive, out = tmp_path / "archive", tmp_path / "tables"
+    batch = ["batch", "--archive", str(archive), "--out", str(out)]
+    write_segment(archive, "2026-11-22T10:00:00", ["a", "b"], 40)
+    pipeline(*batch, cwd=tmp_path)
+    before = snapshot(out)
+    assert table_hour_counts(out) == hour_counts([archive])
+    # New rows for the hour already computed, and a new hour.
+    write_segment(archive, "2026-11-22T10:30:00", ["a", "e"], 20, gateway_id="gw2")
+    write_segment(archive, "2026-11-22T11:00:00", ["f"], 10)
+    # The driver (Python and its JVM) is killed while the run stages its
+    # tables, after topic_minute is done and before anything is swapped in.
+    run = subprocess.Popen(
+        [sys.executable, "-m", "mqttgw.pipeline", *batch], cwd=tmp_path, env=gateway_env(),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while not list((out / "_staging").glob("*/topic_hour")):
+            assert run.poll() is None and time.monotonic() < deadline, "the run ended before it could be killed"
+            time.sleep(0.02)
+    finally:
+        os.killpg(run.pid, signal.SIGKILL)
+        run.wait()
+    [staged] = (out / "_staging").iterdir()
+    assert not (staged / "_SWAP").exists()
+    # Every table as it was, and readable.
+    assert snapshot(out) == before
+    result = pipeline(*batch, cwd=tmp_path)
+    assert f"discarding interrupted run {staged.name}" in result.stderr
+    assert not (out / "_staging").exists()
+    assert table_hour_counts(out) == hour_counts([archive])
+    last = by(table(out / "last_value"), "gateway_id", "topic")
+    assert set(last) == {("gw", "a"), ("gw", "b"), ("gw", "f"), ("gw2", "a"), ("gw2", "e")}
+    runs = [json.loads(line) for line in (out / "_runs" / "runs.jsonl").read_text().splitlines()]
+    assert [r["status"] for r in runs] == ["ok", "ok"]  # the killed run never got to log
+
+
+def test_a_swap_cut_short_is_finished_by_the_next_run(tmp_path, monkeypatch):
+    """No Spark: tables of plain files, and a rename that fails midway."""
+    from mqttgw.pipeline import staging
+
+    out = tmp_path / "out"
+    for hour, text in ((7, "old 7"), (8, "old 8")):
+        leaf = out / "topic_hour" / "date=2026-11-22" / f"hour={hour:02d}"  # an earlier version's name
+        leaf.mkdir(parents=True)
+        (leaf / "part-0.parquet").write_text(text)
+    (out / "last_value").mkdir()
+    (out / "last_value" / "part-0.parquet").write_text("old last")
+    run = staging.Run(out, "run-1")
+    for hour in (8, 9):
+        leaf = Path(run.path("topic_hour")) / "date=2026-11-22" / f"hour={hour}"
+        leaf.mkdir(parents=True)
+        (leaf / "part-0.parquet").write_text(f"new {hour}")
+    Path(run.path("last_value")).mkdir()
+    (Path(run.path("last_value")) / "part-0.parquet").write_text("new last")
+    renames = []
+    real_rename = os.rename
+
+    def rename(a, b):
+        if len(renames) == 2:  # the journal, then hour 8 set aside: then the power fails
+            raise OSError("killed")
+        renames.append(b)
+        real_rename(a, b)
+
+    monkeypatch.setattr(staging.os, "rename", rename)
+    with pytest.raises(OSError):
+        run.swap(["topic_hour"], ["last_value"])
+    monkeypatch.setattr(staging.os, "rename", real_rename)
+    assert not (out / "topic_hour" / "date=2026-11-22" / "hour=08").exists()
+    said = []
+    staging.recover(out, said.append)
+    assert said == ["finishing the swap of interrupted run run-1 (3 moves)"]
+    files = {p.relative_to(out).as_posix(): p.read_text() for p in out.rglob("*.parquet")}
+    assert files == {
+        "topic_hour/date=2026-11-22/hour=07/part-0.parquet": "old 7",
+        "topic_hour/date=2026-11-22/hour=8/part-0.parquet": "new 8",
+        "topic_hour/date=2026-11-22/hour=9/part-0.parquet": "new 9",
+        "last_value/part-0.parquet": "new last",
+    }
+    assert (out / "topic_hour" / "_SUCCESS").exists() and (out / "last_value" / "_SUCCESS").exists()
+    assert not (out / "_staging").exists()
+
+
+def publish_through(gateway, topic, count):
+    client = PahoClient(gateway.port, f"pub-{topic.replace('/', '-')}"[:23], "MQTTv311")
+    client.connect()
+    for i in range(count):
+        client.publish(topic, json.dumps({"celsius": i}).encode(), 1, False)
+    client.disconnect()
+
+
+def test_archives_of_two_gateways_combine_by_gateway_id(tmp_path):
+    """Path (a): each gateway archives locally; the archives are read together, or gathered into one."""
+    import shutil
+
+    archives = []
+    for site, count in (("site-a", 7), ("site-b", 5)):
+        (tmp_path / site).mkdir()
+        archive = tmp_path / site / "archive"
+        gw = Gateway(tmp_path / site, "--archive", str(archive), "--no-persistence", "--gateway-id", site)
+        publish_through(gw, "sensors/t", count)
+        gw.stop()  # closes the open segment
+        archives.append(archive)
+    expected = hour_counts(archives)
+    assert {g for g, *_ in expected} == {"site-a", "site-b"}
+    out = tmp_path / "both"
+    pipeline("batch", "--archive", str(archives[0]), "--archive", str(archives[1]), "--out", str(out), cwd=tmp_path)
+    assert table_hour_counts(out) == expected
+    # Gathered with a copy (rsync) into one tree: segment names carry the
+    # gateway's id, so they never collide.  Options from the [pipeline]
+    # section of the gateway's own configuration file.
+    gathered = tmp_path / "gathered"
+    for archive in archives:
+        shutil.copytree(archive, gathered, dirs_exist_ok=True)
+    config = tmp_path / "mqttgw.toml"
+    config.write_text(
+        f'[archive]\ndirectory = "{gathered}"\n\n'
+        f'[pipeline]\nout = "{tmp_path / "gathered-tables"}"\ntables = ["topic_hour", "last_value"]\n'
+    )
+    from mqttgw import config as C
+
+    assert C.load_file(config)["pipeline"]["tables"] == ["topic_hour", "last_value"]
+    pipeline("batch", "--config", str(config), cwd=tmp_path)
+    assert table_hour_counts(tmp_path / "gathered-tables") == expected
+    assert sorted(p.name for p in (tmp_path / "gathered-tables").iterdir()) == ["_runs", "last_value", "topic_hour"]
+    last = by(table(tmp_path / "gathered-tables" / "last_value"), "gateway_id", "topic")
+    assert set(last) == {("site-a", "sensors/t"), ("site-b", "sensors/t")}
+
+
+def test_field_gateways_bridging_to_an_archiving_central_give_per_site_rollups(tmp_path):
+    """Path (b): field gateways bridge into a central mqttgw, which archives what they send."""
+    archive = tmp_path / "central" / "archive"
+    (tmp_path / "central").mkdir()
+    central = Gateway(tmp_path / "central", "--archive", str(archive), "--no-persistence", "--gateway-id", "central")
+    watcher = PahoClient(central.port, "watcher", "MQTTv311")
+    watcher.connect()
+    watcher.subscribe("field/+/sensors/#", 1)
+    sites = {"site-a": 6, "site-b": 4}
+    fields = []
+    try:
+        for site in sites:
+            (tmp_path / site).mkdir()
+            (tmp_path / site / "mqttgw.toml").write_text(
+                f'[[bridge]]\nname = "central"\naddresses = ["127.0.0.1:{central.port}"]\nclient_id = "{site}"\n'
+                f'rules = ["sensors/# out 1 \\"\\" field/{site}/"]\n'
+            )
+            fields.append(Gateway(tmp_path / site, "--config", str(tmp_path / site / "mqttgw.toml")))
+        for gw in fields:
+            gw.wait_for_log("bridge central: connected to", timeout=20)
+        for site, gw in zip(sites, fields):
+            publish_through(gw, "sensors/t", sites[site])
+        received = watcher.receive(sum(sites.values()))
+        assert sorted({m.topic for m in received}) == ["field/site-a/sensors/t", "field/site-b/sensors/t"]
+    finally:
+        for gw in fields:
+            gw.stop()
+        central.stop()
+    out = tmp_path / "tables"
+    pipeline("batch", "--archive", str(archive), "--out", str(out), "--json-field", "celsius", cwd=tmp_path)
+    per_site = defaultdict(int)
+    for r in table(out / "topic_hour"):
+        assert r["gateway_id"] == "central"
+        if "/sensors/" in r["topic"]:
+            per_site[r["topic"].split("/")[1]] += r["messages"]
+    assert dict(per_site) == sites
+    # The bridges' client ids name the sites.
+    by_client = defaultdict(int)
+    for r in table(out / "client_hour"):
+        by_client[r["client_id"]] += r["messages"]
+    assert by_client["site-a"] >= 6 and by_client["site-b"] >= 4
+    stats = defaultdict(lambda: [0, None])
+    for r in table(out / "json_minute"):
+        stats[r["topic"]][0] += r["count"]
+        stats[r["topic"]][1] = max(r["max"], stats[r["topic"]][1] or r["max"])
+    assert dict(stats) == {"field/site-a/sensors/t": [6, 5], "field/site-b/sensors/t": [4, 3]}

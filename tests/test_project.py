@@ -34,6 +34,14 @@ def test_example_config_documents_every_key_with_its_default():
         assert shown in path.read_text(), key.path
 
 
+def test_example_config_documents_every_pipeline_key_with_its_default():
+    from mqttgw.pipeline.settings import KEYS
+
+    path = REPO / "deploy" / "mqttgw.toml"
+    section = config.load_file(str(path))["pipeline"]
+    assert section == {key: default for key, (_, default, _) in KEYS.items()}
+
+
 def test_example_config_documents_every_bridge_key():
     from mqttgw.bridge import BRIDGE_KEYS
 

@@ -6,12 +6,15 @@ where the master is whatever spark-submit was given.
 
 import argparse
 import json
-import os
-import socket
 import sys
 import time
+import tomllib
+import uuid
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+
+from mqttgw.pipeline import settings as S
+from mqttgw.pipeline import staging
 
 
 def _parse_time(text):
@@ -19,59 +22,117 @@ def _parse_time(text):
     return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
 
 
+def _tables(text):
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
 def _parser():
     parser = argparse.ArgumentParser(prog="python -m mqttgw.pipeline", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     for name in ("batch", "stream"):
         p = sub.add_parser(name)
-        p.add_argument("--archive", required=True, help="the gateway's archive directory")
-        p.add_argument("--out", required=True, help="where the tables are written")
+        # Defaults are None here: the [pipeline] section, then S.KEYS, fill them.
+        p.add_argument("--config", help="a TOML file whose [pipeline] section holds these options")
+        p.add_argument(
+            "--archive", action="append", metavar="DIR",
+            help="an archive directory (repeatable: archives of several gateways, combined by gateway_id)",
+        )
+        p.add_argument("--out", help="where the tables are written")
         p.add_argument("--master", help="Spark master (default: local[*], or spark-submit's)")
         p.add_argument(
-            "--json-field", action="append", default=[], metavar="FIELD",
+            "--conf", action="append", metavar="KEY=VALUE",
+            help="a Spark setting, as spark-submit --conf takes it (repeatable)",
+        )
+        p.add_argument(
+            "--json-field", action="append", dest="json_fields", metavar="FIELD",
             help="also min/max/avg of this numeric JSON field (repeatable; a name, or a JSON path such as $.sensors.t1)",
         )
+        p.add_argument(
+            "--tables", type=_tables, metavar="A,B",
+            help=f"the tables to compute (default: all of {','.join(S.TABLES)})",
+        )
+        p.add_argument("--since", type=_parse_time, help="first hour to recompute (ISO time, UTC)")
+        p.add_argument("--until", type=_parse_time, help="recompute up to this time (ISO time, UTC)")
         p.add_argument("--publish", metavar="HOST:PORT", help="publish the latest rollups to this broker as retained messages")
-        p.add_argument("--prefix", default="$analytics", help="topic prefix of published rollups")
-        p.add_argument("--tls", action="store_true", help="connect to --publish over TLS")
+        p.add_argument("--prefix", help="topic prefix of what is published (default: $analytics)")
+        p.add_argument("--tls", action="store_true", default=None, help="connect to --publish over TLS")
         p.add_argument("--ca", help="with --tls: the authorities the gateway's certificate is checked against (default: the system's)")
         p.add_argument(
-            "--username", default="mqttgw-pipeline",
-            help="user name for --publish (the password, if any, from $MQTTGW_PASSWORD);"
+            "--username",
+            help="user name for --publish (default mqttgw-pipeline; the password, if any, from $MQTTGW_PASSWORD);"
             " the gateway lets only auth.analytics_writers write $analytics/...",
         )
-    batch = sub.choices["batch"]
-    batch.add_argument("--since", type=_parse_time, help="first hour to recompute (ISO time, UTC)")
-    batch.add_argument("--until", type=_parse_time, help="recompute up to this time (ISO time, UTC)")
     stream = sub.choices["stream"]
-    stream.add_argument("--checkpoint", required=True, help="Structured Streaming checkpoint directory")
+    stream.add_argument("--checkpoint", help="Structured Streaming checkpoint directory")
     stream.add_argument(
-        "--trigger", default="available-now",
-        help="'available-now' (process what is there, then stop) or an interval in seconds",
+        "--trigger", help="'available-now' (process what is there, then stop; the default) or an interval in seconds",
     )
     return parser
 
 
-def _spark(master):
+def resolve(args):
+    """Flags, then the file's [pipeline] (and [archive] directory), then defaults."""
+    from_file = {}
+    if args.config:
+        try:
+            with open(args.config, "rb") as f:
+                document = tomllib.load(f)
+        except (OSError, tomllib.TOMLDecodeError) as e:
+            raise S.SettingsError(f"{args.config}: {getattr(e, 'strerror', None) or e}") from None
+        from_file = S.check(document.get("pipeline", {}), args.config)
+        directory = document.get("archive", {}).get("directory")
+        if not from_file.get("archive") and directory:
+            from_file["archive"] = [directory]
+    for key, (_, default, _) in S.KEYS.items():
+        flag = getattr(args, key, None)
+        if flag is None:
+            flag = from_file.get(key, default)
+        setattr(args, key, flag)
+    if not args.archive:
+        raise S.SettingsError("no --archive given (nor a [pipeline] archive or [archive] directory in --config)")
+    if not args.out:
+        raise S.SettingsError("no --out given (nor a [pipeline] out in --config)")
+    if args.command == "stream" and not args.checkpoint:
+        raise S.SettingsError("stream needs --checkpoint (or a [pipeline] checkpoint in --config)")
+    args.conf = dict(args.conf) if isinstance(args.conf, dict) else dict(_setting(c) for c in args.conf)
+    S.check_values(vars(args), "options")
+    for archive in args.archive:
+        if "://" not in archive and not Path(archive).is_dir():
+            raise S.SettingsError(f"archive {archive} is not a directory")
+    return args
+
+
+def _setting(text):
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise S.SettingsError(f"--conf takes KEY=VALUE, not {text!r}")
+    return key, value
+
+
+def _spark(args):
     from pyspark import SparkConf
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.appName("mqttgw-pipeline")
-    if master:
-        builder = builder.master(master)
+    if args.master:
+        builder = builder.master(args.master)
     elif not SparkConf().contains("spark.master"):
         # Not under spark-submit: this machine's cores.
         builder = builder.master("local[*]")
-    spark = (
-        builder.config("spark.sql.sources.partitionOverwriteMode", "dynamic")
-        .config("spark.sql.session.timeZone", "UTC")
+    builder = (
+        builder.config("spark.sql.session.timeZone", "UTC")
+        # Where the tables cannot be staged and swapped (hdfs://, s3a://),
+        # rewriting only the recomputed partitions.
+        .config("spark.sql.sources.partitionOverwriteMode", "dynamic")
         # UTC instants as Parquet TIMESTAMP_MICROS (isAdjustedToUTC), which
         # every reader takes for what it is, rather than legacy INT96.
         .config("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
         .config("spark.sql.shuffle.partitions", "8")
         .config("spark.ui.showConsoleProgress", str(sys.stderr.isatty()).lower())
-        .getOrCreate()
     )
+    for key, value in args.conf.items():
+        builder = builder.config(key, str(value))
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     return spark
 
@@ -80,118 +141,189 @@ def say(text):
     print(f"[{datetime.now():%H:%M:%S}] {text}", file=sys.stderr, flush=True)
 
 
-def write_partitions(tables, out, stats=None):
-    """
-    Overwrite the tables' (date, hour) partitions (for json_minute: field,
-    date, hour) that ``tables`` hold rows for; others stay.  Returns
-    {table: rows written}.
-    """
-    from pyspark.sql import functions as F
-
-    written = {}
-    for name, frame in tables.items():
-        frame = frame.cache()
-        count = frame.count()
-        if stats is not None and count:
-            # For the run log, from the cached rollups (no second scan).
-            if name == "client_hour":
-                stats["rows_in"] = stats.get("rows_in", 0) + frame.agg(F.sum("messages")).first()[0]
-            elif name == "json_minute":
-                stats["invalid"] = stats.get("invalid", 0) + frame.agg(F.sum("invalid")).first()[0]
-        say(f"writing {name}: {count} rows")
-        # json_minute is partitioned by field too: computing one field
-        # never replaces another's rows.
-        columns = ("field", "date", "hour") if name == "json_minute" else ("date", "hour")
-        frame.write.mode("overwrite").partitionBy(*columns).parquet(str(Path(out) / name))
-        mark_complete(out, name)
-        written[name] = count
-        frame.unpersist()
-    return written
-
-
-def mark_complete(out, name):
-    """
-    ``TABLE/_SUCCESS``, renewed each time the table is written: Spark
-    writes none when it overwrites partitions dynamically.
-    """
-    if "://" not in str(out):
-        (Path(out) / name / "_SUCCESS").write_text(_now() + "\n")
-
-
-def write_last_value(spark, rows, out):
-    from mqttgw.pipeline.tables import last_value
-
-    frame = last_value(rows).cache()
-    count = frame.count()
-    say(f"writing last_value: {count} rows")
-    # Computed over the whole archive, so replacing the table is idempotent.
-    frame.write.mode("overwrite").parquet(str(Path(out) / "last_value"))
-    mark_complete(out, "last_value")
-    frame.unpersist()
-    return count
-
-
-def run_batch(args, spark):
-    from pyspark.sql import functions as F
-
-    from mqttgw.pipeline import tables as T
-
-    say(f"reading archive {args.archive}")
-    rows = T.read_archive(spark, args.archive)
-    selected = rows
+def _hour_range(args):
+    """(first, last) hours asked for with --since/--until, as datetimes or None."""
+    first = last = None
     if args.since:
-        since = args.since.astimezone(timezone.utc).replace(minute=0, second=0, microsecond=0)
-        selected = selected.where(
-            (F.col("date") > since.strftime("%Y-%m-%d"))
-            | ((F.col("date") == since.strftime("%Y-%m-%d")) & (F.col("hour") >= since.strftime("%H")))
-        )
+        first = args.since.astimezone(timezone.utc).replace(minute=0, second=0, microsecond=0)
     if args.until:
         until = args.until.astimezone(timezone.utc)
         if until.minute or until.second or until.microsecond:
             until = until.replace(minute=0, second=0, microsecond=0) + timedelta(hours=1)
         last = until - timedelta(hours=1)
-        selected = selected.where(
+    return first, last
+
+
+def _in_range(rows, first, last):
+    """Archive rows of the hours from ``first`` to ``last`` (partition pruning)."""
+    from pyspark.sql import functions as F
+
+    if first:
+        rows = rows.where(
+            (F.col("date") > first.strftime("%Y-%m-%d"))
+            | ((F.col("date") == first.strftime("%Y-%m-%d")) & (F.col("hour") >= first.strftime("%H")))
+        )
+    if last:
+        rows = rows.where(
             (F.col("date") < last.strftime("%Y-%m-%d"))
             | ((F.col("date") == last.strftime("%Y-%m-%d")) & (F.col("hour") <= last.strftime("%H")))
         )
-    written = write_partitions(T.compute(selected, args.json_field), args.out, args.stats)
-    written["last_value"] = write_last_value(spark, rows, args.out)
+    return rows
+
+
+def _previous_last_value(spark, out):
+    """The last_value table to merge with, if there is one of today's shape."""
+    path = Path(out) / "last_value"
+    if not staging.local(out) or not path.is_dir():
+        return None
+    previous = spark.read.parquet(str(path))
+    if {"gateway_id", "last_sequence"} - set(previous.columns):
+        say("last_value was written by an earlier version: recomputing it from the whole archive")
+        return None
+    return previous
+
+
+def refresh(spark, args, selected, whole_archive, stats, everything=None):
+    """
+    Compute the tables asked for from ``selected`` archive rows (read once:
+    every table is computed from the same cached scan) and publish them
+    together.  ``whole_archive``: ``selected`` is all of it, so last_value
+    is computed afresh rather than merged with the previous one, as it
+    is from ``everything`` when given.
+    """
+    from pyspark import StorageLevel
+
+    from mqttgw.pipeline import tables as T
+
+    rows = T.hours(selected).persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        count = rows.count()
+        stats["rows_in"] = stats.get("rows_in", 0) + count
+        if not count:
+            say("no archive rows to compute from")
+            return {}
+        frames = T.compute(rows, args.json_fields, args.tables)
+        if "last_value" in args.tables:
+            if everything is not None:
+                frames["last_value"] = T.last_value(T.hours(everything))
+            else:
+                frames["last_value"] = T.last_value(
+                    rows, None if whole_archive else _previous_last_value(spark, args.out)
+                )
+        if staging.local(args.out):
+            return _staged(spark, args, frames, stats)
+        return _direct(args, frames, stats)
+    finally:
+        rows.unpersist()
+
+
+def _staged(spark, args, frames, stats):
+    run = staging.Run(args.out, f"{datetime.now(timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}")
+    written = {}
+    for name, frame in frames.items():
+        say(f"computing {name}")
+        writer = frame.write.mode("overwrite")
+        if name != "last_value":
+            # json_minute is partitioned by field too: computing one field
+            # never replaces another's rows.
+            writer = writer.partitionBy(*(("field", "date", "hour") if name == "json_minute" else ("date", "hour")))
+        writer.parquet(run.path(name))
+        # An empty table is a directory without data files: the schema is
+        # given, not inferred.
+        staged = spark.read.schema(frame.schema).parquet(run.path(name))
+        written[name] = staged.count()  # from the files' footers
+        if name == "json_minute" and written[name]:
+            stats["invalid"] = stats.get("invalid", 0) + staged.agg({"invalid": "sum"}).first()[0]
+        say(f"staged {name}: {written[name]} rows")
+    moves = run.swap([n for n in frames if n != "last_value"], [n for n in frames if n == "last_value"])
+    say(f"published {len(frames)} table(s), {len(moves)} partition(s) replaced")
     return written
 
 
-def run_stream(args, spark):
+def _direct(args, frames, stats):
+    """
+    Cluster file systems: each table's recomputed partitions are replaced
+    (dynamic partition overwrite), one table after the other.
+    """
+    written = {}
+    for name, frame in frames.items():
+        frame = frame.cache()
+        written[name] = frame.count()
+        if name == "json_minute" and written[name]:
+            stats["invalid"] = stats.get("invalid", 0) + frame.agg({"invalid": "sum"}).first()[0]
+        say(f"writing {name}: {written[name]} rows")
+        target = f"{str(args.out).rstrip('/')}/{name}"
+        if name == "last_value":
+            frame.write.mode("overwrite").parquet(target)
+        else:
+            columns = ("field", "date", "hour") if name == "json_minute" else ("date", "hour")
+            frame.write.mode("overwrite").partitionBy(*columns).parquet(target)
+        frame.unpersist()
+    return written
+
+
+def run_batch(args, spark, stats):
+    from mqttgw.pipeline import tables as T
+
+    first, last = _hour_range(args)
+    say(f"reading {', '.join(args.archive)}")
+    rows = T.read_archive(spark, args.archive)
+    stats["hours"] = [first.isoformat() if first else None, last.isoformat() if last else None]
+    if not (first or last):
+        return refresh(spark, args, rows, True, stats)
+    everything = None
+    if "last_value" in args.tables and _previous_last_value(spark, args.out) is None:
+        # Nothing to merge the chosen hours' last values with: they come
+        # from the whole archive, this once.
+        everything = rows
+    return refresh(spark, args, _in_range(rows, first, last), False, stats, everything)
+
+
+def run_stream(args, spark, stats):
+    from functools import reduce
+
     from pyspark.sql import functions as F
 
     from mqttgw.pipeline import tables as T
 
     totals = {}
+    first, last = _hour_range(args)
+    stats["hours"] = []
 
     def recompute(batch, batch_id):
-        # The hours that new segments touched are recomputed from the whole
-        # archive, so the tables equal a batch run, late segments included.
-        touched = [(r["date"], r["hour"]) for r in batch.select("date", "hour").distinct().collect()]
+        # The hours that new segments touched are recomputed from every
+        # segment of those hours, so the tables equal a batch run, late
+        # segments included; only those hours are read.
+        touched = sorted({(r["date"], r["hour"]) for r in batch.select("date", "hour").distinct().collect()})
+        touched = [
+            (date, hour) for date, hour in touched
+            if (not first or (date, hour) >= (first.strftime("%Y-%m-%d"), first.strftime("%H")))
+            and (not last or (date, hour) <= (last.strftime("%Y-%m-%d"), last.strftime("%H")))
+        ]
         if not touched:
             return
         say(f"micro-batch {batch_id}: {len(touched)} hour(s) touched")
-        rows = T.read_archive(spark, args.archive)
-        wanted = F.lit(False)
-        for date, hour in touched:
-            wanted = wanted | ((F.col("date") == date) & (F.col("hour") == hour))
-        for name, count in write_partitions(
-            T.compute(rows.where(wanted), args.json_field), args.out, args.stats
-        ).items():
+        stats["hours"].extend(f"{date}T{hour}" for date, hour in touched)
+        wanted = reduce(
+            lambda a, b: a | b, [(F.col("date") == date) & (F.col("hour") == hour) for date, hour in touched]
+        )
+        rows = T.read_archive(spark, args.archive).where(wanted)
+        for name, count in refresh(spark, args, rows, False, stats).items():
             totals[name] = totals.get(name, 0) + count
-        totals["last_value"] = write_last_value(spark, rows, args.out)
 
-    stream = (
+    sources = [
         spark.readStream.schema(T.ARCHIVE_SCHEMA)
-        .option("basePath", args.archive)
+        .option("basePath", archive)
         # Spark skips files whose modification time is older than this
         # (default 7 days) behind the newest it has seen: a gateway that was
         # offline for weeks, its archive copied with rsync -a, would lose
         # its segments.  Every segment counts, however old.
         .option("maxFileAge", "36500d")
-        .parquet(args.archive)
+        .parquet(archive)
+        for archive in args.archive
+    ]
+    stream = (
+        reduce(lambda a, b: a.unionByName(b), sources)
         .writeStream.foreachBatch(recompute)
         .option("checkpointLocation", args.checkpoint)
     )
@@ -199,71 +331,10 @@ def run_stream(args, spark):
         stream = stream.trigger(availableNow=True)
     else:
         stream = stream.trigger(processingTime=f"{float(args.trigger)} seconds")
-    say(f"streaming from {args.archive} (trigger {args.trigger})")
+    say(f"streaming from {', '.join(args.archive)} (trigger {args.trigger})")
     query = stream.start()
     query.awaitTermination()
     return totals
-
-
-def publish_rollups(spark, out, target, prefix, username="mqttgw-pipeline", tls=False, ca=None):
-    """
-    The latest minute and hour of each topic, as retained JSON messages on
-    PREFIX/<topic>/1m and PREFIX/<topic>/1h, over MQTT (QoS 1).
-    """
-    from pyspark.sql import Window
-    from pyspark.sql import functions as F
-
-    from mqttgw import packets as P
-    from mqttgw.framing import Framer
-
-    messages = []
-    for table, suffix in (("topic_minute", "1m"), ("topic_hour", "1h")):
-        frame = spark.read.parquet(str(Path(out) / table))
-        newest = Window.partitionBy("topic").orderBy(F.col("window_start").desc())
-        for row in frame.withColumn("rank", F.row_number().over(newest)).where("rank = 1").collect():
-            body = {
-                "window_start": row["window_start"].replace(tzinfo=timezone.utc).isoformat(),
-                **{k: row[k] for k in ("messages", "bytes", "publishers", "qos0", "qos1", "qos2", "retained")},
-            }
-            messages.append((f"{prefix}/{row['topic']}/{suffix}", json.dumps(body).encode()))
-    host, _, port = target.rpartition(":")
-    sock = socket.create_connection((host, int(port)), timeout=30)
-    if tls:
-        import ssl
-
-        # The gateway's certificate is checked, host name included.
-        sock = ssl.create_default_context(cafile=ca).wrap_socket(sock, server_hostname=host)
-    password = os.environ.get("MQTTGW_PASSWORD")
-    sock.sendall(
-        P.Connect(
-            client_id=f"mqttgw-pipeline-{int(time.time())}"[:23],
-            keepalive=0,
-            username=username,
-            password=password.encode() if password else None,
-        ).encode()
-    )
-    framer = Framer()
-    pending = set()
-    data = b""
-    connack = None
-    while connack is None:
-        for packet in framer.feed(sock.recv(4096)):
-            connack = packet
-    if connack.return_code:
-        raise SystemExit(f"pipeline: {target} refused CONNECT (code {connack.return_code})")
-    for mid, (topic, payload) in enumerate(messages, start=1):
-        sock.sendall(P.Publish(topic, payload, 1, True, message_id=mid).encode())
-        pending.add(mid)
-    while pending:
-        data = sock.recv(65536)
-        if not data:
-            raise SystemExit(f"pipeline: {target} closed the connection")
-        for packet in framer.feed(data):
-            if isinstance(packet, P.Puback):
-                pending.discard(packet.message_id)
-    sock.sendall(P.Disconnect().encode())
-    sock.close()
-    return len(messages)
 
 
 def _now():
@@ -273,11 +344,10 @@ def _now():
 def log_run(out, record):
     """
     One JSON line per run in ``OUT/_runs/runs.jsonl``: start, end, status,
-    rows in and out per table, invalid JSON values (and the error of a
-    failed run).  Files and directories starting with "_" are invisible
-    to Spark and pyarrow readers of the tables.
+    hours, rows in and out per table, invalid JSON values (and the error
+    of a failed run).
     """
-    if "://" in str(out):
+    if not staging.local(out):
         return  # a cluster file system: Spark's own logs tell
     path = Path(out) / "_runs"
     path.mkdir(parents=True, exist_ok=True)
@@ -287,20 +357,25 @@ def log_run(out, record):
 
 def main(argv=None):
     args = _parser().parse_args(argv)
-    if not Path(args.archive).is_dir():
-        print(f"pipeline: archive {args.archive} is not a directory", file=sys.stderr)
+    try:
+        args = resolve(args)
+    except S.SettingsError as e:
+        print(f"pipeline: {e}", file=sys.stderr)
         return 2
     started = time.monotonic()
-    args.stats = {}
+    stats = {}
     run = {
         "command": args.command,
-        "start": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "archive": str(args.archive),
-        "json_fields": list(args.json_field),
+        "start": _now(),
+        "archive": list(args.archive),
+        "tables": list(args.tables),
+        "json_fields": list(args.json_fields),
     }
-    spark = _spark(args.master)
+    if staging.local(args.out):
+        staging.recover(args.out, say)
+    spark = _spark(args)
     try:
-        written = run_batch(args, spark) if args.command == "batch" else run_stream(args, spark)
+        written = run_batch(args, spark, stats) if args.command == "batch" else run_stream(args, spark, stats)
     except BaseException as e:
         log_run(args.out, dict(run, end=_now(), status="failed", error=f"{type(e).__name__}: {e}"[:2000]))
         spark.stop()
@@ -308,19 +383,15 @@ def main(argv=None):
     log_run(
         args.out,
         dict(
-            run, end=_now(), status="ok", seconds=round(time.monotonic() - started, 1),
-            rows_out=written, rows_in=args.stats.get("rows_in", 0), invalid=args.stats.get("invalid", 0),
+            run, end=_now(), status="ok", seconds=round(time.monotonic() - started, 1), hours=stats.get("hours"),
+            rows_out=written, rows_in=stats.get("rows_in", 0), invalid=stats.get("invalid", 0),
         ),
     )
     try:
         if args.publish:
-            if not (Path(args.out) / "topic_minute").exists():
-                say("nothing to publish yet")
-            else:
-                n = publish_rollups(
-                    spark, args.out, args.publish, args.prefix, args.username, args.tls, args.ca
-                )
-                written["published"] = n
+            from mqttgw.pipeline.publish import publish
+
+            written["published"] = publish(spark, args)
     finally:
         spark.stop()
     print(f"{args.command} done in {time.monotonic() - started:.1f}s; written to {args.out}:")

@@ -1,7 +1,9 @@
 """
 The tables, as Spark computations over archive rows.  Every rollup is
 keyed by the archive partition (``date``, ``hour``) its rows came from, so
-recomputing some partitions replaces exactly their rows.
+recomputing some partitions replaces exactly their rows, and by
+``gateway_id``, so archives from many gateways combine.  SCHEMA.md
+describes every column.
 """
 
 import functools
@@ -42,15 +44,31 @@ ARCHIVE_SCHEMA = StructType(
 PUBLISHED = ("in", "bridge_in")
 
 PARTITIONED = ("topic_minute", "topic_hour", "client_hour", "json_minute")
+TABLES = PARTITIONED + ("last_value",)
 
 
-def read_archive(spark: SparkSession, archive: str) -> DataFrame:
-    # Hive partitions as strings ("07", not 7): they name directories.
-    return (
-        spark.read.schema(ARCHIVE_SCHEMA)
-        .option("basePath", archive)
-        .parquet(archive)
-    )
+def read_archive(spark: SparkSession, archives) -> DataFrame:
+    """
+    The rows of one archive directory, or of several (one per gateway, or
+    gathered copies): their rows are told apart by ``gateway_id``.
+    """
+    if isinstance(archives, str):
+        archives = [archives]
+    # Hive partitions as strings ("07", not 7): the filters that prune
+    # them compare with the directories' names.
+    frames = [
+        spark.read.schema(ARCHIVE_SCHEMA).option("basePath", archive).parquet(archive)
+        for archive in archives
+    ]
+    return functools.reduce(lambda a, b: a.unionByName(b), frames)
+
+
+def hours(rows: DataFrame) -> DataFrame:
+    """
+    The archive's rows with ``hour`` as an integer: the archive names its
+    directories ``hour=07``; the tables are partitioned ``hour=7``.
+    """
+    return rows.withColumn("hour", F.col("hour").cast("int"))
 
 
 def _with_end(frame: DataFrame, unit: str) -> DataFrame:
@@ -61,7 +79,7 @@ def _with_end(frame: DataFrame, unit: str) -> DataFrame:
 def _topic_rollup(rows: DataFrame, unit: str) -> DataFrame:
     published = rows.where(F.col("direction").isin(*PUBLISHED))
     bucket = F.date_trunc(unit, "timestamp")
-    return _with_end(published.groupBy("date", "hour", "topic", bucket.alias("window_start")).agg(
+    return _with_end(published.groupBy("gateway_id", "date", "hour", "topic", bucket.alias("window_start")).agg(
         F.count("*").alias("messages"),
         F.sum("payload_length").cast("long").alias("bytes"),
         F.countDistinct("client_id").alias("publishers"),
@@ -82,7 +100,7 @@ def topic_hour(rows):
 
 def client_hour(rows):
     return _with_end(rows.groupBy(
-        "date", "hour", "client_id", "direction", F.date_trunc("hour", "timestamp").alias("window_start")
+        "gateway_id", "date", "hour", "client_id", "direction", F.date_trunc("hour", "timestamp").alias("window_start")
     ).agg(
         F.count("*").alias("messages"),
         F.sum("payload_length").cast("long").alias("bytes"),
@@ -90,24 +108,32 @@ def client_hour(rows):
     ), "hour")
 
 
-def last_value(rows):
-    """The last message published on each topic, over everything given."""
-    published = rows.where(F.col("direction").isin(*PUBLISHED))
-    latest = Window.partitionBy("topic").orderBy(
-        F.col("timestamp").desc(), F.col("gateway_id").desc(), F.col("sequence").desc()
+LAST_VALUE_KEY = ("gateway_id", "topic")
+
+
+def last_value(rows, previous=None):
+    """
+    The last message published on each topic of each gateway, over the
+    rows given, merged with the ``previous`` table when there is one: the
+    archive only grows, so the newest of (previous, rows) is the newest of
+    all, and a run reads only the hours it recomputes.
+    """
+    published = rows.where(F.col("direction").isin(*PUBLISHED)).select(
+        "gateway_id",
+        "topic",
+        F.col("timestamp").alias("last_timestamp"),
+        F.col("sequence").alias("last_sequence"),
+        F.col("client_id").alias("last_client_id"),
+        "qos",
+        "retain",
+        "payload",
     )
-    return (
-        published.withColumn("rank", F.row_number().over(latest))
-        .where("rank = 1")
-        .select(
-            "topic",
-            F.col("timestamp").alias("last_timestamp"),
-            F.col("client_id").alias("last_client_id"),
-            "qos",
-            "retain",
-            "payload",
-        )
+    if previous is not None:
+        published = published.unionByName(previous.select(*published.columns))
+    latest = Window.partitionBy(*LAST_VALUE_KEY).orderBy(
+        F.col("last_timestamp").desc(), F.col("last_sequence").desc()
     )
+    return published.withColumn("rank", F.row_number().over(latest)).where("rank = 1").drop("rank")
 
 
 def json_minute(rows, field):
@@ -134,7 +160,7 @@ def json_minute(rows, field):
             "value",
             F.when(F.col("raw").rlike(r"^-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?$"), F.col("value")),
         )
-        .groupBy("date", "hour", "topic", F.date_trunc("minute", "timestamp").alias("window_start"))
+        .groupBy("gateway_id", "date", "hour", "topic", F.date_trunc("minute", "timestamp").alias("window_start"))
         .agg(
             F.count("value").alias("count"),
             (F.count(F.lit(1)) - F.count("value")).alias("invalid"),
@@ -151,16 +177,13 @@ def json_minute(rows, field):
     )
 
 
-def compute(rows, json_fields=()):
-    """{table name: DataFrame} for the partitioned tables."""
-    tables = {
-        "topic_minute": topic_minute(rows),
-        "topic_hour": topic_hour(rows),
-        "client_hour": client_hour(rows),
-    }
+def compute(rows, json_fields=(), tables=PARTITIONED):
+    """{table name: DataFrame} for the partitioned tables asked for."""
+    builders = {"topic_minute": topic_minute, "topic_hour": topic_hour, "client_hour": client_hour}
+    result = {name: build(rows) for name, build in builders.items() if name in tables}
     if isinstance(json_fields, str):
         json_fields = [json_fields]
     frames = [json_minute(rows, field) for field in dict.fromkeys(json_fields)]
-    if frames:
-        tables["json_minute"] = functools.reduce(lambda a, b: a.unionByName(b), frames)
-    return tables
+    if frames and "json_minute" in tables:
+        result["json_minute"] = functools.reduce(lambda a, b: a.unionByName(b), frames)
+    return result

@@ -1,0 +1,161 @@
+"""
+What dashboards subscribe to: the newest figures of each topic, published
+into a gateway as retained JSON messages (QoS 1) under a prefix:
+
+- ``PREFIX/<topic>/1m`` and ``PREFIX/<topic>/1h``: the newest minute and
+  hour of ``topic_minute`` and ``topic_hour``;
+- ``PREFIX/<topic>/<field>/1m``: the newest minute of ``json_minute``;
+- ``PREFIX/<topic>/last``: ``last_value``.
+
+Archives of several gateways are summed per topic.  An empty topic level
+(``/a``, ``a//b``) is published as ``_`` so every name is a plain topic
+under the prefix; each body carries the ``topic`` as it was.  Topics
+already under the prefix (what an earlier run published, archived by the
+gateway) are not published again.
+"""
+
+import base64
+import json
+import os
+import socket
+import time
+from datetime import timezone
+from pathlib import Path
+
+from mqttgw.pipeline.cli import say
+
+
+def topic_name(prefix, topic, *levels):
+    return "/".join([prefix, *(level or "_" for level in topic.split("/")), *levels])
+
+
+def field_level(field):
+    """``celsius`` stays; the path ``$.sensors.t1`` becomes ``sensors.t1``."""
+    return field[2:] if field.startswith("$.") else field
+
+
+def _iso(t):
+    return t.replace(tzinfo=timezone.utc).isoformat()
+
+
+def _newest(frame, keys):
+    """The rows of each key's newest window (of every gateway that has it)."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    newest = F.max("window_start").over(Window.partitionBy(*keys))
+    return frame.withColumn("_newest", newest).where(F.col("window_start") == F.col("_newest")).drop("_newest")
+
+
+def messages(spark, out, prefix):
+    """[(topic, payload)] for everything there is to publish."""
+    from pyspark.sql import functions as F
+
+    def table(name):
+        path = Path(out) / name
+        return spark.read.parquet(str(path)) if path.is_dir() else None
+
+    mine = f"{prefix}/"
+    result = []
+    for name, suffix in (("topic_minute", "1m"), ("topic_hour", "1h")):
+        frame = table(name)
+        if frame is None:
+            continue
+        frame = frame.where(~F.col("topic").startswith(mine))
+        summed = _newest(frame, ["topic"]).groupBy("topic", "window_start", "window_end").agg(
+            *(F.sum(k).alias(k) for k in ("messages", "bytes", "publishers", "qos0", "qos1", "qos2", "retained")),
+            F.countDistinct("gateway_id").alias("gateways"),
+        )
+        for row in summed.collect():
+            body = {"topic": row["topic"], "window_start": _iso(row["window_start"]), "window_end": _iso(row["window_end"])}
+            body.update((k, row[k]) for k in ("messages", "bytes", "publishers", "qos0", "qos1", "qos2", "retained", "gateways"))
+            result.append((topic_name(prefix, row["topic"], suffix), body))
+    frame = table("json_minute")
+    if frame is not None:
+        frame = frame.where(~F.col("topic").startswith(mine))
+        summed = _newest(frame, ["topic", "field"]).groupBy("topic", "field", "window_start", "window_end").agg(
+            F.sum("count").alias("count"),
+            F.sum("invalid").alias("invalid"),
+            F.min("min").alias("min"),
+            F.max("max").alias("max"),
+            (F.sum(F.col("avg") * F.col("count")) / F.sum("count")).alias("avg"),
+        )
+        for row in summed.collect():
+            body = {"topic": row["topic"], "field": row["field"], "window_start": _iso(row["window_start"]),
+                    "window_end": _iso(row["window_end"])}
+            body.update((k, row[k]) for k in ("count", "invalid", "min", "max", "avg"))
+            result.append((topic_name(prefix, row["topic"], field_level(row["field"]), "1m"), body))
+    frame = table("last_value")
+    if frame is not None:
+        from pyspark.sql import Window
+
+        latest = Window.partitionBy("topic").orderBy(F.col("last_timestamp").desc(), F.col("gateway_id").desc())
+        frame = frame.where(~F.col("topic").startswith(mine))
+        for row in frame.withColumn("_rank", F.row_number().over(latest)).where("_rank = 1").collect():
+            body = {
+                "topic": row["topic"], "timestamp": _iso(row["last_timestamp"]), "gateway_id": row["gateway_id"],
+                "client_id": row["last_client_id"], "qos": row["qos"], "retain": row["retain"],
+            }
+            payload = bytes(row["payload"] or b"")
+            try:
+                body["payload"] = payload.decode("utf-8")
+            except UnicodeDecodeError:
+                body["payload_base64"] = base64.b64encode(payload).decode()
+            result.append((topic_name(prefix, row["topic"], "last"), body))
+    return [(topic, json.dumps(body).encode()) for topic, body in result]
+
+
+def publish(spark, args):
+    """Publishes ``messages`` over MQTT; returns how many."""
+    from mqttgw import packets as P
+    from mqttgw.framing import Framer
+
+    pending_messages = messages(spark, args.out, args.prefix)
+    if not pending_messages:
+        say("nothing to publish yet")
+        return 0
+    target = args.publish
+    host, _, port = target.rpartition(":")
+    sock = socket.create_connection((host, int(port)), timeout=30)
+    if args.tls:
+        import ssl
+
+        # The gateway's certificate is checked, host name included.
+        sock = ssl.create_default_context(cafile=args.ca or None).wrap_socket(sock, server_hostname=host)
+    password = os.environ.get("MQTTGW_PASSWORD")
+    sock.sendall(
+        P.Connect(
+            client_id=f"mqttgw-pipeline-{int(time.time())}"[:23],
+            keepalive=0,
+            username=args.username,
+            password=password.encode() if password else None,
+        ).encode()
+    )
+    framer = Framer()
+    connack = None
+    while connack is None:
+        data = sock.recv(4096)
+        if not data:
+            raise SystemExit(f"pipeline: {target} closed the connection before CONNACK")
+        for packet in framer.feed(data):
+            connack = packet
+    if connack.return_code:
+        raise SystemExit(f"pipeline: {target} refused CONNECT (code {connack.return_code})")
+    # At most 20 unacknowledged, as a gateway's in-flight window allows.
+    pending = set()
+    queue = list(enumerate(pending_messages, start=1))
+    while queue or pending:
+        while queue and len(pending) < 20:
+            mid, (topic, payload) = queue.pop(0)
+            sock.sendall(P.Publish(topic, payload, 1, True, message_id=(mid - 1) % 65535 + 1).encode())
+            pending.add((mid - 1) % 65535 + 1)
+        data = sock.recv(65536)
+        if not data:
+            raise SystemExit(f"pipeline: {target} closed the connection")
+        for packet in framer.feed(data):
+            if isinstance(packet, P.Puback):
+                pending.discard(packet.message_id)
+    sock.sendall(P.Disconnect().encode())
+    sock.close()
+    say(f"published {len(pending_messages)} message(s) to {target}")
+    return len(pending_messages)

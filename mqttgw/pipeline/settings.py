@@ -1,0 +1,70 @@
+"""
+The ``[pipeline]`` section of the gateway's TOML file: the pipeline's
+options, so one file describes a gateway and what is computed from its
+archive.  Command-line options win over it.  Pure Python: the gateway
+checks this section at start-up without importing Spark.
+"""
+
+TABLES = ("topic_minute", "topic_hour", "client_hour", "json_minute", "last_value")
+
+# key: (type, default, help)
+KEYS = {
+    "archive": (list, [], "archive directories (the gateway's [archive] directory when empty)"),
+    "out": (str, "", "where the tables are written"),
+    "json_fields": (list, [], "numeric JSON fields for json_minute (names or JSON paths)"),
+    "tables": (list, list(TABLES), "the tables to compute"),
+    "master": (str, "", "Spark master (default: local[*], or spark-submit's)"),
+    "conf": (dict, {}, "Spark settings, as spark-submit --conf takes them"),
+    "checkpoint": (str, "", "the stream's checkpoint directory"),
+    "trigger": (str, "available-now", "'available-now' or an interval in seconds"),
+    "publish": (str, "", "HOST:PORT to publish rollups to"),
+    "prefix": (str, "$analytics", "topic prefix of what is published"),
+    "tls": (bool, False, "publish over TLS"),
+    "ca": (str, "", "authorities the gateway's certificate is checked against"),
+    "username": (str, "mqttgw-pipeline", "user name for publishing"),
+}
+
+
+class SettingsError(ValueError):
+    pass
+
+
+def check(table, where):
+    """``{key: value}`` of a [pipeline] table, every key and value checked."""
+    if not isinstance(table, dict):
+        raise SettingsError(f"{where}: pipeline must be a table")
+    values = {}
+    for name, value in table.items():
+        if name not in KEYS:
+            raise SettingsError(f"{where}: unknown key pipeline.{name}")
+        kind = KEYS[name][0]
+        if kind is list and isinstance(value, str) and name == "archive":
+            value = [value]
+        if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+            raise SettingsError(f"{where}: pipeline.{name} must be a {kind.__name__}, not {value!r}")
+        if kind is list and not all(isinstance(v, str) and v for v in value):
+            raise SettingsError(f"{where}: pipeline.{name} must be a list of non-empty strings")
+        if kind is dict and not all(isinstance(v, (str, int, float, bool)) for v in value.values()):
+            raise SettingsError(f"{where}: pipeline.conf values must be strings, numbers or booleans")
+        values[name] = value
+    check_values(values, where)
+    return values
+
+
+def check_values(values, where):
+    unknown = [t for t in values.get("tables", ()) if t not in TABLES]
+    if unknown:
+        raise SettingsError(f"{where}: unknown table {unknown[0]!r} (tables: {', '.join(TABLES)})")
+    for field in values.get("json_fields", ()):
+        if any(c in field for c in "+#/\0"):
+            raise SettingsError(f"{where}: JSON field {field!r} may not hold '+', '#', '/' or NUL")
+    trigger = values.get("trigger", "available-now")
+    if trigger != "available-now":
+        try:
+            if float(trigger) <= 0:
+                raise ValueError
+        except ValueError:
+            raise SettingsError(f"{where}: trigger must be 'available-now' or seconds, not {trigger!r}") from None
+    publish = values.get("publish") or ""
+    if publish and not publish.rpartition(":")[2].isdigit():
+        raise SettingsError(f"{where}: publish must be HOST:PORT, not {publish!r}")
