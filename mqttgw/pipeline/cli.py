@@ -214,7 +214,8 @@ def refresh(spark, args, selected, whole_archive, stats, everything=None):
             return _staged(spark, args, frames, stats)
         return _direct(args, frames, stats)
     finally:
-        rows.unpersist()
+        # The rows, and what the tables cached on the way.
+        spark.catalog.clearCache()
 
 
 def _staged(spark, args, frames, stats):

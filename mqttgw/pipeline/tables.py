@@ -8,7 +8,7 @@ describes every column.
 
 import functools
 
-from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
     BinaryType,
@@ -76,26 +76,41 @@ def _with_end(frame: DataFrame, unit: str) -> DataFrame:
     return frame.withColumn("window_end", F.col("window_start") + F.expr(f"INTERVAL 1 {unit.upper()}"))
 
 
-def _topic_rollup(rows: DataFrame, unit: str) -> DataFrame:
+def _per_publisher(rows: DataFrame) -> DataFrame:
+    """
+    Published messages per gateway, topic, minute and publisher: both
+    topic rollups are sums over it, so the archive rows are grouped once
+    and distinct publishers are counted over this much smaller frame.
+    """
     published = rows.where(F.col("direction").isin(*PUBLISHED))
-    bucket = F.date_trunc(unit, "timestamp")
-    return _with_end(published.groupBy("gateway_id", "date", "hour", "topic", bucket.alias("window_start")).agg(
+    return published.groupBy(
+        "gateway_id", "date", "hour", "topic", F.date_trunc("minute", "timestamp").alias("minute"), "client_id"
+    ).agg(
         F.count("*").alias("messages"),
         F.sum("payload_length").cast("long").alias("bytes"),
+        F.sum((F.col("qos") == 0).cast("long")).alias("qos0"),
+        F.sum((F.col("qos") == 1).cast("long")).alias("qos1"),
+        F.sum((F.col("qos") == 2).cast("long")).alias("qos2"),
+        F.sum(F.col("retain").cast("long")).alias("retained"),
+    )
+
+
+def _topic_rollup(per_publisher: DataFrame, unit: str) -> DataFrame:
+    bucket = F.date_trunc(unit, "minute")
+    return _with_end(per_publisher.groupBy("gateway_id", "date", "hour", "topic", bucket.alias("window_start")).agg(
+        F.sum("messages").alias("messages"),
+        F.sum("bytes").alias("bytes"),
         F.countDistinct("client_id").alias("publishers"),
-        F.sum((F.col("qos") == 0).cast("int")).alias("qos0"),
-        F.sum((F.col("qos") == 1).cast("int")).alias("qos1"),
-        F.sum((F.col("qos") == 2).cast("int")).alias("qos2"),
-        F.sum(F.col("retain").cast("int")).alias("retained"),
+        *(F.sum(k).alias(k) for k in ("qos0", "qos1", "qos2", "retained")),
     ), unit)
 
 
 def topic_minute(rows):
-    return _topic_rollup(rows, "minute")
+    return _topic_rollup(_per_publisher(rows), "minute")
 
 
 def topic_hour(rows):
-    return _topic_rollup(rows, "hour")
+    return _topic_rollup(_per_publisher(rows), "hour")
 
 
 def client_hour(rows):
@@ -130,10 +145,10 @@ def last_value(rows, previous=None):
     )
     if previous is not None:
         published = published.unionByName(previous.select(*published.columns))
-    latest = Window.partitionBy(*LAST_VALUE_KEY).orderBy(
-        F.col("last_timestamp").desc(), F.col("last_sequence").desc()
-    )
-    return published.withColumn("rank", F.row_number().over(latest)).where("rank = 1").drop("rank")
+    # The newest (timestamp, sequence) of each key: one aggregation, no sort.
+    order = F.struct("last_timestamp", "last_sequence")
+    newest = F.max_by(F.struct(*published.columns[2:]), order).alias("newest")
+    return published.groupBy(*LAST_VALUE_KEY).agg(newest).select(*LAST_VALUE_KEY, "newest.*")
 
 
 def json_minute(rows, field):
@@ -179,8 +194,16 @@ def json_minute(rows, field):
 
 def compute(rows, json_fields=(), tables=PARTITIONED):
     """{table name: DataFrame} for the partitioned tables asked for."""
-    builders = {"topic_minute": topic_minute, "topic_hour": topic_hour, "client_hour": client_hour}
-    result = {name: build(rows) for name, build in builders.items() if name in tables}
+    result = {}
+    if "topic_minute" in tables or "topic_hour" in tables:
+        per_publisher = _per_publisher(rows)
+        if "topic_minute" in tables and "topic_hour" in tables:
+            per_publisher = per_publisher.cache()
+        for name, unit in (("topic_minute", "minute"), ("topic_hour", "hour")):
+            if name in tables:
+                result[name] = _topic_rollup(per_publisher, unit)
+    if "client_hour" in tables:
+        result["client_hour"] = client_hour(rows)
     if isinstance(json_fields, str):
         json_fields = [json_fields]
     frames = [json_minute(rows, field) for field in dict.fromkeys(json_fields)]
