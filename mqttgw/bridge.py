@@ -100,7 +100,7 @@ class BridgeSettings:
     protocol_level = attr.ib(default=P.MQTT_311)
     client_id = attr.ib(default=None)
     username = attr.ib(default=None)
-    password = attr.ib(default=None)
+    password = attr.ib(default=None, repr=False)  # never in a log line
     clean_session = attr.ib(default=False)
     keepalive = attr.ib(default=60)
     try_private = attr.ib(default=True)
@@ -262,6 +262,10 @@ class FailoverEndpoint:
         self.reactor = reactor
         self.settings = settings
         self.on_refused = on_refused
+
+    def __repr__(self):
+        # ClientService names its endpoint when it logs a retry.
+        return f"bridge {self.settings.name} upstream {', '.join(self.settings.addresses)}"
 
     def _endpoint(self, address):
         host, port = parse_address(address)

@@ -100,7 +100,7 @@ class Connect:
     will_qos = attr.ib(default=0)
     will_retain = attr.ib(default=False)
     username = attr.ib(default=None)
-    password = attr.ib(default=None)
+    password = attr.ib(default=None, repr=False)  # never in a log line
     # The raw flags byte, kept for the 3.1.1 reserved-bit check.
     flags = attr.ib(default=None, eq=False, repr=False)
 

@@ -1,5 +1,6 @@
 """Bridge rules and configuration, checked before anything connects."""
 
+import attr
 import pytest
 
 from mqttgw.bridge import MQTTBridgeKind, Rule
@@ -87,3 +88,15 @@ def test_duplicate_bridge_names_are_refused(tmp_path):
     table = '[[bridge]]\nname = "x"\naddresses = ["h:1"]\nrules = ["a"]\n'
     with pytest.raises(SystemExit, match="used twice"):
         parse("--config", write(tmp_path, table + table))
+
+
+def test_a_bridge_names_itself_in_log_lines_and_keeps_its_password_out():
+    from mqttgw.bridge import FailoverEndpoint
+
+    options = parse("--bridge", "central:1883", "--bridge-topic", "sensors/# out 1")
+    [(_, bridge)] = options.bridges
+    bridge = attr.evolve(bridge, password="s3cret")
+    # ClientService logs its endpoint on every retry.
+    endpoint = repr(FailoverEndpoint(None, bridge, None))
+    assert endpoint == "bridge default upstream central:1883"
+    assert "s3cret" not in repr(bridge)
