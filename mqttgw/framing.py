@@ -232,6 +232,12 @@ class Framer:
     speaking MQTT, and buffers little for a peer that has not connected.
     """
 
+    # Slots: one per connection.
+    __slots__ = (
+        "max_packet_size", "strict", "strict_for_311", "_first", "_first_size",
+        "_buffer", "_chunks", "_have", "_need",
+    )
+
     def __init__(
         self,
         max_packet_size=1024 * 1024,

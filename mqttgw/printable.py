@@ -11,4 +11,6 @@ def printable(text):
     """``text`` with its control characters as ``\\xNN`` escapes."""
     if text is None:
         return None
+    if text.isascii() and text.isprintable():
+        return text  # the common case, without a copy
     return text.translate(_ESCAPES)

@@ -104,13 +104,14 @@ class MQTTServerProtocol(Protocol):
     _reading_paused = False
     _output_full = False
     _awaiting_admission = False
+    # Bytes written this reactor turn: a list once there are some.
+    _out = ()
 
     def __init__(self, router, limits, clock, flusher):
         self.router = router
         self.limits = limits
         self.clock = clock
         self._flusher = flusher
-        self._out = []
         self._out_size = 0
         self.framer = Framer(
             limits.max_packet_size,
@@ -119,7 +120,6 @@ class MQTTServerProtocol(Protocol):
             strict_for_311=STRICT_TEXT if limits.reject_control_characters else STRICT,
         )
         self.stats = router.stats
-        self.peer = "?"
         self.log_id = None
         self._last_received = 0.0
         self._timer = None
@@ -130,9 +130,7 @@ class MQTTServerProtocol(Protocol):
         # Writes are already batched per reactor turn; Nagle would only delay.
         if hasattr(self.transport, "setTcpNoDelay"):
             self.transport.setTcpNoDelay(True)
-        peer = self.transport.getPeer()
-        host = self._host = getattr(peer, "host", None)
-        self.peer = f"{host}:{peer.port}" if host else str(peer)
+        self._host = getattr(self.transport.getPeer(), "host", None)
         stats = self.stats
         stats.connections += 1
         stats.connections_accepted += 1
@@ -148,6 +146,17 @@ class MQTTServerProtocol(Protocol):
             # Too many connections arrived this turn: read this one later.
             self._awaiting_admission = True
             self._pause_reading()
+
+    @property
+    def peer(self):
+        """The peer's address for log lines (made when needed: idle
+        connections are many, log lines about them few)."""
+        transport = self.transport
+        if transport is None:
+            return "?"
+        peer = transport.getPeer()
+        host = getattr(peer, "host", None)
+        return f"{host}:{peer.port}" if host else str(peer)
 
     def admitted(self):
         """Our turn has come to be read from (see :meth:`Flusher.admit`)."""
@@ -283,9 +292,11 @@ class MQTTServerProtocol(Protocol):
         turn goes out in a single transport write.
         """
         out = self._out
-        if not out:
+        if out:
+            out.append(data)
+        else:
             self._flusher.mark(self)
-        out.append(data)
+            self._out = [data]
         self._out_size += len(data)
         if self._out_size > OUTPUT_HIGH_WATER:
             self.flush()
@@ -297,7 +308,7 @@ class MQTTServerProtocol(Protocol):
             stats = self.stats
             stats.packets_sent += len(out)
             stats.bytes_sent += self._out_size
-            self._out = []
+            self._out = ()
             self._out_size = 0
             try:
                 self.transport.write(out[0] if len(out) == 1 else b"".join(out))
@@ -306,7 +317,7 @@ class MQTTServerProtocol(Protocol):
 
     def flush_failed(self):
         """Writing to the transport raised: this connection cannot go on."""
-        self._out = []
+        self._out = ()
         self._out_size = 0
         if self.state is CLOSED:
             return
@@ -351,7 +362,7 @@ class MQTTServerProtocol(Protocol):
         if graceful:
             self._close_gracefully()
         else:
-            self._out = []
+            self._out = ()
             self._out_size = 0
             self.transport.abortConnection()
 

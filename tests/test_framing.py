@@ -430,18 +430,18 @@ def test_topic_name_over_64k_cannot_be_encoded():
         P.Publish("x" * 65536).encode()
 
 
-def test_a_packet_fed_byte_by_byte_is_joined_once_when_complete():
+def test_a_packet_fed_byte_by_byte_is_joined_once_when_complete(monkeypatch):
     framer = Framer(1024 * 1024)
     data = P.Publish("t", bytes(256 * 1024)).encode()
     parses = 0
-    parse = framer._packets
+    parse = Framer._packets
 
-    def counting():
+    def counting(self):
         nonlocal parses
         parses += 1
-        return parse()
+        return parse(self)
 
-    framer._packets = counting
+    monkeypatch.setattr(Framer, "_packets", counting)
     out = []
     for i in range(len(data)):
         out.extend(framer.feed(data[i : i + 1]))
