@@ -8,7 +8,6 @@ import time
 from datetime import datetime, timezone
 
 import pyarrow.dataset as ds
-import pytest
 from twisted.internet.task import Clock
 
 from mqttgw import packets as P

@@ -7,7 +7,6 @@ test reads what the page got.
 import contextlib
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 
