@@ -147,6 +147,8 @@ class Mqttgw(Broker):
             "--max-inflight-messages", str(MAX_INFLIGHT),
             "--max-queued-messages", str(MAX_QUEUED),
             "--max-connections", "50000",
+            # As mosquitto's log_type below: errors and warnings only.
+            "--log-level", "warn", "--no-connection-messages",
         ] + self.auth_options() + self.options
 
     def auth_options(self):

@@ -32,18 +32,22 @@ def connect(port, client_id, keepalive=0, clean_session=True):
     return sock
 
 
-def ws_connect(port, client_id):
-    """MQTT over WebSocket: the upgrade, then CONNECT in a binary frame."""
+def ws_connect(port, client_id, clean_session=True):
+    """
+    MQTT over WebSocket: the upgrade, then CONNECT in a binary frame.
+    Returns the socket and a Deframer holding what followed the CONNACK.
+    """
     from bench.hostile import ws_upgrade
 
     sock, rest = ws_upgrade(port)
     sock.settimeout(None)
-    sock.sendall(ws_frame(P.Connect(client_id=client_id, keepalive=0).encode()))
-    # CONNACK in an unmasked binary frame: 82 04 20 02 00 00
-    connack = rest + (_recv_exact(sock, 6 - len(rest)) if len(rest) < 6 else b"")
-    if connack[2:4] != b"\x20\x02" or connack[5] != 0:
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.sendall(ws_frame(P.Connect(client_id=client_id, keepalive=0, clean_session=clean_session).encode()))
+    deframer = Deframer(rest)
+    connack = deframer.read_exact(sock, 4)
+    if connack[:2] != b"\x20\x02" or connack[3] != 0:
         raise RuntimeError(f"{client_id}: CONNECT refused: {connack!r}")
-    return sock
+    return sock, deframer
 
 
 def ws_frame(payload, mask=b"\x6d\x71\x74\x74"):
@@ -53,8 +57,78 @@ def ws_frame(payload, mask=b"\x6d\x71\x74\x74"):
         header = bytes((0x82, 0x80 | n))
     else:
         header = bytes((0x82, 0x80 | 126)) + _u16.pack(n)
-    masked = bytes(b ^ mask[i & 3] for i, b in enumerate(payload))
+    if mask == _ZERO_MASK:
+        return header + mask + payload
+    key = (mask * (n // 4 + 1))[:n]
+    masked = (int.from_bytes(payload, "big") ^ int.from_bytes(key, "big")).to_bytes(n, "big")
     return header + mask + masked
+
+
+# A valid mask that leaves the payload as it is: for replies made on the
+# fly (acknowledgements), which would otherwise cost the load generator a
+# byte-by-byte XOR.  Whole frames sent in bulk use a real mask.
+_ZERO_MASK = b"\x00\x00\x00\x00"
+
+
+def ws_send(sock):
+    """``sendall`` for MQTT bytes made on the fly, each call one frame."""
+    return lambda data: sock.sendall(ws_frame(data, _ZERO_MASK))
+
+
+class Deframer:
+    """The MQTT byte stream out of a server's (unmasked) WebSocket frames."""
+
+    def __init__(self, leftover=b""):
+        self.buffer = bytes(leftover)
+        self.stream = b""
+
+    def feed(self, data):
+        buf = self.buffer + data if self.buffer else data
+        out = []
+        at = 0
+        size = len(buf)
+        while at + 2 <= size:
+            n = buf[at + 1] & 0x7F
+            h = 2
+            if n == 126:
+                if at + 4 > size:
+                    break
+                n, h = int.from_bytes(buf[at + 2 : at + 4], "big"), 4
+            elif n == 127:
+                if at + 10 > size:
+                    break
+                n, h = int.from_bytes(buf[at + 2 : at + 10], "big"), 10
+            if at + h + n > size:
+                break
+            if buf[at] & 0x0F in (0, 2):
+                out.append(buf[at + h : at + h + n])
+            elif buf[at] & 0x0F == 8:
+                raise ConnectionError("broker closed the WebSocket")
+            at += h + n
+        self.buffer = buf[at:]
+        return out[0] if len(out) == 1 else b"".join(out)
+
+    def recv(self, sock):
+        """``sock.recv`` for the MQTT stream: b"" only at the end."""
+        def recv(n):
+            while True:
+                data = sock.recv(n)
+                if not data:
+                    return b""
+                out = self.feed(data)
+                if out:
+                    return out
+        return recv
+
+    def read_exact(self, sock, n):
+        recv = self.recv(sock)
+        while len(self.stream) < n:
+            data = recv(65536)
+            if not data:
+                raise ConnectionError("broker closed the connection")
+            self.stream += data
+        out, self.stream = self.stream[:n], self.stream[n:]
+        return out
 
 
 def _recv_exact(sock, n):
@@ -67,9 +141,14 @@ def _recv_exact(sock, n):
     return data
 
 
-def subscribe(sock, topic_filter, qos):
-    sock.sendall(P.Subscribe(1, [(topic_filter, qos)]).encode())
-    suback = _recv_exact(sock, 5)
+def subscribe(sock, topic_filter, qos, deframer=None):
+    packet = P.Subscribe(1, [(topic_filter, qos)]).encode()
+    if deframer is None:
+        sock.sendall(packet)
+        suback = _recv_exact(sock, 5)
+    else:
+        sock.sendall(ws_frame(packet))
+        suback = deframer.read_exact(sock, 5)
     if suback[0] != 0x90 or suback[4] != qos:
         raise RuntimeError(f"SUBSCRIBE refused: {suback!r}")
 
@@ -85,8 +164,10 @@ class Shared:
         self.sent = ctx.RawArray("q", publishers)
         self.received = ctx.RawArray("q", subscribers)
         # Each subscriber (and the probe) sets its own flag when subscribed;
-        # publishers start when the runner sets ``go``.
+        # publishers set theirs when connected and ready to send, and all
+        # start when the runner sets ``go``.
         self.ready = ctx.RawArray("b", subscribers + 1)
+        self.publishers_ready = ctx.RawArray("b", publishers)
         self.go = ctx.RawValue("i", 0)
         self.stop = ctx.RawValue("i", 0)
         # perf_counter_ns of the first and last message each subscriber got
@@ -108,21 +189,27 @@ def publisher(port, index, topic, qos, payload_size, shared, window, batch, rate
     ``inflight`` QoS 1/2 messages are unacknowledged at once, as a client
     library's in-flight window would allow (mosquitto acknowledges and
     discards what a v3 client sends beyond its own window).  Over
-    ``websocket`` (QoS 0 only), each packet goes in a frame of its own.
+    ``websocket``, each packet goes in a frame of its own, as browsers
+    send them.
     """
     try:
         client_id = f"bench-pub-{index}-{os.getpid()}"
-        sock = ws_connect(port, client_id) if websocket else connect(port, client_id)
-        payload = b"x" * payload_size
         if websocket:
-            block = ws_frame(P.Publish(topic, payload).encode()) * batch
-        elif qos == 0:
-            block = P.Publish(topic, payload).encode() * batch
+            sock, deframer = ws_connect(port, client_id)
+            recv, reply = deframer.recv(sock), ws_send(sock)
+            wrap = ws_frame
+        else:
+            sock = connect(port, client_id)
+            recv, reply = sock.recv, sock.sendall
+            wrap = bytes
+        payload = b"x" * payload_size
+        if qos == 0:
+            block = wrap(P.Publish(topic, payload).encode()) * batch
             frames = None
         else:
             # Every message id encoded in advance: 1..65535, back to back.
             frames = b"".join(
-                P.Publish(topic, payload, qos, message_id=m).encode()
+                wrap(P.Publish(topic, payload, qos, message_id=m).encode())
                 for m in range(1, 65536)
             )
             size = len(frames) // 65535
@@ -131,6 +218,7 @@ def publisher(port, index, topic, qos, payload_size, shared, window, batch, rate
         mid_index = 0
         pending = b""
         shared_sent = shared.sent
+        shared.publishers_ready[index] = 1
         while not shared.go.value:
             time.sleep(0.001)
         started = time.perf_counter()
@@ -161,7 +249,7 @@ def publisher(port, index, topic, qos, payload_size, shared, window, batch, rate
             if qos or n <= 0:
                 readable, _, _ = select.select([sock], [], [], wait)
                 if readable:
-                    data = pending + sock.recv(1 << 20)
+                    data = pending + recv(1 << 20)
                     whole = len(data) - len(data) % 4
                     pending = data[whole:]
                     if qos == 1:
@@ -174,13 +262,13 @@ def publisher(port, index, topic, qos, payload_size, shared, window, batch, rate
                             elif data[o] == 0x70:  # PUBCOMP
                                 acked += 1
                         if replies:
-                            sock.sendall(b"".join(replies))
+                            reply(b"".join(replies))
         # Let the last flows complete before disconnecting.
         deadline = time.perf_counter() + 10
         while qos and acked < sent and time.perf_counter() < deadline:
             readable, _, _ = select.select([sock], [], [], 0.05)
             if readable:
-                data = pending + sock.recv(1 << 20)
+                data = pending + recv(1 << 20)
                 whole = len(data) - len(data) % 4
                 pending = data[whole:]
                 replies = []
@@ -190,8 +278,8 @@ def publisher(port, index, topic, qos, payload_size, shared, window, batch, rate
                     elif data[o] == 0x50:
                         replies.append(b"\x62\x02" + data[o + 2 : o + 4])
                 if replies:
-                    sock.sendall(b"".join(replies))
-        sock.sendall(P.Disconnect().encode())
+                    reply(b"".join(replies))
+        reply(P.Disconnect().encode())
         sock.close()
     except Exception as e:
         shared.errors.value += 1
@@ -200,16 +288,23 @@ def publisher(port, index, topic, qos, payload_size, shared, window, batch, rate
         shared.cpu[index] = time.process_time()
 
 
-def subscriber(port, index, topic_filter, qos, psize, shared, persistent=False):
+def subscriber(port, index, topic_filter, qos, psize, shared, persistent=False, websocket=False):
     """Count (and acknowledge) messages until told to stop and drained."""
     try:
-        sock = connect(port, f"bench-sub-{index}-{os.getpid()}", clean_session=not persistent)
-        subscribe(sock, topic_filter, qos)
+        client_id = f"bench-sub-{index}-{os.getpid()}"
+        buffered = b""
+        if websocket:
+            sock, deframer = ws_connect(port, client_id, clean_session=not persistent)
+            subscribe(sock, topic_filter, qos, deframer)
+            recv, send = deframer.recv(sock), ws_send(sock)
+            buffered = deframer.stream
+        else:
+            sock = connect(port, client_id, clean_session=not persistent)
+            subscribe(sock, topic_filter, qos)
+            recv, send = sock.recv, sock.sendall
         shared.ready[index] = 1
         received = 0
-        buffered = b""
         first = 0
-        recv = sock.recv
         counts = shared.received
         last = 0
         while True:
@@ -265,7 +360,7 @@ def subscriber(port, index, topic_filter, qos, psize, shared, persistent=False):
                     o += h + length
                 buffered = data[o:]
                 if acks:
-                    sock.sendall(b"".join(acks))
+                    send(b"".join(acks))
             counts[index] = received
             shared.last[index] = last
         sock.close()

@@ -37,7 +37,11 @@ THROUGHPUT = {
     "fan-in qos0": (4, 1, 0),
     "fan-in qos1": (4, 1, 1),
     "fan-in qos2": (4, 1, 2),
+    # Over WebSocket, one frame per packet as browsers send them: the
+    # publishers for fan-in, the subscribers for fan-out.
     "fan-in qos0 ws": (4, 1, 0),
+    "fan-in qos1 ws": (4, 1, 1),
+    "fan-out qos0 ws": (1, 100, 0),
     # The subscriber has a persistent session: every message is stored.
     "fan-in qos1 persistent": (4, 1, 1),
     "fan-out qos0": (1, 8, 0),
@@ -72,10 +76,11 @@ def _pin(cpu):
         os.sched_setaffinity(0, {cpu})
 
 
-def run_throughput(broker, publishers, subscribers, qos, duration, rate=None, probe_count=0, cpu=None, websocket=False, persistent=False):
+def run_throughput(broker, publishers, subscribers, qos, duration, rate=None, probe_count=0, cpu=None, websocket=None, persistent=False):
     """
-    Deliveries per second, lost messages, and probe latencies (ms).  With
-    ``websocket``, publishers connect over WebSocket, subscribers over TCP.
+    Deliveries per second, lost messages, and probe latencies (ms).
+    ``websocket`` is "publishers" or "subscribers": those connect over
+    WebSocket, the others over TCP.
     """
     ctx = _ctx()
     shared = loadgen.Shared(ctx, publishers, subscribers)
@@ -83,7 +88,10 @@ def run_throughput(broker, publishers, subscribers, qos, duration, rate=None, pr
     subs = [
         ctx.Process(
             target=_pinned,
-            args=(cpu, loadgen.subscriber, broker.port, i, "bench/+", qos, psize, shared, persistent),
+            args=(
+                cpu, loadgen.subscriber, broker.ws_port if websocket == "subscribers" else broker.port,
+                i, "bench/+", qos, psize, shared, persistent, websocket == "subscribers",
+            ),
         )
         for i in range(subscribers)
     ]
@@ -91,9 +99,10 @@ def run_throughput(broker, publishers, subscribers, qos, duration, rate=None, pr
         ctx.Process(
             target=_pinned,
             args=(
-                cpu, loadgen.publisher, broker.ws_port if websocket else broker.port,
+                cpu, loadgen.publisher, broker.ws_port if websocket == "publishers" else broker.port,
                 i, f"bench/{i}", qos, PAYLOAD, shared, WINDOW[qos] // publishers,
-                BATCH[qos], (rate / publishers) if rate else None, MAX_INFLIGHT, websocket,
+                BATCH[qos], (rate / publishers) if rate else None, MAX_INFLIGHT,
+                websocket == "publishers",
             ),
         )
         for i in range(publishers)
@@ -123,6 +132,17 @@ def run_throughput(broker, publishers, subscribers, qos, duration, rate=None, pr
         time.sleep(0.01)
     for p in pubs:
         p.start()
+    # The clock starts when every publisher is connected and has its
+    # packets made (a WebSocket publisher masks 65,535 frames first).
+    while sum(shared.publishers_ready) < publishers:
+        if time.monotonic() > deadline + 30 or shared.errors.value:
+            for p in pubs + subs + ([probe] if probe else []):
+                p.kill()
+            raise RuntimeError(
+                f"{broker.name}: publishers not ready: {sum(shared.publishers_ready)} of"
+                f" {publishers}, {shared.errors.value} failed (their errors are printed above)"
+            )
+        time.sleep(0.01)
     broker_cpu = broker.cpu_seconds()
     started = time.perf_counter_ns()
     shared.go.value = 1
@@ -227,7 +247,10 @@ def main(argv=None):
                         pubs, subs, qos = THROUGHPUT[scenario]
                         r = run_throughput(
                             broker, pubs, subs, qos, args.duration, cpu=load_cpu,
-                            websocket=scenario.endswith(" ws"),
+                            websocket=(
+                                None if not scenario.endswith(" ws")
+                                else "publishers" if pubs > 1 else "subscribers"
+                            ),
                             persistent=scenario.endswith(" persistent"),
                         )
                         if scenario == "fan-in qos0" and name == "mqttgw":
