@@ -8,9 +8,11 @@ the tests with trustme.
 import base64
 import json
 import os
+import random
 import socket
 import ssl
 import subprocess
+import time
 import urllib.request
 
 import pytest
@@ -19,7 +21,6 @@ import trustme
 from mqttgw import packets as P
 from mqttgw.framing import Framer
 from tests.conftest import require_program
-from tests.gateway import Gateway
 from tests.mosquitto_clients import Sub, pub
 from tests.paho import PahoClient
 
@@ -151,33 +152,54 @@ class RawWebSocket:
         self.framer = Framer()
 
     def send_frame(self, payload, opcode=2):
-        mask = os.urandom(4)
-        header = bytes((0x80 | opcode,))
-        n = len(payload)
-        if n < 126:
-            header += bytes((0x80 | n,))
-        else:
-            header += bytes((0x80 | 126,)) + n.to_bytes(2, "big")
-        masked = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
-        self.sock.sendall(header + mask + masked)
+        self.sock.sendall(frame(payload, opcode))
+
+    def _recv_into_buffer(self, n):
+        while len(self.buffer) < n:
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                return False
+            self.buffer += chunk
+        return True
 
     def packets(self, count):
+        """MQTT packets (and "close", "pong") from the frames the gateway sends."""
         out = []
         while len(out) < count:
-            while len(self.buffer) < 2 or len(self.buffer) < 2 + (self.buffer[1] & 0x7F):
-                chunk = self.sock.recv(65536)
-                if not chunk:
+            if not self._recv_into_buffer(2):
+                return out
+            assert not self.buffer[1] & 0x80, "a server's frames are not masked"
+            n, header = self.buffer[1], 2
+            if n >= 126:
+                header = 4 if n == 126 else 10
+                if not self._recv_into_buffer(header):
                     return out
-                self.buffer += chunk
-            n = self.buffer[1] & 0x7F
-            assert n < 126 and not self.buffer[1] & 0x80
+                n = int.from_bytes(self.buffer[2:header], "big")
+            if not self._recv_into_buffer(header + n):
+                return out
             opcode = self.buffer[0] & 0x0F
-            payload, self.buffer = self.buffer[2 : 2 + n], self.buffer[2 + n :]
-            if opcode == 2:
+            payload, self.buffer = self.buffer[header : header + n], self.buffer[header + n :]
+            if opcode in (0, 2):
                 out.extend(self.framer.feed(payload))
             elif opcode == 8:
                 out.append("close")
+            elif opcode == 10:
+                out.append("pong")
         return out
+
+
+def frame(payload, opcode=2, fin=True):
+    """A masked client frame."""
+    mask = os.urandom(4)
+    header = bytes(((0x80 if fin else 0) | opcode,))
+    n = len(payload)
+    length_bytes = 0 if n < 126 else 2 if n < 65536 else 8
+    if length_bytes == 0:
+        header += bytes((0x80 | n,))
+    else:
+        header += bytes((0x80 | (126 if length_bytes == 2 else 127),)) + n.to_bytes(length_bytes, "big")
+    masked = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+    return header + mask + masked
 
 
 def test_websocket_without_subprotocol_connects(gateway_with):
@@ -213,6 +235,79 @@ def test_packets_may_span_frames_and_frames_may_hold_several(gateway_with):
         P.Publish("s", b"one"),
         P.Publish("s", b"two"),
     ]
+
+
+def test_every_framing_a_client_may_use_in_one_stream_cut_anywhere(gateway_with):
+    """
+    Frames as browsers send them take a short path; everything else goes
+    through the full WebSocket parser.  Mixed in one stream and cut at
+    arbitrary points, every packet arrives once and in order.
+    """
+    ws = free_port()
+    gateway_with("--ws", endpoint(ws))
+    sub = RawWebSocket(ws, "mqtt")
+    sub.send_frame(P.Connect(client_id="mixed-sub").encode())
+    sub.send_frame(P.Subscribe(1, [("mixed/#", 0)]).encode())
+    assert sub.packets(2) == [P.Connack(0), P.Suback(1, [0])]
+
+    pub = RawWebSocket(ws, "mqtt")
+    expected = []
+
+    def publish(i, size=8):
+        packet = P.Publish(f"mixed/{i}", bytes([i % 251]) * size)
+        expected.append(packet)
+        return packet.encode()
+
+    stream = [frame(P.Connect(client_id="mixed-pub").encode())]
+    stream += [frame(publish(i)) for i in range(300)]  # more than one turn's frames
+    stream.append(frame(b"are you there", opcode=9))  # ping between data frames
+    stream.append(frame(publish(300, 200)))  # 16-bit length
+    stream.append(frame(publish(301, 70_000)))  # 64-bit length
+    stream.append(frame(publish(302, 3000)))  # unmasked another way
+    two = publish(303) + publish(304)
+    stream.append(frame(two[:5], fin=False))  # one message in three frames
+    stream.append(frame(two[5:20], opcode=0, fin=False))
+    stream.append(frame(two[20:], opcode=0))
+    stream += [frame(publish(i)) for i in range(305, 320)]
+    data = b"".join(stream)
+    rng = random.Random(7)
+    at = 0
+    pub.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    while at < len(data):
+        step = rng.choice((1, 3, 7, 50, 500, 4000))
+        pub.sock.sendall(data[at : at + step])
+        at += step
+        if rng.random() < 0.05:
+            time.sleep(0.002)
+    assert pub.packets(2) == [P.Connack(0), "pong"]
+    assert sub.packets(len(expected)) == expected
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        b"\x82\x05hello",  # not masked
+        b"\x82\xfe\x00\x05mask" + b"hello",  # a 16-bit length for 5 bytes
+        b"\xb2\x85mask" + b"hello",  # reserved bits without an extension
+    ],
+    ids=["unmasked", "non-minimal-length", "reserved-bits"],
+)
+def test_a_frame_that_breaks_the_websocket_rules_closes_the_connection(gateway_with, bad):
+    ws = free_port()
+    gw = gateway_with("--ws", endpoint(ws))
+    raw = RawWebSocket(ws, "mqtt")
+    raw.send_frame(P.Connect(client_id="rule-breaker").encode())
+    assert raw.packets(1) == [P.Connack(0)]
+    raw.sock.sendall(frame(P.Pingreq().encode()) + bad)
+    # The PINGRESP of the same read may or may not make it out first, and
+    # the close frame may be cut off by a reset.
+    try:
+        ending = raw.packets(2)[-1]
+    except ConnectionResetError:
+        ending = "reset"
+    assert ending in ("close", "reset")
+    gw.wait_for_log("client rule-breaker connection lost")
+    assert "Traceback" not in gw.log() and "critical" not in gw.log()
 
 
 def test_text_message_closes_the_connection(gateway_with):
