@@ -6,6 +6,7 @@ is attached, and time comes from an injected clock.
 """
 
 from collections import deque
+from types import MappingProxyType
 
 import attr
 from twisted.logger import Logger
@@ -19,6 +20,8 @@ log = Logger()
 # An empty queue until a message must wait: an idle client keeps no deque
 # (three of them were 2.2 KiB of its memory).
 _EMPTY = ()
+# No message in flight, shared (read-only) until there is one.
+_NO_FLIGHTS = MappingProxyType({})
 
 # Outbound in-flight states.
 AWAITING_ACK = 1  # PUBLISH sent; waiting for PUBACK (QoS 1) or PUBREC (QoS 2)
@@ -70,6 +73,7 @@ class Session:
         "_queue0", "_queue", "queued_bytes", "dropped", "_stats", "_writable",
         "_last_mid", "_retry_call", "_retained", "_retained_call", "last_seen",
         "connected_since", "no_local", "retain_as_published", "may_read",
+        "_gated",
     )
 
     def __init__(
@@ -82,6 +86,8 @@ class Session:
         # Whether the client may read a topic (a cached ACL check), or
         # None: everything.
         self.may_read = None
+        # Frames of this connection waiting for a commit before they go out.
+        self._gated = 0
         self.client_id = client_id
         self.clean_session = clean_session
         self.clock = clock
@@ -96,7 +102,7 @@ class Session:
         # once there is one).
         self.awaiting_pubrel = _EMPTY
         self.connection = None
-        self.inflight = {}
+        self.inflight = _NO_FLIGHTS
         # QoS 0 messages held while the connection's socket is full.
         self._queue0 = _EMPTY
         # QoS 1/2 messages waiting for the in-flight window or the client.
@@ -131,6 +137,7 @@ class Session:
         """
         self.connection = connection
         self._writable = True
+        self._gated = 0
         now = self.connected_since = self.clock.seconds()
         for mid, flight in self.inflight.items():
             flight.due = now + self.limits.retry_interval
@@ -338,6 +345,8 @@ class Session:
     def _send(self, message, qos, retain, seq, stored):
         """``stored``: the delivery is in the store already, without its id."""
         mid = self._next_message_id()
+        if self.inflight is _NO_FLIGHTS:
+            self.inflight = {}
         self.inflight[mid] = _InFlight(
             message, qos, retain, seq, self.clock.seconds() + self.limits.retry_interval
         )
@@ -353,13 +362,26 @@ class Session:
                 self.store.add_delivery(
                     self.client_id, seq, message, qos, retain, mid, AWAITING_ACK
                 )
-            self.store.after_commit(self._write_if_still, self.connection, frame)
+            if qos == 1 and not self._gated:
+                # At least once needs no wait: a copy that goes out before
+                # its commit is, after a crash, sent again (from the store,
+                # or by its publisher, whose PUBACK waits for the commit),
+                # never lost.  Behind a frame that waits, it waits too, to
+                # stay in order.
+                self.connection.write(frame)
+            else:
+                self._write_after_commit(frame)
         if self._retry_call is None:
             self._schedule_retry()
+
+    def _write_after_commit(self, frame):
+        self._gated += 1
+        self.store.after_commit(self._write_if_still, self.connection, frame)
 
     def _write_if_still(self, connection, frame):
         # A connection that left meanwhile gets it again on the next attach.
         if self.connection is connection:
+            self._gated -= 1
             connection.write(frame)
 
     def _resend(self, mid, flight):
@@ -399,7 +421,7 @@ class Session:
                 # Once PUBREL is out the PUBLISH must never be sent again,
                 # not even after a crash: record the PUBREC first.
                 self.store.update_delivery(self.client_id, flight.seq, mid, AWAITING_PUBCOMP)
-                self.store.after_commit(self._write_if_still, self.connection, pubrel)
+                self._write_after_commit(pubrel)
                 return
         # Answered even for an id we no longer know, so the client can finish.
         self.connection.write(pubrel)
@@ -436,6 +458,8 @@ class Session:
                     self._queue = deque()
                 self._queue.append((message, d.qos, d.retain, d.seq))
             else:
+                if self.inflight is _NO_FLIGHTS:
+                    self.inflight = {}
                 self.inflight[d.message_id] = _InFlight(
                     message, d.qos, d.retain, d.seq, now, d.state
                 )
