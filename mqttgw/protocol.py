@@ -77,6 +77,7 @@ class MQTTServerProtocol(Protocol):
     client_id = None
     protocol_level = None
     keepalive = 0
+    _connect_seen = False
     username = None
     identity_as_username = False
     # The kind of listener it came in on (tcp, tls, ws, wss).
@@ -139,9 +140,7 @@ class MQTTServerProtocol(Protocol):
         # We are the producer of the bytes the transport sends: it tells us
         # when its buffer is full so a slow reader can't grow it without end.
         self.transport.registerProducer(self, True)
-        self._timer = self.clock.callLater(
-            self.limits.connect_timeout, self._connect_timed_out
-        )
+        self._flusher.connects.add(self, self.limits.connect_timeout)
         if not self._flusher.admit(self):
             # Too many connections arrived this turn: read this one later.
             self._awaiting_admission = True
@@ -165,8 +164,10 @@ class MQTTServerProtocol(Protocol):
 
     def connectionLost(self, reason):
         self.router.stats.connections -= 1
-        if self.keepalive and self.state is not CLOSED:
-            self._flusher.keepalives.closed()
+        if self.state is not CLOSED:
+            self._flusher.connects.closed()
+            if self.keepalive:
+                self._flusher.keepalives.closed()
         self._cancel_timer()
         self._cancel_expiry()
         if self.state is AWAITING_CONNECT and reason.check(SSL.Error):
@@ -353,6 +354,7 @@ class MQTTServerProtocol(Protocol):
         if self.state is CLOSED:
             return
         self.state = CLOSED
+        self._flusher.connects.closed()
         if self.keepalive:
             self._flusher.keepalives.closed()
         self._cancel_timer()
@@ -412,10 +414,11 @@ class MQTTServerProtocol(Protocol):
             self._timer.cancel()
         self._timer = None
 
-    def _connect_timed_out(self):
-        self._timer = None
-        log.info("no CONNECT from {peer} in time: closing", peer=self.peer)
-        self._close(publish_will=False, graceful=True)
+    def connect_due(self):
+        """The CONNECT deadline came (see :class:`ConnectDeadlines`)."""
+        if self.state is AWAITING_CONNECT and not self._connect_seen:
+            log.info("no CONNECT from {peer} in time: closing", peer=self.peer)
+            self._close(publish_will=False, graceful=True)
 
     def keepalive_due(self, now):
         """
@@ -463,7 +466,7 @@ class MQTTServerProtocol(Protocol):
     # Packet handlers
 
     def handle_CONNECT(self, packet):
-        self._cancel_timer()
+        self._connect_seen = True
         level = packet.protocol_level
         if (packet.protocol_name, level) not in (
             ("MQIsdp", P.MQTT_31),
@@ -903,6 +906,73 @@ class KeepaliveTimers:
             self._call = self.clock.callLater(max(0.0, heap[0][0] - now), self._fire)
 
 
+class ConnectDeadlines:
+    """
+    The CONNECT deadlines of new connections under one timer.  They come in
+    the order they are due (one timeout for all), so they are kept in
+    buckets of those due within ``GRAIN`` seconds of each other: a
+    connection costs a slot in a list, where a timer made and cancelled for
+    each was some 450 bytes and a tenth of a connect's time.  A bucket
+    fires at its last member's deadline: no connection is closed early, and
+    none more than ``GRAIN`` late.  (A timeout shortened by a reload waits
+    for the buckets before it.)
+    """
+
+    GRAIN = 0.1
+
+    def __init__(self, clock):
+        self.clock = clock
+        # [due, first member's due, connections]
+        self._buckets = deque()
+        self._call = None
+        self._held = 0
+        self._closed = 0
+
+    def add(self, connection, timeout):
+        due = self.clock.seconds() + timeout
+        buckets = self._buckets
+        if buckets and 0 <= due - buckets[-1][1] < self.GRAIN:
+            bucket = buckets[-1]
+            bucket[2].append(connection)
+            if due > bucket[0]:
+                bucket[0] = due
+        else:
+            buckets.append([due, due, [connection]])
+        self._held += 1
+        if self._call is None:
+            self._call = self.clock.callLater(max(0.0, buckets[0][0] - self.clock.seconds()), self._fire)
+
+    def closed(self):
+        """
+        A connection closed.  Once closed ones are most of those held (a
+        reconnect storm), the buckets are rebuilt with only the connections
+        still waiting for CONNECT, rather than holding the others until
+        their deadline.
+        """
+        self._closed += 1
+        if self._closed > 64 and self._closed * 2 > self._held:
+            for bucket in self._buckets:
+                bucket[2] = [c for c in bucket[2] if c.state is AWAITING_CONNECT]
+            self._held = sum(len(bucket[2]) for bucket in self._buckets)
+            self._closed = 0
+
+    def _fire(self):
+        self._call = None
+        buckets = self._buckets
+        now = self.clock.seconds()
+        while buckets and buckets[0][0] <= now:
+            _, _, connections = buckets.popleft()
+            self._held -= len(connections)
+            for connection in connections:
+                if connection.state is AWAITING_CONNECT:
+                    try:
+                        connection.connect_due()
+                    except Exception:
+                        log.failure("CONNECT deadline of {peer} failed", peer=connection.peer)
+        if buckets:
+            self._call = self.clock.callLater(max(0.0, buckets[0][0] - now), self._fire)
+
+
 class Flusher:
     """
     Work shared out per reactor turn, one for every listener.  Connections
@@ -918,6 +988,7 @@ class Flusher:
     def __init__(self, clock):
         self.clock = clock
         self.keepalives = KeepaliveTimers(clock)
+        self.connects = ConnectDeadlines(clock)
         self.pending = []
         self._call = None
         self._admissions = 0

@@ -118,6 +118,31 @@ def test_connect_in_time_stops_the_connect_timer(broker):
     assert not client.closed
 
 
+def test_connect_deadline_passing_while_connect_is_answered_does_not_close():
+    # A refusal held back (a throttled login: 0.1 s doubled per failure)
+    # is still on its way when the CONNECT deadline comes.
+    broker = FakeBroker(connect_timeout=2, passwords={"u": "right"})
+    for _ in range(6):
+        broker.client(client_id="c", username="u", password=b"wrong")
+        broker.clock.advance(10)
+    late = broker.client(client_id="c", username="u", password=b"wrong")
+    broker.clock.advance(2.5)
+    assert late.received() == [] and not late.closed
+    broker.clock.advance(4)
+    assert late.received() == [P.Connack(4)] and late.closed
+
+
+def test_connections_closed_before_connect_are_not_held_until_their_deadline(broker):
+    deadlines = broker.factory.flusher.connects
+    for _ in range(1000):
+        broker.client().lose_connection()
+    # Rebuilt without them as they closed, not kept for ten seconds.
+    assert deadlines._held < 200
+    waiting = broker.client()
+    broker.clock.advance(10.1)
+    assert waiting.closed
+
+
 def test_connect_and_subscribe_in_one_chunk_are_both_handled(broker):
     client = broker.client()
     client.send(P.Connect(client_id="c"), P.Subscribe(1, [("a", 1)]))
