@@ -98,21 +98,17 @@ def pipeline(*args):
     return time.monotonic() - started
 
 
+_TOPIC_ROLLUP = """
+        SELECT gateway_id, topic, date_trunc('{unit}', timestamp) AS window_start,
+               count(*) AS messages, sum(payload_length) AS bytes, count(DISTINCT client_id) AS publishers,
+               count(*) FILTER (qos = 0) AS qos0, count(*) FILTER (qos = 1) AS qos1,
+               count(*) FILTER (qos = 2) AS qos2, count(*) FILTER (retain) AS retained,
+               window_start + INTERVAL 1 {unit} AS window_end, date, CAST(hour AS INTEGER) AS hour
+        FROM rows WHERE direction IN ('in', 'bridge_in') GROUP BY ALL"""
+
 DUCKDB_TABLES = {
-    "topic_minute": """
-        SELECT gateway_id, topic, date_trunc('minute', timestamp) AS window_start,
-               count(*) AS messages, sum(payload_length) AS bytes, count(DISTINCT client_id) AS publishers,
-               count(*) FILTER (qos = 0) AS qos0, count(*) FILTER (qos = 1) AS qos1,
-               count(*) FILTER (qos = 2) AS qos2, count(*) FILTER (retain) AS retained,
-               window_start + INTERVAL 1 MINUTE AS window_end, date, CAST(hour AS INTEGER) AS hour
-        FROM rows WHERE direction IN ('in', 'bridge_in') GROUP BY ALL""",
-    "topic_hour": """
-        SELECT gateway_id, topic, date_trunc('hour', timestamp) AS window_start,
-               count(*) AS messages, sum(payload_length) AS bytes, count(DISTINCT client_id) AS publishers,
-               count(*) FILTER (qos = 0) AS qos0, count(*) FILTER (qos = 1) AS qos1,
-               count(*) FILTER (qos = 2) AS qos2, count(*) FILTER (retain) AS retained,
-               window_start + INTERVAL 1 HOUR AS window_end, date, CAST(hour AS INTEGER) AS hour
-        FROM rows WHERE direction IN ('in', 'bridge_in') GROUP BY ALL""",
+    "topic_minute": _TOPIC_ROLLUP.format(unit="minute"),
+    "topic_hour": _TOPIC_ROLLUP.format(unit="hour"),
     "client_hour": """
         SELECT gateway_id, client_id, direction, date_trunc('hour', timestamp) AS window_start,
                count(*) AS messages, sum(payload_length) AS bytes, count(DISTINCT topic) AS topics,

@@ -76,6 +76,21 @@ def _pin(cpu):
         os.sched_setaffinity(0, {cpu})
 
 
+def _wait_ready(broker, shared, flags, need, what, processes, timeout=30):
+    """Until ``need`` flags are set; on a client's error or the timeout, kill ``processes``."""
+    deadline = time.monotonic() + timeout
+    while sum(flags) < need:
+        if time.monotonic() > deadline or shared.errors.value:
+            for p in processes:
+                p.kill()
+            raise RuntimeError(
+                f"{broker.name}: clients not ready: {sum(flags)} of {need} {what},"
+                f" {shared.errors.value} failed (their errors are printed above);"
+                f" broker {'running' if broker.process.poll() is None else 'exited'}"
+            )
+        time.sleep(0.01)
+
+
 def run_throughput(broker, publishers, subscribers, qos, duration, rate=None, probe_count=0, cpu=None, websocket=None, persistent=False):
     """
     Deliveries per second, lost messages, and probe latencies (ms).
@@ -118,31 +133,13 @@ def run_throughput(broker, publishers, subscribers, qos, duration, rate=None, pr
     )
     for p in subs + ([probe] if probe else []):
         p.start()
-    need = subscribers + (1 if probe else 0)
-    deadline = time.monotonic() + 30
-    while sum(shared.ready) < need:
-        if time.monotonic() > deadline or shared.errors.value:
-            for p in subs + ([probe] if probe else []):
-                p.kill()
-            raise RuntimeError(
-                f"{broker.name}: clients not ready: {sum(shared.ready)} of {need} subscribed,"
-                f" {shared.errors.value} failed (their errors are printed above);"
-                f" broker {'running' if broker.process.poll() is None else 'exited'}"
-            )
-        time.sleep(0.01)
+    clients = subs + ([probe] if probe else [])
+    _wait_ready(broker, shared, shared.ready, len(clients), "subscribed", clients)
     for p in pubs:
         p.start()
     # The clock starts when every publisher is connected and has its
     # packets made (a WebSocket publisher masks 65,535 frames first).
-    while sum(shared.publishers_ready) < publishers:
-        if time.monotonic() > deadline + 30 or shared.errors.value:
-            for p in pubs + subs + ([probe] if probe else []):
-                p.kill()
-            raise RuntimeError(
-                f"{broker.name}: publishers not ready: {sum(shared.publishers_ready)} of"
-                f" {publishers}, {shared.errors.value} failed (their errors are printed above)"
-            )
-        time.sleep(0.01)
+    _wait_ready(broker, shared, shared.publishers_ready, publishers, "publishers ready", pubs + clients)
     broker_cpu = broker.cpu_seconds()
     started = time.perf_counter_ns()
     shared.go.value = 1

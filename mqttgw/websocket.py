@@ -70,9 +70,6 @@ class _Transport:
     def write(self, data):
         if self.disconnecting:
             return
-        # MQTT packets may span messages: output larger than the peer's
-        # message limit goes in several.
-        size = self._max_message_size
         websocket = self._websocket
         if websocket.state != _OPEN:
             # Closing already (the peer broke a WebSocket rule, say):
@@ -87,19 +84,20 @@ class _Transport:
             # several times the write itself (checks, statistics, a debug
             # line formatted for every frame).
             write = websocket.transport.writeSequence
-            if len(data) <= size:
+            if len(data) <= self._max_message_size:
                 write((_frame_header(len(data)), data))
             else:
-                for start in range(0, len(data), size):
-                    chunk = data[start : start + size]
+                for chunk in self._messages(data):
                     write((_frame_header(len(chunk)), chunk))
-            return
-        send = websocket.sendMessage
-        if len(data) <= size:
-            send(data, isBinary=True)
         else:
-            for start in range(0, len(data), size):
-                send(data[start : start + size], isBinary=True)
+            for chunk in self._messages(data):
+                websocket.sendMessage(chunk, isBinary=True)
+
+    def _messages(self, data):
+        # MQTT packets may span messages: output larger than the peer's
+        # message limit goes in several.
+        size = self._max_message_size
+        return (data[start : start + size] for start in range(0, len(data), size))
 
     def writeSequence(self, data):
         self.write(b"".join(data))

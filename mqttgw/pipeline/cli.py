@@ -214,7 +214,8 @@ def refresh(spark, args, selected, whole_archive, stats, everything=None):
             return _staged(spark, args, frames, stats)
         return _direct(args, frames, stats)
     finally:
-        # The rows, and what the tables cached on the way.
+        # The rows, and what the tables cached on the way (the session is
+        # this run's own: nothing else of it is cached).
         spark.catalog.clearCache()
 
 
