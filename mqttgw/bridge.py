@@ -280,7 +280,11 @@ class FailoverEndpoint:
         for address in self.settings.addresses:
             try:
                 protocol = yield self._endpoint(address).connect(factory)
-                yield protocol.connack
+                try:
+                    yield protocol.connack
+                except Exception:
+                    _forget_loss(protocol)
+                    raise
                 log.info(
                     "bridge {name}: connected to {address}",
                     name=self.settings.name,
@@ -298,6 +302,19 @@ class FailoverEndpoint:
                 if isinstance(e, ConnectRefused):
                     self.on_refused(e)
         raise failure
+
+
+def _forget_loss(protocol):
+    """
+    A connection that failed before its CONNACK is an attempt that failed,
+    which ClientService learns from connect() failing.  The wrapper it put
+    around the protocol would also report the connection's loss, for
+    which ClientService has no transition while connecting or waiting
+    (automat's NoTransition, logged as a traceback); so that report is
+    dropped.  The protocol itself still sees connectionLost.
+    """
+    if "_lostNotification" in vars(protocol):
+        protocol._lostNotification = lambda reason: None
 
 
 def _describe(error):

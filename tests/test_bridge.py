@@ -49,6 +49,20 @@ def bridge_config(path, addresses, rules=RULES, **extra):
     return str(path)
 
 
+_started = []
+
+
+@pytest.fixture(autouse=True)
+def _no_tracebacks():
+    """Every gateway a test here started logged no traceback."""
+    yield
+    started = list(_started)
+    _started.clear()
+    for gw in started:
+        gw.stop()
+        assert "Traceback" not in gw.log(), gw.log()
+
+
 def start_gateway(tmp_path, upstream_addresses, name="gw", port=None, **extra):
     workdir = tmp_path / name
     workdir.mkdir(exist_ok=True)
@@ -57,6 +71,7 @@ def start_gateway(tmp_path, upstream_addresses, name="gw", port=None, **extra):
     if port:
         args += ["--tcp", f"tcp:{port}:interface=127.0.0.1"]
     gw = Gateway(workdir, *args)
+    _started.append(gw)
     gw.wait_for_log("bridge up: upstream accepted CONNECT")
     return gw
 
