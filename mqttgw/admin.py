@@ -10,12 +10,16 @@ The HTTP admin listener (``--http``): ``/healthz``, ``/readyz``,
     GET    /api/retained?filter=F        retained messages matching F
     DELETE /api/retained?filter=F        clear them
     GET    /api/bridges                  bridges, their state and queues
+    GET    /api/whoami                   who the credentials sent are, and their role
+    POST   /api/token                    a short-lived token for the dashboard
 
 Client ids are URL-encoded path segments.  On loopback no credentials are
 asked for; bound anywhere else, ``/metrics`` and ``/api/`` take HTTP Basic
 (a user of the password file) or ``Bearer`` (a token), through the same
-portal as MQTT, and only ``http.admin_users``.  ``/healthz`` and
-``/readyz`` stay open for health checks.
+portal as MQTT: ``http.admin_users`` may do everything, ``http.read_users``
+may read the overview and the bridges.  ``/healthz`` and ``/readyz`` stay
+open for health checks.  Everything else is the dashboard (``/``) and its
+MQTT over WebSocket (``/mqtt``).
 """
 
 import base64
@@ -23,10 +27,14 @@ import binascii
 import ipaddress
 import json
 
+import attr
+
 from twisted.cred.credentials import UsernamePassword
+from twisted.cred.error import UnauthorizedLogin
 from twisted.logger import Logger
 from twisted.web.resource import ErrorPage, Resource
 from twisted.web.server import Site
+from twisted.web.server import NOT_DONE_YET
 from twisted.web.util import DeferredResource
 
 from mqttgw.auth import IIdentity
@@ -214,47 +222,79 @@ def _payload(payload):
         return {"base64": base64.b64encode(payload).decode()}
 
 
+@attr.s(frozen=True)
+class Roles:
+    """
+    Who may do what in the admin API and the dashboard.  ``open`` (a
+    loopback listener) asks for no credentials: whoever reaches it is an
+    admin.
+    """
+
+    admin_users = attr.ib(converter=frozenset, default=())
+    read_users = attr.ib(converter=frozenset, default=())
+    open = attr.ib(default=False)
+
+    def of(self, username):
+        """"admin", "read", or None for a user with neither role."""
+        if self.open or username in self.admin_users:
+            return "admin"
+        if username in self.read_users:
+            return "read"
+        return None
+
+
 class _Authorized(Resource):
     """
     Asks for credentials before ``wrapped``: HTTP Basic or a Bearer token,
-    checked by ``portal``, and a user among ``admin_users``.
+    checked by ``portal``; admins may do everything, read-only users use
+    the ``read_methods``.  The identity is left on the request for
+    ``wrapped``.
     """
 
-    def __init__(self, wrapped, portal, admin_users):
+    def __init__(self, wrapped, portal, roles, read_methods=()):
         super().__init__()
         self.wrapped = wrapped
         self.portal = portal
-        self.admin_users = admin_users
+        self.roles = roles
+        self.read_methods = frozenset(read_methods)
 
     isLeaf = True
 
     def render(self, request):
-        creds = _credentials(request.getHeader(b"authorization"))
+        header = request.getHeader(b"authorization")
+        creds = _credentials(header)
         if creds is None:
-            return _challenge().render(request)
+            return _challenge(header).render(request)
 
         def logged_in(result):
             _, identity, _ = result
-            if identity.username not in self.admin_users:
+            role = self.roles.of(identity.username)
+            if role != "admin" and not (role == "read" and request.method in self.read_methods):
                 log.info(
-                    "admin API: user {user} is not in http.admin_users",
+                    "admin API: user {user} may not {method} {path}",
                     user=printable(identity.username),
+                    method=request.method.decode("ascii", "replace"),
+                    path=printable(request.path.decode("utf-8", "replace")),
                 )
-                return ErrorPage(403, "Forbidden", "not an admin user")
+                return ErrorPage(403, "Forbidden", "not allowed for this user")
+            request.identity = identity
             # DeferredResource walks the rest of the path from here.
             return self.wrapped
 
         d = self.portal.login(creds, None, IIdentity)
-        d.addCallbacks(logged_in, lambda _: _challenge())
+        d.addCallbacks(logged_in, lambda _: _challenge(header))
         return DeferredResource(d).render(request)
 
 
-def _challenge():
+def _challenge(header=None):
     page = ErrorPage(401, "Unauthorized", "credentials needed")
     render = page.render
+    # A page that sent a token is not answered with a Basic challenge, which
+    # would make the browser ask for a password itself.
+    scheme = b"Bearer" if header and header[:7].lower() == b"bearer " else b'Basic realm="mqttgw"'
 
     def with_header(request):
-        request.setHeader(b"www-authenticate", b'Basic realm="mqttgw"')
+        request.setHeader(b"www-authenticate", scheme)
         return render(request)
 
     page.render = with_header
@@ -278,25 +318,115 @@ def _credentials(header):
     return None
 
 
-def admin_site(gateway, metrics, portal=None, admin_users=()):
+class WhoAmI(_JSON):
     """
-    The admin listener's site; with ``portal``, /metrics and /api/ need
-    credentials of an ``admin_users`` user.
+    What the dashboard needs before it signs in: whether it must (the
+    gateway checks credentials) and whether the API is open to it.
     """
+
+    def __init__(self, roles, signin):
+        super().__init__()
+        self.roles = roles
+        self.signin = signin
+
+    def render_GET(self, request):
+        return self.reply(request, {"signin": self.signin, "open": self.roles.open})
+
+
+class Token(_JSON):
+    """
+    ``POST /api/token`` with a user name and password (Basic), or with a
+    token of the gateway's (Bearer) to refresh it: a new short-lived token
+    for the dashboard's MQTT connection and API calls.  The user must have
+    a role; a read-only user's token may not publish.
+    """
+
+    def __init__(self, portal, issuer, roles, clock):
+        super().__init__()
+        self.portal = portal
+        self.issuer = issuer
+        self.roles = roles
+        self.clock = clock
+
+    def render_POST(self, request):
+        if self.issuer is None or self.portal is None:
+            return self.reply(request, {"error": "the gateway checks no credentials: no token needed"}, 404)
+        identity = getattr(request, "identity", None)
+        if identity is not None:
+            self._issue(request, identity)
+            return NOT_DONE_YET
+        creds = _credentials(request.getHeader(b"authorization"))
+        if creds is None:
+            return self.reply(request, {"error": "a user name and password are needed"}, 401)
+        d = self.portal.login(creds, None, IIdentity)
+
+        def refused(reason):
+            reason.trap(UnauthorizedLogin)
+            self._finish(request, {"error": "user name or password refused"}, 401)
+
+        d.addCallbacks(lambda result: self._issue(request, result[1]), refused)
+        d.addErrback(lambda reason: log.failure("admin API: token", reason))
+        return NOT_DONE_YET
+
+    def _issue(self, request, identity):
+        role = self.roles.of(identity.username)
+        if identity.username is None or role is None:
+            return self._finish(request, {"error": "this user may not use the dashboard"}, 403)
+        now = self.clock.seconds()
+        token = self.issuer.issue(identity.username, now, read_only=role != "admin")
+        self._finish(
+            request,
+            {"token": token, "user": identity.username, "role": role, "lifetime": self.issuer.lifetime},
+        )
+
+    def _finish(self, request, value, code=200):
+        if request._disconnected or request.finished:
+            return
+        request.write(self.reply(request, value, code))
+        request.finish()
+
+
+def api_resource(gateway, portal, roles, issuer=None, signin_portal=None):
+    """/api/: with ``portal``, every call but whoami needs credentials."""
+    children = {
+        b"overview": (Overview(gateway), (b"GET", b"HEAD")),
+        b"bridges": (Bridges(gateway), (b"GET", b"HEAD")),
+        b"token": (Token(signin_portal or portal, issuer, roles, gateway.clock), (b"POST",)),
+        b"clients": (Clients(gateway), ()),
+        b"sessions": (Sessions(gateway), ()),
+        b"retained": (Retained(gateway), ()),
+    }
     api = Resource()
-    api.putChild(b"overview", Overview(gateway))
-    api.putChild(b"clients", Clients(gateway))
-    api.putChild(b"sessions", Sessions(gateway))
-    api.putChild(b"retained", Retained(gateway))
-    api.putChild(b"bridges", Bridges(gateway))
-    root = Resource()
+    api.putChild(b"whoami", WhoAmI(roles, issuer is not None))
+    for name, (resource, read_methods) in children.items():
+        if portal is not None:
+            resource = _Authorized(resource, portal, roles, read_methods)
+        api.putChild(name, resource)
+    return api
+
+
+def admin_site(gateway, metrics, portal=None, roles=None, issuer=None, signin_portal=None, mqtt=None):
+    """
+    The admin listener's site.  With ``portal``, /metrics and /api/ need
+    credentials, and ``roles`` says what each user may do there.
+    ``issuer`` hands out dashboard tokens to users ``signin_portal``
+    (the MQTT listeners' portal) accepts; ``mqtt``, a WebSocket resource,
+    serves the dashboard's MQTT at /mqtt.
+    """
+    from mqttgw.dashboard import Dashboard
+
+    roles = roles or Roles(open=portal is None)
+    api = api_resource(gateway, portal, roles, issuer, signin_portal)
+    metrics_page = MetricsPage(metrics)
+    if portal is not None:
+        metrics_page = _Authorized(metrics_page, portal, roles)
+    root = Dashboard()
     root.putChild(b"healthz", Healthz())
     root.putChild(b"readyz", Readyz(gateway))
-    guarded = {b"metrics": MetricsPage(metrics), b"api": api}
-    for name, resource in guarded.items():
-        if portal is not None:
-            resource = _Authorized(resource, portal, frozenset(admin_users))
-        root.putChild(name, resource)
+    root.putChild(b"metrics", metrics_page)
+    root.putChild(b"api", api)
+    if mqtt is not None:
+        root.putChild(b"mqtt", mqtt)
     site = Site(root)
     site.noisy = False
     # No access log line per scrape or health check.

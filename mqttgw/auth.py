@@ -283,32 +283,72 @@ class TokenKeys:
         return Identity(username, topics["publish"], topics["subscribe"], float(claims["exp"]))
 
 
+class TokenIssuer:
+    """
+    The gateway's own short-lived tokens, handed to a user signed in to
+    the dashboard: one token for its MQTT connection and the admin API.
+    The key is made at start-up and never leaves the process, so a
+    restart signs everyone out.  Tokens name their audience, so tokens
+    signed with a configured key are never taken for the gateway's.
+    """
+
+    AUDIENCE = "mqttgw-dashboard"
+
+    def __init__(self, lifetime=300.0, key=None):
+        self.lifetime = lifetime
+        self.keys = TokenKeys(key or os.urandom(32), ("HS256",), "sub", self.AUDIENCE)
+
+    def issue(self, username, now, read_only):
+        """A token for ``username`` valid from ``now`` (epoch s); read-only ones may not publish."""
+        import jwt
+
+        claims = {"sub": username, "aud": self.AUDIENCE, "iat": int(now), "exp": now + self.lifetime}
+        if read_only:
+            claims["mqtt_publish"] = []
+        return jwt.encode(claims, self.keys.key, algorithm="HS256")
+
+    def ours(self, token):
+        """Whether ``token`` (bytes) claims to be one of ours; cheap, not a check."""
+        import jwt
+
+        try:
+            claims = jwt.decode(token, options={"verify_signature": False})
+        except jwt.PyJWTError:
+            return False
+        return claims.get("aud") == self.AUDIENCE
+
+
 @implementer(checkers.ICredentialsChecker)
 class TokenOrPasswordChecker:
     """
-    A password that is a JWT is checked as a token (when token keys are
-    set); any other password against the password file (when there is
-    one).  The avatar id is then an :class:`Identity`.
+    A password that is a JWT is checked as a token: the gateway's own
+    (``issuer``) or one signed with the configured token keys; any other
+    password against the password file (when there is one).  The avatar
+    id is then an :class:`Identity`.
     """
 
     credentialInterfaces = (credentials.IUsernamePassword,)
 
-    def __init__(self, tokens, passwords, reactor, pool):
+    def __init__(self, tokens, passwords, reactor, pool, issuer=None):
         self.tokens = tokens
         self.passwords = passwords
         self.reactor = reactor
         self.pool = pool
+        self.issuer = issuer
 
     def requestAvatarId(self, creds):
-        if self.tokens is not None and looks_like_token(creds.password):
+        if looks_like_token(creds.password):
             tokens = self.tokens
-            return deferToThreadPool(
-                self.reactor,
-                self.pool,
-                tokens.verify,
-                creds.password.decode("ascii", "replace"),
-                self.reactor.seconds(),
-            )
+            if self.issuer is not None and self.issuer.ours(creds.password):
+                tokens = self.issuer.keys
+            if tokens is not None:
+                return deferToThreadPool(
+                    self.reactor,
+                    self.pool,
+                    tokens.verify,
+                    creds.password.decode("ascii", "replace"),
+                    self.reactor.seconds(),
+                )
         if self.passwords is None:
             return defer.fail(error.UnauthorizedLogin())
         return self.passwords.requestAvatarId(creds).addCallback(Identity)
@@ -328,10 +368,10 @@ class Realm:
         return IIdentity, avatarId, lambda: None
 
 
-def credentials_checker(password_checker=None, tokens=None, reactor=None, pool=None):
+def credentials_checker(password_checker=None, tokens=None, reactor=None, pool=None, issuer=None):
     """The one checker of user names and passwords (or tokens), or None."""
-    if tokens is not None:
-        return TokenOrPasswordChecker(tokens, password_checker, reactor, pool)
+    if tokens is not None or (issuer is not None and password_checker is not None):
+        return TokenOrPasswordChecker(tokens, password_checker, reactor, pool, issuer)
     return password_checker
 
 

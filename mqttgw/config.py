@@ -120,6 +120,13 @@ KEYS = [
     Key("websocket", "compression", bool, False, "accept permessage-deflate"),
     Key(
         "websocket",
+        "dashboard",
+        bool,
+        False,
+        "serve the dashboard and the admin API (always with credentials) on WebSocket listeners",
+    ),
+    Key(
+        "websocket",
         "allowed_origins",
         list,
         [],
@@ -320,6 +327,22 @@ KEYS = [
         [],
         "user names that may use the admin API when it asks for credentials",
         flag_name="admin-user",
+    ),
+    Key(
+        "http",
+        "read_users",
+        list,
+        [],
+        "user names that may read the admin API's overview and bridges and use the dashboard read-only",
+        flag_name="read-user",
+    ),
+    Key(
+        "http",
+        "token_lifetime",
+        float,
+        300.0,
+        "seconds a dashboard sign-in token lasts (the page renews it while open)",
+        10.0,
     ),
     Key(
         "mqtt",

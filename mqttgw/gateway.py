@@ -6,6 +6,7 @@ probe, the session expiry sweep).
 """
 
 import time
+from collections import deque
 
 from twisted.internet.task import LoopingCall
 
@@ -16,6 +17,10 @@ from mqttgw.systopics import stored_messages
 # completed for STALE_AFTER (a disk that hangs rather than fails).
 PROBE_INTERVAL = 5.0
 STALE_AFTER = 15.0
+# Message rates kept for the dashboard's chart: every HISTORY_INTERVAL
+# seconds over the last 15 minutes.
+HISTORY_INTERVAL = 5.0
+HISTORY_POINTS = 180
 
 
 def _internal(session):
@@ -33,6 +38,9 @@ class Gateway:
         self.started = time.time()
         self._probe = None
         self._sweep = None
+        self._sample = None
+        # (epoch s, messages received, messages delivered) per interval.
+        self.history = deque(maxlen=HISTORY_POINTS + 1)
 
     # Periodic work
 
@@ -41,13 +49,29 @@ class Gateway:
             self._probe = LoopingCall(self.store.probe)
             self._probe.clock = self.clock
             self._probe.start(PROBE_INTERVAL, now=True)
+        self._sample = LoopingCall(self.sample)
+        self._sample.clock = self.clock
+        self._sample.start(HISTORY_INTERVAL, now=True)
         self.schedule_sweep()
 
     def stop(self):
-        for loop in (self._probe, self._sweep):
+        for loop in (self._probe, self._sweep, self._sample):
             if loop is not None and loop.running:
                 loop.stop()
-        self._probe = self._sweep = None
+        self._probe = self._sweep = self._sample = None
+
+    def sample(self):
+        stats = self.router.stats
+        self.history.append((time.time(), stats.messages_received, stats.messages_delivered))
+
+    def rates(self):
+        """Messages in and out per second over each interval kept: [[epoch s, in, out]...]."""
+        points = list(self.history)
+        return [
+            [round(t1, 1), round((r1 - r0) / (t1 - t0), 1), round((d1 - d0) / (t1 - t0), 1)]
+            for (t0, r0, d0), (t1, r1, d1) in zip(points, points[1:])
+            if t1 > t0
+        ]
 
     def schedule_sweep(self):
         """Sweep for expired sessions at a tenth of the expiry, 1 s to 60 s."""
@@ -164,4 +188,6 @@ class Gateway:
             else {"state": store.state, "commit_seconds": store.last_commit_seconds},
             "bridges": [b.status() for b in self.bridges],
             "ready": not self.not_ready(),
+            "rates": self.rates(),
+            "time": round(time.time(), 1),
         }

@@ -32,7 +32,7 @@ from mqttgw.session import SessionLimits
 from mqttgw.store import Store, StoreError
 from mqttgw.tls import ReloadableServerTLS, server_options
 from mqttgw.topics import InvalidTopic, validate_topic_filter
-from mqttgw.websocket import websocket_site
+from mqttgw.websocket import websocket_resource, websocket_site
 
 log = Logger()
 
@@ -504,7 +504,9 @@ class GatewayService(Service):
 def makeService(options, reactor=None):
     if reactor is None:
         from twisted.internet import reactor
-    from mqttgw.admin import admin_site, is_loopback
+    from mqttgw.admin import Roles, admin_site, api_resource, is_loopback
+    from mqttgw.auth import TokenIssuer
+    from mqttgw.dashboard import Dashboard
     from mqttgw.gateway import Gateway
     from mqttgw.listening import ListenerService
     from mqttgw.metrics import Metrics
@@ -530,7 +532,14 @@ def makeService(options, reactor=None):
         allow_anonymous = table is None and tokens is None
     pool = parts.pool = ThreadPool(0, 2, "mqttgw-auth")
     passwords = PasswordChecker(table, reactor, pool) if table is not None else None
-    checker = parts.checker = credentials_checker(passwords, tokens, reactor, pool)
+    http = settings["http.address"]
+    ws = settings.section("websocket")
+    # The dashboard's sign-in tokens, when a dashboard is served and
+    # there are credentials to sign in with.
+    issuer = None
+    if (http or ws["dashboard"]) and (table is not None or tokens is not None):
+        issuer = TokenIssuer(settings["http.token_lifetime"])
+    checker = parts.checker = credentials_checker(passwords, tokens, reactor, pool, issuer)
     reloader = ReloadService(reactor, options, parts)
 
     def portal_for(anonymous, methods=None):
@@ -542,6 +551,7 @@ def makeService(options, reactor=None):
                 tokens if "token" in methods else None,
                 reactor,
                 pool,
+                issuer if "token" in methods else None,
             )
             if isinstance(listener_checker, TokenOrPasswordChecker):
                 # Shares the reload of the main checker.
@@ -566,7 +576,15 @@ def makeService(options, reactor=None):
 
     factory = mqtt_factory("tcp", portal)
     tls_factory = mqtt_factory("tls", portal, settings["tls.use_identity_as_username"])
-    ws = settings.section("websocket")
+    roles = Roles(settings["http.admin_users"], settings["http.read_users"])
+    gateway = parts.gateway = Gateway(router, reactor, store)
+    dashboard = None
+    if ws["dashboard"]:
+        # Beside MQTT, anyone can reach the API: it always asks who.
+        dashboard = Dashboard()
+        dashboard.putChild(
+            b"api", api_resource(gateway, make_portal(checker, False), roles, issuer)
+        )
 
     def site(mqtt_factory, secure=False, allowed_origins=None):
         return websocket_site(
@@ -578,6 +596,7 @@ def makeService(options, reactor=None):
             ws["compression"],
             ws["allowed_origins"] if allowed_origins is None else allowed_origins,
             secure,
+            dashboard,
         )
 
     # TLS options SIGHUP can renew: the listeners' certificates and keys.
@@ -599,11 +618,10 @@ def makeService(options, reactor=None):
     if store is not None:
         # First in, so last to stop: connections close before it commits.
         WorkerService(store).setServiceParent(top)
-    archive = parts.archive = open_archive(settings, reactor)
+    archive = parts.archive = gateway.archive = open_archive(settings, reactor)
     if archive is not None:
         router.recorder = archive
         WorkerService(archive).setServiceParent(top)
-    gateway = parts.gateway = Gateway(router, reactor, store, archive)
     gateway.bridges = parts.bridges
 
     def listen(kind, address, made, anonymous):
@@ -662,12 +680,12 @@ def makeService(options, reactor=None):
         parts.sys_topics = SysTopics(
             router, reactor, settings["mqtt.sys_interval"], parts.bridges, store
         )
-    http = settings["http.address"]
     if http:
         metrics = Metrics(router, gateway.listeners, parts.bridges, store, archive)
         description = http_description(http)
         admin_portal = None
-        if not is_loopback(_http_host(description)):
+        open_ = is_loopback(_http_host(description))
+        if not open_:
             admin_portal = make_portal(checker, False)
             log.warn(
                 "admin listener {address} is reachable beyond this machine: /metrics"
@@ -675,9 +693,25 @@ def makeService(options, reactor=None):
                 address=http,
                 users=", ".join(settings["http.admin_users"]) or "none yet",
             )
+        else:
+            log.info(
+                "admin listener {address}: the dashboard at /, /metrics and /api/,"
+                " open to this machine only",
+                address=http,
+            )
+        # The dashboard's own MQTT, on the listener's origin.
+        mqtt = websocket_resource(
+            mqtt_factory("http", portal), ws["max_message_size"], ws["trusted_proxies"],
+            ws["compression"], [],
+        )
         ListenerService(
             reactor, "http", description,
-            admin_site(gateway, metrics, admin_portal, settings["http.admin_users"]),
+            admin_site(
+                gateway, metrics, admin_portal,
+                Roles(roles.admin_users, roles.read_users, open_),
+                issuer, make_portal(checker, False) if checker is not None else None,
+                mqtt,
+            ),
             name=http,
         ).setServiceParent(top)
         gateway.http = description

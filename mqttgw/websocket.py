@@ -424,19 +424,38 @@ class Health(Resource):
 
 
 class _Root(Resource):
-    """``/healthz`` for HTTP; every other path is the MQTT WebSocket."""
+    """
+    ``/healthz`` for HTTP; with a dashboard, requests that do not ask for
+    a WebSocket are the dashboard's; every other path is the MQTT
+    WebSocket.
+    """
 
-    def __init__(self, websocket, health):
+    def __init__(self, websocket, health, dashboard=None):
         super().__init__()
         self._websocket = websocket
         self._health = health
+        self._dashboard = dashboard
+
+    def _is_page(self, request):
+        upgrade = request.getHeader(b"upgrade")
+        if self._dashboard is None or (upgrade is not None and upgrade.lower() == b"websocket"):
+            return False
+        # One request per connection: the guard's deadline and byte budget
+        # are for one handshake, not a page's keep-alive.
+        request.channel.persistent = False
+        request.setHeader(b"connection", b"close")
+        return True
 
     def getChild(self, path, request):
         if request.path == b"/healthz":
             return self._health
+        if self._is_page(request):
+            return self._dashboard.getChildWithDefault(path, request)
         return self._websocket
 
     def render(self, request):
+        if self._is_page(request):
+            return self._dashboard.render(request)
         return self._websocket.render(request)
 
 
@@ -562,6 +581,22 @@ class _GuardedSite(WrappingFactory):
         return self.wrappedFactory.acceptableProtocols()
 
 
+def websocket_resource(
+    mqtt_factory,
+    max_message_size,
+    trusted_proxies=(),
+    compression=False,
+    allowed_origins=(),
+    secure=False,
+):
+    """MQTT over WebSocket as a twisted.web resource."""
+    return WebSocketResource(
+        MQTTWebSocketFactory(
+            mqtt_factory, max_message_size, trusted_proxies, compression, allowed_origins, secure
+        )
+    )
+
+
 def websocket_site(
     mqtt_factory,
     router,
@@ -571,15 +606,16 @@ def websocket_site(
     compression=False,
     allowed_origins=(),
     secure=False,
+    dashboard=None,
 ):
     """
     The WebSocket port's factory: a twisted.web Site serving MQTT over
-    WebSocket and /healthz, behind the guard that bounds connections
-    that have not upgraded yet.
+    WebSocket, /healthz and the ``dashboard`` (a resource) if any, behind
+    the guard that bounds connections that have not upgraded yet.
     """
-    ws = MQTTWebSocketFactory(
+    ws = websocket_resource(
         mqtt_factory, max_message_size, trusted_proxies, compression, allowed_origins, secure
     )
-    site = Site(_Root(WebSocketResource(ws), Health(router, clock)))
+    site = Site(_Root(ws, Health(router, clock), dashboard))
     site.noisy = False
     return _GuardedSite(site, mqtt_factory)
