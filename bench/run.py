@@ -8,6 +8,7 @@ figures also go to a JSON file.
 """
 
 import argparse
+import contextlib
 import functools
 import json
 import multiprocessing
@@ -21,7 +22,7 @@ import time
 from pathlib import Path
 
 from bench import loadgen, logins, neighbours, retained
-from bench.brokers import BROKERS, MAX_INFLIGHT, MAX_QUEUED
+from bench.brokers import BROKERS, MAX_INFLIGHT, MAX_QUEUED, free_port
 
 PAYLOAD = 64
 # Messages sent but not yet received by every subscriber, by QoS.  QoS 1/2
@@ -49,7 +50,11 @@ THROUGHPUT = {
     # With an ACL of 1,000 rules loaded (the same file for every broker).
     "fan-in qos0 acl": (4, 1, 0),
     "fan-in qos1 acl": (4, 1, 1),
+    # mqttgw only: fan-in QoS 0 with the dashboard open on its Topics view
+    # in headless Chromium (subscribed to "#": every message reaches it).
+    "fan-in qos0 + dashboard": (4, 1, 0),
 }
+DASHBOARD = "fan-in qos0 + dashboard"
 # QoS 1 round trips at a steady rate, alone and beside every hostile client
 # of bench/hostile.py (bench/neighbours.py).
 NEIGHBOURS = {"calm qos1": False, "calm qos1 + hostile": True}
@@ -179,6 +184,29 @@ def run_throughput(broker, publishers, subscribers, qos, duration, rate=None, pr
     return result
 
 
+@contextlib.contextmanager
+def dashboard_open(http_port, workdir, cpu=None):
+    """mqttgw's dashboard in headless Chromium, on the Topics view; on ``cpu`` with the load."""
+    import shutil
+
+    from tests.cdp import Chromium
+
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        raise SystemExit("the dashboard scenario needs chromium")
+    browser = Chromium(
+        chromium, Path(tempfile.mkdtemp(prefix="chromium-", dir=workdir)),
+        None if cpu is None else {cpu},
+    )
+    try:
+        page = browser.page()
+        page.go(f"http://127.0.0.1:{http_port}/#topics")
+        page.wait_for("document.querySelector('#connection').dataset.state === 'up'")
+        yield page
+    finally:
+        browser.close()
+
+
 def _pinned(cpu, target, *args):
     _pin(cpu)
     target(*args)
@@ -232,6 +260,11 @@ def main(argv=None):
             for scenario in args.scenarios:
                 options = ["--durability", args.durability] if args.durability and name == "mqttgw" else []
                 auth = None
+                if scenario == DASHBOARD:
+                    if name != "mqttgw":
+                        continue
+                    http_port = free_port()
+                    options = options + ["--http", f"tcp:{http_port}:interface=127.0.0.1"]
                 if scenario in AUTH_SCENARIOS:
                     if name == "amqtt":
                         continue
@@ -240,7 +273,20 @@ def main(argv=None):
                 broker = BROKERS[name](workdir, broker_cpu, options, auth).start()
                 try:
                     print(f"{name:10} {scenario} ...", end=" ", flush=True)
-                    if scenario in THROUGHPUT:
+                    if scenario == DASHBOARD:
+                        with dashboard_open(http_port, Path(workdir), load_cpu) as page:
+                            before = page.metrics()
+                            r = run_throughput(broker, 4, 1, 0, args.duration, cpu=load_cpu)
+                            after = page.metrics()
+                            r["page_busy"] = round(
+                                (after["TaskDuration"] - before["TaskDuration"]) / args.duration, 2
+                            )
+                        print(
+                            f"{r['per_second']:,.0f}/s lost {r['lost']}, page main thread"
+                            f" {r['page_busy']:.0%} busy (broker CPU {r['broker_cpu']:.0%})",
+                            flush=True,
+                        )
+                    elif scenario in THROUGHPUT:
                         pubs, subs, qos = THROUGHPUT[scenario]
                         r = run_throughput(
                             broker, pubs, subs, qos, args.duration, cpu=load_cpu,

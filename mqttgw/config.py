@@ -345,6 +345,14 @@ KEYS = [
         10.0,
     ),
     Key(
+        "http",
+        "dashboard_message_rate",
+        int,
+        12_000,
+        "messages a second sent at most to each dashboard page (its MQTT at /mqtt); beyond, dropped",
+        1,
+    ),
+    Key(
         "mqtt",
         "sys_interval",
         float,

@@ -82,6 +82,7 @@ class MQTTServerProtocol(Protocol):
     identity_as_username = False
     # The kind of listener it came in on (tcp, tls, ws, wss).
     listener_kind = None
+    max_delivery_rate = 0
     _acks = None
     # Packets handled per reactor turn before the rest wait for the next.
     PACKETS_PER_TURN = 256
@@ -590,6 +591,8 @@ class MQTTServerProtocol(Protocol):
         session, present = router.connect(client_id, packet.clean_session, will)
         self.session = session
         session.may_read = access.checker(self.username, client_id, READ, identity.subscribe)
+        if self.max_delivery_rate:
+            session.may_read = _thinned(session.may_read, self.max_delivery_rate, self.clock)
         self.state = CONNECTED
         self.write(
             P.Connack(
@@ -1066,6 +1069,8 @@ class MQTTServerFactory(Factory):
         self.throttle = Throttle()
         # Set by whoever builds the listener: tcp, tls, ws or wss.
         self.kind = None
+        # Messages a second a client here is sent at most (0: no bound).
+        self.max_delivery_rate = 0
 
     def buildProtocol(self, addr):
         stats = self.router.stats
@@ -1084,6 +1089,28 @@ class MQTTServerFactory(Factory):
         protocol = MQTTServerProtocol(self.router, self.limits, self.clock, self.flusher)
         protocol.identity_as_username = self.identity_as_username
         protocol.listener_kind = self.kind
+        protocol.max_delivery_rate = self.max_delivery_rate
         protocol.portal = self.portal
         protocol.factory_throttle = self.throttle
         return protocol
+
+
+def _thinned(may_read, rate, clock):
+    """
+    ``may_read`` that also refuses beyond ``rate`` messages a second: for
+    the dashboard, which shows each topic's latest value and would
+    otherwise cost the gateway a second delivery of every message.
+    Retained messages are read through ``__wrapped__``, unthinned.
+    """
+    window = [0.0, 0]
+
+    def thinned(topic):
+        now = clock.seconds()
+        if now >= window[0]:
+            window[0] = now + 1.0
+            window[1] = 0
+        window[1] += 1
+        return window[1] <= rate and (may_read is None or may_read(topic))
+
+    thinned.__wrapped__ = may_read
+    return thinned

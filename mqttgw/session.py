@@ -325,7 +325,9 @@ class Session:
             else:
                 message, granted = item
                 budget -= 1
-                may_read = self.may_read
+                # Retained messages are the state a subscriber starts
+                # from: never thinned (see protocol._thinned).
+                may_read = getattr(self.may_read, "__wrapped__", self.may_read)
                 if may_read is None or may_read(message.topic):
                     self.deliver(message, min(message.qos, granted), retain=True)
 

@@ -585,6 +585,11 @@ def makeService(options, reactor=None):
         dashboard.putChild(
             b"api", api_resource(gateway, make_portal(checker, False), roles, issuer)
         )
+        log.warn(
+            "websocket.dashboard: the dashboard and the admin API (/api/, with the"
+            " credentials of http.admin_users or http.read_users) are served on every"
+            " WebSocket listener",
+        )
 
     def site(mqtt_factory, secure=False, allowed_origins=None):
         return websocket_site(
@@ -700,9 +705,10 @@ def makeService(options, reactor=None):
                 address=http,
             )
         # The dashboard's own MQTT, on the listener's origin.
+        dashboard_factory = mqtt_factory("http", portal)
+        dashboard_factory.max_delivery_rate = settings["http.dashboard_message_rate"]
         mqtt = websocket_resource(
-            mqtt_factory("http", portal), ws["max_message_size"], ws["trusted_proxies"],
-            ws["compression"], [],
+            dashboard_factory, ws["max_message_size"], ws["trusted_proxies"], ws["compression"], [],
         )
         ListenerService(
             reactor, "http", description,

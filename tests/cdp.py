@@ -18,10 +18,12 @@ class BrowserError(Exception):
     pass
 
 
-def _as_fds_3_and_4(reading, writing):
-    """In the child: ``reading`` becomes fd 3 and ``writing`` fd 4, both inherited."""
+def _as_fds_3_and_4(reading, writing, cpus=None):
+    """In the child: ``reading`` becomes fd 3 and ``writing`` fd 4, both inherited; on ``cpus`` if given."""
     import fcntl
 
+    if cpus:
+        os.sched_setaffinity(0, cpus)
     # Out of the way first: either may be 3 or 4 already.
     high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 100) for fd in (reading, writing)]
     os.dup2(high[0], 3)
@@ -29,7 +31,7 @@ def _as_fds_3_and_4(reading, writing):
 
 
 class Chromium:
-    def __init__(self, chromium, profile):
+    def __init__(self, chromium, profile, cpus=None):
         # Chromium reads commands from fd 3 and writes answers on fd 4.
         to_browser, self._write = os.pipe()
         self._read, from_browser = os.pipe()
@@ -44,7 +46,7 @@ class Chromium:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             close_fds=False,
-            preexec_fn=lambda: _as_fds_3_and_4(to_browser, from_browser),
+            preexec_fn=lambda: _as_fds_3_and_4(to_browser, from_browser, cpus),
         )
         os.close(to_browser)
         os.close(from_browser)

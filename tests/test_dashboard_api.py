@@ -178,3 +178,44 @@ def test_the_package_data_carries_every_file():
         str((base / found).relative_to(STATIC)) for pattern in patterns for found in glob.glob(pattern, root_dir=base)
     }
     assert packaged == set(_load())
+
+
+def test_a_dashboard_connection_is_sent_at_most_its_rate_but_every_retained_message():
+    from twisted.internet.task import Clock
+
+    from mqttgw.protocol import _thinned
+
+    clock = Clock()
+    acl = lambda topic: not topic.startswith("secret")  # noqa: E731
+    thinned = _thinned(acl, 3, clock)
+    assert [thinned("a"), thinned("secret/x"), thinned("b"), thinned("c")] == [True, False, True, False]
+    clock.advance(1.0)
+    assert thinned("a") and not thinned("secret/y")
+    # Retained messages (the state a page starts from) are read unthinned.
+    assert thinned.__wrapped__ is acl
+    assert _thinned(None, 1, clock).__wrapped__ is None
+
+
+def test_the_dashboards_mqtt_gets_every_retained_topic_and_is_thinned_live(gateway_with):
+    port = free_port()
+    gw = gateway_with("--http", str(port), "--dashboard-message-rate", "2")
+    gw.wait_for_log("admin listener")
+    publisher = PahoClient(gw.port, "publisher", "MQTTv311")
+    publisher.connect()
+    for n in range(5):
+        publisher.publish(f"state/{n}", b"on", 1, retain=True)
+    page = PahoClient(port, "page", "MQTTv311", transport="websockets")
+    page.client.ws_set_options(path="/mqtt")
+    page.connect()
+    page.subscribe("state/#", 0)
+    assert sorted(m.topic for m in page.receive(5)) == [f"state/{n}" for n in range(5)]
+    for n in range(20):
+        publisher.publish("state/live", str(n).encode(), 1)
+    time.sleep(0.5)
+    live = []
+    while not page.messages.empty():
+        live.append(page.messages.get())
+    # Two a second at most, give or take the second boundary.
+    assert 1 <= len(live) <= 4
+    page.disconnect()
+    publisher.disconnect()
