@@ -592,7 +592,9 @@ class MQTTServerProtocol(Protocol):
         self.session = session
         session.may_read = access.checker(self.username, client_id, READ, identity.subscribe)
         if self.max_delivery_rate:
-            session.may_read = _thinned(session.may_read, self.max_delivery_rate, self.clock)
+            session.may_read = DeliveryBudget(
+                session.may_read, self.max_delivery_rate, router, session, self.clock
+            )
         self.state = CONNECTED
         self.write(
             P.Connack(
@@ -1095,22 +1097,63 @@ class MQTTServerFactory(Factory):
         return protocol
 
 
-def _thinned(may_read, rate, clock):
-    """
-    ``may_read`` that also refuses beyond ``rate`` messages a second: for
-    the dashboard, which shows each topic's latest value and would
-    otherwise cost the gateway a second delivery of every message.
-    Retained messages are read through ``__wrapped__``, unthinned.
-    """
-    window = [0.0, 0]
 
-    def thinned(topic):
-        now = clock.seconds()
-        if now >= window[0]:
-            window[0] = now + 1.0
-            window[1] = 0
-        window[1] += 1
-        return window[1] <= rate and (may_read is None or may_read(topic))
+class DeliveryBudget:
+    """
+    What a dashboard page may read: ``may_read`` (the ACL), and at most
+    ``rate`` messages a second.  The page shows each topic's latest value,
+    and an open page would otherwise cost the gateway a second delivery of
+    every message.  Once a second's budget is spent the page's filters
+    leave the subscription trie until the second ends, so what it misses
+    costs the router nothing.  Retained messages are read through
+    ``__wrapped__``: never held back.
+    """
 
-    thinned.__wrapped__ = may_read
-    return thinned
+    def __init__(self, may_read, rate, router, session, clock):
+        self.__wrapped__ = may_read
+        self.rate = rate
+        self.router = router
+        self.session = session
+        self.clock = clock
+        self.left = rate
+        self.window_end = clock.seconds() + 1.0
+        self._resume = None
+
+    def __call__(self, topic):
+        may_read = self.__wrapped__
+        if may_read is not None and not may_read(topic):
+            return False
+        self.left -= 1
+        if self.left > 0:
+            return True
+        now = self.clock.seconds()
+        if now >= self.window_end:
+            self.window_end = now + 1.0
+            self.left = self.rate
+            return True
+        if self.left == 0:
+            self._pause()
+            return True
+        return False
+
+    def _pause(self):
+        trie = self.router.subscriptions
+        for topic_filter in self.session.subscriptions:
+            trie.remove(topic_filter, self.session)
+        if self._resume is None:
+            self._resume = self.clock.callLater(
+                max(0.0, self.window_end - self.clock.seconds()), self._resumed
+            )
+
+    def _resumed(self):
+        self._resume = None
+        session = self.session
+        self.left = self.rate
+        self.window_end = self.clock.seconds() + 1.0
+        # Back in the trie while the session lives, connected or not (a
+        # persistent one queues while away).
+        if self.router.sessions.get(session.client_id) is not session:
+            return
+        trie = self.router.subscriptions
+        for topic_filter, qos in session.subscriptions.items():
+            trie.add(topic_filter, session, qos)

@@ -180,20 +180,43 @@ def test_the_package_data_carries_every_file():
     assert packaged == set(_load())
 
 
-def test_a_dashboard_connection_is_sent_at_most_its_rate_but_every_retained_message():
+def test_a_spent_delivery_budget_takes_the_page_out_of_routing_until_the_second_ends():
     from twisted.internet.task import Clock
 
-    from mqttgw.protocol import _thinned
+    from mqttgw.packets import Publish
+    from mqttgw.protocol import DeliveryBudget
+    from mqttgw.router import Router
 
     clock = Clock()
+    router = Router(clock)
+    got = []
+
+    class Page:
+        def write(self, data):
+            got.append(data)
+
+    page, _ = router.connect("page", True)
+    page.attach(Page())
+    router.subscribe(page, [("#", 0)])
     acl = lambda topic: not topic.startswith("secret")  # noqa: E731
-    thinned = _thinned(acl, 3, clock)
-    assert [thinned("a"), thinned("secret/x"), thinned("b"), thinned("c")] == [True, False, True, False]
+    page.may_read = budget = DeliveryBudget(acl, 3, router, page, clock)
+    assert budget.__wrapped__ is acl
+    for n in range(6):
+        router.publish(Publish(f"t/{n}", b"x"))
+    assert router.publish(Publish("secret/1", b"x")) is False
+    assert len(got) == 3
+    # Spent: out of the trie, so the rest cost the router no call at all.
+    assert router.subscriptions.match("t/9") == ()
     clock.advance(1.0)
-    assert thinned("a") and not thinned("secret/y")
-    # Retained messages (the state a page starts from) are read unthinned.
-    assert thinned.__wrapped__ is acl
-    assert _thinned(None, 1, clock).__wrapped__ is None
+    assert router.subscriptions.match("t/9") == ((page, 0),)
+    router.publish(Publish("t/9", b"x"))
+    assert len(got) == 4
+    # A session gone while paused is not put back.
+    for n in range(3):
+        router.publish(Publish(f"t/{n}", b"x"))
+    router.disconnect(page, publish_will=False)
+    clock.advance(1.0)
+    assert router.subscriptions.match("t/1") == ()
 
 
 def test_the_dashboards_mqtt_gets_every_retained_topic_and_is_thinned_live(gateway_with):
