@@ -32,10 +32,8 @@ import attr
 from twisted.cred.credentials import UsernamePassword
 from twisted.cred.error import UnauthorizedLogin
 from twisted.logger import Logger
-from twisted.web.resource import ErrorPage, Resource
-from twisted.web.server import Site
-from twisted.web.server import NOT_DONE_YET
-from twisted.web.util import DeferredResource
+from twisted.web.resource import ErrorPage, Resource, getChildForRequest
+from twisted.web.server import NOT_DONE_YET, Site
 
 from mqttgw.auth import IIdentity
 from mqttgw.packets import Publish
@@ -281,9 +279,25 @@ class _Authorized(Resource):
             # DeferredResource walks the rest of the path from here.
             return self.wrapped
 
+        gone = _watch(request)
         d = self.portal.login(creds, None, IIdentity)
         d.addCallbacks(logged_in, lambda _: _challenge(header))
-        return DeferredResource(d).render(request)
+
+        def render(resource):
+            # A page that went away while its credentials were checked.
+            if not gone():
+                request.render(getChildForRequest(resource, request))
+
+        d.addCallback(render)
+        d.addErrback(lambda reason: log.failure("admin API: {path}", reason, path=request.path))
+        return NOT_DONE_YET
+
+
+def _watch(request):
+    """A function telling whether ``request``'s connection is gone, so nothing is written to it."""
+    lost = []
+    request.notifyFinish().addErrback(lambda _: lost.append(True))
+    return lambda: bool(lost)
 
 
 def _challenge(header=None):
@@ -358,6 +372,7 @@ class Token(_JSON):
         creds = _credentials(request.getHeader(b"authorization"))
         if creds is None:
             return self.reply(request, {"error": "a user name and password are needed"}, 401)
+        request.gone = _watch(request)
         d = self.portal.login(creds, None, IIdentity)
 
         def refused(reason):
@@ -380,7 +395,7 @@ class Token(_JSON):
         )
 
     def _finish(self, request, value, code=200):
-        if request._disconnected or request.finished:
+        if getattr(request, "gone", bool)():
             return
         request.write(self.reply(request, value, code))
         request.finish()

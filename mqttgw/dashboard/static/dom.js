@@ -32,3 +32,22 @@ export function notice(text, kind = "info") {
   box.textContent = text;
   box.dataset.kind = kind;
 }
+
+// A view drawn from the admin API: asked again every ``every`` ms while
+// shown.  Subclasses give poll().
+export class PolledView {
+  constructor(app, title, every = 5000) {
+    this.app = app;
+    this.title = title;
+    this.every = every;
+  }
+
+  show() {
+    this.poll();
+    this.timer = setInterval(() => this.poll(), this.every);
+  }
+
+  hide() {
+    clearInterval(this.timer);
+  }
+}

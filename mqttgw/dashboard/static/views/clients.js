@@ -2,31 +2,19 @@
 // button that disconnects a client.
 
 import { formatNumber } from "../chart.js";
-import { age, h, notice } from "../dom.js";
-
-const POLL = 5000;
+import { PolledView, age, h, notice } from "../dom.js";
 const COLUMNS = [
   ["client_id", "Client"], ["username", "User"], ["address", "Address"], ["listener", "Listener"],
   ["protocol", "MQTT"], ["subscriptions", "Subscriptions"], ["queued", "Queued"],
   ["inflight", "In flight"], ["dropped", "Dropped"], ["connected_since", "Connected"],
 ];
 
-export class Clients {
+export class Clients extends PolledView {
   constructor(app) {
-    this.app = app;
-    this.title = "Clients";
+    super(app, "Clients");
     this.sort = ["client_id", 1];
     this.clients = [];
     this.node = h("section.view", { "aria-labelledby": "clients-title" });
-  }
-
-  show() {
-    this.poll();
-    this.timer = setInterval(() => this.poll(), POLL);
-  }
-
-  hide() {
-    clearInterval(this.timer);
   }
 
   async poll() {

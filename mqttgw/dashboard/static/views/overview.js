@@ -2,25 +2,13 @@
 // the store and every bridge, from the admin API every few seconds.
 
 import { formatNumber, legend, lineChart } from "../chart.js";
-import { age, h } from "../dom.js";
+import { PolledView, age, h } from "../dom.js";
 
-const POLL = 5000;
-
-export class Overview {
+export class Overview extends PolledView {
   constructor(app) {
-    this.app = app;
-    this.title = "Overview";
+    super(app, "Overview");
     this.node = h("section.view", { "aria-labelledby": "overview-title" });
     this.lastBridges = new Map();
-  }
-
-  show() {
-    this.poll();
-    this.timer = setInterval(() => this.poll(), POLL);
-  }
-
-  hide() {
-    clearInterval(this.timer);
   }
 
   async poll() {
