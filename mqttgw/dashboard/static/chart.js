@@ -53,6 +53,10 @@ export function lineChart(series, { width = 640, height = 180, title = "" } = {}
   }
   series.forEach((s, i) => {
     chart.append(svg("path", { d: path(s.points, x, y), class: `line line${i} ${s.className || ""}` }));
+    // Few points (a rollup per minute, just begun) are drawn as dots too.
+    if (s.points.length <= 60) {
+      for (const [a, b] of s.points) chart.append(svg("circle", { cx: x(a), cy: y(b), r: 2.5, class: `dot dot${i}` }));
+    }
   });
   return chart;
 }

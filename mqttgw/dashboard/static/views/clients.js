@@ -60,12 +60,13 @@ export class Clients extends PolledView {
       h("h2#clients-title", { text: "Clients" }),
       this.error ? h("p.error", { text: this.error }) : h("p.muted", { text: `${rows.length} connected` }),
       h("div.scroll", {}, h("table#clients-table", {},
-        h("thead", {}, h("tr", {}, COLUMNS.map(([name, label]) => heading(name, label)), h("th", { scope: "col", text: "" }))),
+        // The action first: on a phone the columns scroll off to the right.
+        h("thead", {}, h("tr", {}, h("td"), COLUMNS.map(([name, label]) => heading(name, label)))),
         h("tbody", {}, rows.map((c) => h("tr", { "data-client": c.client_id },
-          COLUMNS.map(([name], i) => h(i ? "td" : "th", { scope: i ? null : "row", text: text(c, name) })),
           h("td", {}, h("button.danger.kick", {
             text: "Kick", "aria-label": `Disconnect ${c.client_id}`, onclick: () => this.kick(c.client_id),
           })),
+          COLUMNS.map(([name], i) => h(i ? "td" : "th", { scope: i ? null : "row", text: text(c, name) })),
         ))),
       )),
     );
