@@ -30,7 +30,6 @@ import json
 import attr
 
 from twisted.cred.credentials import UsernamePassword
-from twisted.cred.error import UnauthorizedLogin
 from twisted.logger import Logger
 from twisted.web.resource import ErrorPage, Resource, getChildForRequest
 from twisted.web.server import NOT_DONE_YET, Site
@@ -279,13 +278,14 @@ class _Authorized(Resource):
             # DeferredResource walks the rest of the path from here.
             return self.wrapped
 
-        gone = _watch(request)
+        # A caller may leave while its credentials are checked.
+        gone = []
+        request.notifyFinish().addErrback(gone.append)
         d = self.portal.login(creds, None, IIdentity)
         d.addCallbacks(logged_in, lambda _: _challenge(header))
 
         def render(resource):
-            # A page that went away while its credentials were checked.
-            if not gone():
+            if not gone:
                 request.render(getChildForRequest(resource, request))
 
         d.addCallback(render)
@@ -293,21 +293,17 @@ class _Authorized(Resource):
         return NOT_DONE_YET
 
 
-def _watch(request):
-    """A function telling whether ``request``'s connection is gone, so nothing is written to it."""
-    lost = []
-    request.notifyFinish().addErrback(lambda _: lost.append(True))
-    return lambda: bool(lost)
-
-
 def _challenge(header=None):
     page = ErrorPage(401, "Unauthorized", "credentials needed")
     render = page.render
-    # A page that sent a token is not answered with a Basic challenge, which
-    # would make the browser ask for a password itself.
-    scheme = b"Bearer" if header and header[:7].lower() == b"bearer " else b'Basic realm="mqttgw"'
 
     def with_header(request):
+        # The dashboard's own calls (and any with a token) are not answered
+        # with a Basic challenge, which makes a browser ask for a password
+        # itself.
+        script = request.getHeader(b"x-requested-with") is not None
+        bearer = header is not None and header[:7].lower() == b"bearer "
+        scheme = b"Bearer" if script or bearer else b'Basic realm="mqttgw"'
         request.setHeader(b"www-authenticate", scheme)
         return render(request)
 
@@ -349,56 +345,31 @@ class WhoAmI(_JSON):
 
 class Token(_JSON):
     """
-    ``POST /api/token`` with a user name and password (Basic), or with a
-    token of the gateway's (Bearer) to refresh it: a new short-lived token
-    for the dashboard's MQTT connection and API calls.  The user must have
-    a role; a read-only user's token may not publish.
+    ``POST /api/token``, behind the credentials check: a user name and
+    password (Basic), or a token of the gateway's (Bearer) to renew it.
+    The answer is a new short-lived token for the dashboard's MQTT
+    connection and API calls.  The user must have a role; a read-only
+    user's token may not publish.
     """
 
-    def __init__(self, portal, issuer, roles, clock):
+    def __init__(self, issuer, roles, clock):
         super().__init__()
-        self.portal = portal
         self.issuer = issuer
         self.roles = roles
         self.clock = clock
 
     def render_POST(self, request):
-        if self.issuer is None or self.portal is None:
-            return self.reply(request, {"error": "the gateway checks no credentials: no token needed"}, 404)
         identity = getattr(request, "identity", None)
-        if identity is not None:
-            self._issue(request, identity)
-            return NOT_DONE_YET
-        creds = _credentials(request.getHeader(b"authorization"))
-        if creds is None:
-            return self.reply(request, {"error": "a user name and password are needed"}, 401)
-        request.gone = _watch(request)
-        d = self.portal.login(creds, None, IIdentity)
-
-        def refused(reason):
-            reason.trap(UnauthorizedLogin)
-            self._finish(request, {"error": "user name or password refused"}, 401)
-
-        d.addCallbacks(lambda result: self._issue(request, result[1]), refused)
-        d.addErrback(lambda reason: log.failure("admin API: token", reason))
-        return NOT_DONE_YET
-
-    def _issue(self, request, identity):
+        if self.issuer is None or identity is None:
+            return self.reply(request, {"error": "the gateway checks no credentials: no token needed"}, 404)
         role = self.roles.of(identity.username)
         if identity.username is None or role is None:
-            return self._finish(request, {"error": "this user may not use the dashboard"}, 403)
-        now = self.clock.seconds()
-        token = self.issuer.issue(identity.username, now, read_only=role != "admin")
-        self._finish(
+            return self.reply(request, {"error": "this user may not use the dashboard"}, 403)
+        token = self.issuer.issue(identity.username, self.clock.seconds(), read_only=role != "admin")
+        return self.reply(
             request,
             {"token": token, "user": identity.username, "role": role, "lifetime": self.issuer.lifetime},
         )
-
-    def _finish(self, request, value, code=200):
-        if getattr(request, "gone", bool)():
-            return
-        request.write(self.reply(request, value, code))
-        request.finish()
 
 
 def api_resource(gateway, portal, roles, issuer=None, signin_portal=None):
@@ -406,7 +377,6 @@ def api_resource(gateway, portal, roles, issuer=None, signin_portal=None):
     children = {
         b"overview": (Overview(gateway), (b"GET", b"HEAD")),
         b"bridges": (Bridges(gateway), (b"GET", b"HEAD")),
-        b"token": (Token(signin_portal or portal, issuer, roles, gateway.clock), (b"POST",)),
         b"clients": (Clients(gateway), ()),
         b"sessions": (Sessions(gateway), ()),
         b"retained": (Retained(gateway), ()),
@@ -417,6 +387,11 @@ def api_resource(gateway, portal, roles, issuer=None, signin_portal=None):
         if portal is not None:
             resource = _Authorized(resource, portal, roles, read_methods)
         api.putChild(name, resource)
+    # Signing in asks for credentials even where the rest of the API does not.
+    token = Token(issuer, roles, gateway.clock)
+    if (portal or signin_portal) is not None:
+        token = _Authorized(token, portal or signin_portal, roles, (b"POST",))
+    api.putChild(b"token", token)
     return api
 
 

@@ -349,7 +349,7 @@ KEYS = [
         "dashboard_message_rate",
         int,
         12_000,
-        "messages a second sent at most to each dashboard page (its MQTT at /mqtt); beyond, dropped",
+        "messages a second sent at most to each dashboard page; beyond, dropped for the page",
         1,
     ),
     Key(

@@ -82,6 +82,7 @@ class MQTTServerProtocol(Protocol):
     identity_as_username = False
     # The kind of listener it came in on (tcp, tls, ws, wss).
     listener_kind = None
+    # Messages a second it is sent at most (0: no bound): a dashboard page.
     max_delivery_rate = 0
     _acks = None
     # Packets handled per reactor turn before the rest wait for the next.
@@ -1071,8 +1072,6 @@ class MQTTServerFactory(Factory):
         self.throttle = Throttle()
         # Set by whoever builds the listener: tcp, tls, ws or wss.
         self.kind = None
-        # Messages a second a client here is sent at most (0: no bound).
-        self.max_delivery_rate = 0
 
     def buildProtocol(self, addr):
         stats = self.router.stats
@@ -1091,11 +1090,9 @@ class MQTTServerFactory(Factory):
         protocol = MQTTServerProtocol(self.router, self.limits, self.clock, self.flusher)
         protocol.identity_as_username = self.identity_as_username
         protocol.listener_kind = self.kind
-        protocol.max_delivery_rate = self.max_delivery_rate
         protocol.portal = self.portal
         protocol.factory_throttle = self.throttle
         return protocol
-
 
 
 class DeliveryBudget:

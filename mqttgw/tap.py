@@ -4,6 +4,8 @@ The twistd plugin's options and service: ``twistd -n mqttgw --tcp 1883``.
 
 import sys
 
+import attr
+
 from twisted.application.service import MultiService, Service
 from twisted.internet.threads import deferToThread
 from twisted.internet.endpoints import serverFromString
@@ -577,6 +579,7 @@ def makeService(options, reactor=None):
     factory = mqtt_factory("tcp", portal)
     tls_factory = mqtt_factory("tls", portal, settings["tls.use_identity_as_username"])
     roles = Roles(settings["http.admin_users"], settings["http.read_users"])
+    page_rate = settings["http.dashboard_message_rate"]
     gateway = parts.gateway = Gateway(router, reactor, store)
     dashboard = None
     if ws["dashboard"]:
@@ -601,7 +604,8 @@ def makeService(options, reactor=None):
             ws["compression"],
             ws["allowed_origins"] if allowed_origins is None else allowed_origins,
             secure,
-            dashboard,
+            page_rate if dashboard is not None else 0,
+            dashboard=dashboard,
         )
 
     # TLS options SIGHUP can renew: the listeners' certificates and keys.
@@ -705,16 +709,15 @@ def makeService(options, reactor=None):
                 address=http,
             )
         # The dashboard's own MQTT, on the listener's origin.
-        dashboard_factory = mqtt_factory("http", portal)
-        dashboard_factory.max_delivery_rate = settings["http.dashboard_message_rate"]
         mqtt = websocket_resource(
-            dashboard_factory, ws["max_message_size"], ws["trusted_proxies"], ws["compression"], [],
+            mqtt_factory("http", portal), ws["max_message_size"], ws["trusted_proxies"],
+            ws["compression"], [], False, page_rate,
         )
         ListenerService(
             reactor, "http", description,
             admin_site(
                 gateway, metrics, admin_portal,
-                Roles(roles.admin_users, roles.read_users, open_),
+                attr.evolve(roles, open=open_),
                 issuer, make_portal(checker, False) if checker is not None else None,
                 mqtt,
             ),

@@ -32,6 +32,9 @@ from zope.interface import directlyProvides, implementer, providedBy
 log = Logger()
 
 SUBPROTOCOLS = ("mqtt", "mqttv3.1")
+# Offered by the gateway's dashboard page: MQTT, sent at most
+# page_delivery_rate messages a second.
+DASHBOARD_SUBPROTOCOL = "mqttgw-dashboard"
 _INPUT_SLICE = 2048
 FRAMES_PER_TURN = 256
 _OPEN = WebSocketProtocol.STATE_OPEN
@@ -158,6 +161,7 @@ class _Transport:
 class MQTTWebSocketProtocol(WebSocketServerProtocol):
     _mqtt = None
     _peer = None
+    _own_page = False
 
     def onConnect(self, request):
         self._peer = self._client_address(request)
@@ -170,6 +174,10 @@ class MQTTWebSocketProtocol(WebSocketServerProtocol):
             )
             self.factory.mqtt_factory.router.stats.connections_refused += 1
             raise ConnectionDeny(403, "origin not allowed")
+        if self.factory.page_delivery_rate and DASHBOARD_SUBPROTOCOL in request.protocols:
+            # The dashboard page says so (see protocol.DeliveryBudget).
+            self._own_page = True
+            return DASHBOARD_SUBPROTOCOL
         # Offer-less clients still connect; otherwise one MQTT subprotocol.
         for offered in request.protocols:
             if offered in SUBPROTOCOLS:
@@ -200,6 +208,8 @@ class MQTTWebSocketProtocol(WebSocketServerProtocol):
         # The connection was counted against the limit when it was accepted.
         mqtt = self._mqtt = self.factory.mqtt_factory.admit(self._peer)
         mqtt.listener_kind = "wss" if self.factory.isSecure else "ws"
+        if self._own_page:
+            mqtt.max_delivery_rate = self.factory.page_delivery_rate
         self._transport = _Transport(self, self._peer, self.maxMessagePayloadSize)
         mqtt.makeConnection(self._transport)
 
@@ -340,9 +350,13 @@ class MQTTWebSocketFactory(WebSocketServerFactory):
         compression=False,
         allowed_origins=(),
         secure=False,
+        page_delivery_rate=0,
     ):
-        super().__init__(protocols=list(SUBPROTOCOLS))
+        super().__init__(protocols=[*SUBPROTOCOLS, DASHBOARD_SUBPROTOCOL])
         self.mqtt_factory = mqtt_factory
+        # Messages a second sent at most to the dashboard page, where one is
+        # served (0: none is).
+        self.page_delivery_rate = page_delivery_rate
         self.trusted_proxies = [
             p if not isinstance(p, str) else ip_network(p, strict=False) for p in trusted_proxies
         ]
@@ -588,34 +602,25 @@ def websocket_resource(
     compression=False,
     allowed_origins=(),
     secure=False,
+    page_delivery_rate=0,
 ):
     """MQTT over WebSocket as a twisted.web resource."""
     return WebSocketResource(
         MQTTWebSocketFactory(
-            mqtt_factory, max_message_size, trusted_proxies, compression, allowed_origins, secure
+            mqtt_factory, max_message_size, trusted_proxies, compression, allowed_origins, secure,
+            page_delivery_rate,
         )
     )
 
 
-def websocket_site(
-    mqtt_factory,
-    router,
-    clock,
-    max_message_size,
-    trusted_proxies=(),
-    compression=False,
-    allowed_origins=(),
-    secure=False,
-    dashboard=None,
-):
+def websocket_site(mqtt_factory, router, clock, *options, dashboard=None):
     """
     The WebSocket port's factory: a twisted.web Site serving MQTT over
-    WebSocket, /healthz and the ``dashboard`` (a resource) if any, behind
-    the guard that bounds connections that have not upgraded yet.
+    WebSocket (``options`` as :func:`websocket_resource` takes them after
+    ``mqtt_factory``), /healthz and the ``dashboard`` (a resource) if any,
+    behind the guard that bounds connections that have not upgraded yet.
     """
-    ws = websocket_resource(
-        mqtt_factory, max_message_size, trusted_proxies, compression, allowed_origins, secure
-    )
+    ws = websocket_resource(mqtt_factory, *options)
     site = Site(_Root(ws, Health(router, clock), dashboard))
     site.noisy = False
     return _GuardedSite(site, mqtt_factory)

@@ -85,6 +85,18 @@ def test_sign_in_tokens_and_roles_of_the_admin_api(gateway_with, tmp_path):
     # A token answers with a Bearer challenge, so the browser asks for no password itself.
     status, headers, _ = request(port, "/api/clients", token="ey.forged.token")
     assert status == 401 and headers["www-authenticate"] == "Bearer"
+    # So is the page's own sign-in with a wrong password.
+    r = urllib.request.Request(f"http://127.0.0.1:{port}/api/token", method="POST")
+    r.add_header("Authorization", "Basic " + base64.b64encode(b"root:wrong").decode())
+    r.add_header("X-Requested-With", "mqttgw")
+    try:
+        urllib.request.urlopen(r, timeout=10)
+    except urllib.error.HTTPError as e:
+        assert (e.code, e.headers["www-authenticate"]) == (401, "Bearer")
+    else:
+        raise AssertionError("a wrong password was accepted")
+    # Others (mqttgw.ctl, curl) are asked for Basic credentials.
+    assert request(port, "/api/clients")[1]["www-authenticate"].startswith("Basic")
     # Renewed with the token itself.
     status, _, body = request(port, "/api/token", "POST", token=viewer["token"])
     assert status == 200 and json.loads(body)["role"] == "read"
@@ -219,29 +231,48 @@ def test_a_spent_delivery_budget_takes_the_page_out_of_routing_until_the_second_
     assert router.subscriptions.match("t/1") == ()
 
 
-def test_the_dashboards_mqtt_gets_every_retained_topic_and_is_thinned_live(gateway_with):
-    port = free_port()
-    gw = gateway_with("--http", str(port), "--dashboard-message-rate", "2")
+def _drain(client):
+    got = []
+    while not client.messages.empty():
+        got.append(client.messages.get())
+    return got
+
+
+def test_the_gateways_own_pages_get_every_retained_topic_and_are_thinned_live(gateway_with):
+    http_port, ws_port = free_port(), free_port()
+    gw = gateway_with(
+        "--http", str(http_port), "--ws", f"tcp:{ws_port}:interface=127.0.0.1", "--dashboard",
+        "--dashboard-message-rate", "2",
+    )
     gw.wait_for_log("admin listener")
     publisher = PahoClient(gw.port, "publisher", "MQTTv311")
     publisher.connect()
     for n in range(5):
         publisher.publish(f"state/{n}", b"on", 1, retain=True)
-    page = PahoClient(port, "page", "MQTTv311", transport="websockets")
-    page.client.ws_set_options(path="/mqtt")
-    page.connect()
-    page.subscribe("state/#", 0)
-    assert sorted(m.topic for m in page.receive(5)) == [f"state/{n}" for n in range(5)]
+
+    def websocket_client(client_id, port, page=False):
+        c = PahoClient(port, client_id, "MQTTv311", transport="websockets")
+        # The page offers the dashboard's subprotocol first, as mqtt.js does.
+        offered = {"Sec-Websocket-Protocol": "mqttgw-dashboard, mqtt"} if page else None
+        c.client.ws_set_options(path="/mqtt", headers=offered)
+        c.connect()
+        c.subscribe("state/#", 0)
+        return c
+
+    # The dashboard page, on the admin listener and on a WebSocket listener
+    # serving it; and a client that is not the page.
+    pages = [websocket_client("admin-page", http_port, True), websocket_client("ws-page", ws_port, True)]
+    other = websocket_client("not-a-page", ws_port)
+    for c in pages + [other]:
+        assert sorted(m.topic for m in c.receive(5)) == [f"state/{n}" for n in range(5)]
     for n in range(20):
         publisher.publish("state/live", str(n).encode(), 1)
-    time.sleep(0.5)
-    live = []
-    while not page.messages.empty():
-        live.append(page.messages.get())
-    # Two a second at most, give or take the second boundary.
-    assert 1 <= len(live) <= 4
-    page.disconnect()
-    publisher.disconnect()
+    other.receive(20)
+    for page in pages:
+        # Two a second at most, give or take the second boundary.
+        assert 1 <= len(_drain(page)) <= 4
+    for c in pages + [other, publisher]:
+        c.disconnect()
 
 
 def test_a_caller_gone_before_its_credentials_are_checked_is_not_answered(gateway_with, tmp_path):

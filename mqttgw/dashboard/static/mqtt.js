@@ -102,7 +102,9 @@ export class MQTTClient extends EventTarget {
 
   _open() {
     clearTimeout(this.retry);
-    const socket = new WebSocket(this.url, ["mqtt"]);
+    // The first subprotocol tells the gateway this is its dashboard, which
+    // it sends a bounded rate of messages; "mqtt" for any other server.
+    const socket = new WebSocket(this.url, ["mqttgw-dashboard", "mqtt"]);
     socket.binaryType = "arraybuffer";
     this.socket = socket;
     this.buffer = new Uint8Array(0);

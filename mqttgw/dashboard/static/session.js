@@ -26,9 +26,14 @@ export class Session extends EventTarget {
   }
 
   async _token(headers) {
-    const response = await fetch("api/token", { method: "POST", headers, cache: "no-store" });
+    const response = await fetch("api/token", {
+      method: "POST", headers: { ...headers, "X-Requested-With": "mqttgw" }, cache: "no-store",
+    });
     const answer = await response.json().catch(() => ({}));
-    if (!response.ok) throw new Error(answer.error || `sign-in failed (${response.status})`);
+    if (!response.ok) {
+      const why = { 401: "user name or password refused", 403: "this user may not use the dashboard" };
+      throw new Error(answer.error || why[response.status] || `sign-in failed (${response.status})`);
+    }
     this.user = answer.user;
     this.role = answer.role;
     this.token = answer.token;
@@ -58,7 +63,8 @@ export class Session extends EventTarget {
 
   // The admin API: JSON in and out, with the token.
   async api(path, { method = "GET" } = {}) {
-    const headers = this.token ? { Authorization: `Bearer ${this.token}` } : {};
+    const headers = { "X-Requested-With": "mqttgw" };
+    if (this.token) headers.Authorization = `Bearer ${this.token}`;
     const response = await fetch(`api/${path}`, { method, headers, cache: "no-store" });
     const answer = await response.json().catch(() => null);
     if (!response.ok) throw new Error((answer && answer.error) || `${method} ${path}: ${response.status}`);
