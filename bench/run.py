@@ -62,7 +62,14 @@ NEIGHBOURS = {"calm qos1": False, "calm qos1 + hostile": True}
 RETAINED = "retained narrow"
 # 200 clients logging in with passwords at once (bench/logins.py).
 LOGINS = "logins"
-ALL_SCENARIOS = list(THROUGHPUT) + ["latency", "connections"] + list(NEIGHBOURS) + [RETAINED, LOGINS]
+# A probe's round trips (QoS 0, 100 a second) beside fan-in QoS 1: the
+# publishers as fast as the broker takes them, then held at half of
+# mqttgw's top rate in that run.
+PROBED = {"latency qos1 saturated": None, "latency qos1 half": 0.5}
+ALL_SCENARIOS = (
+    list(THROUGHPUT) + ["latency"] + list(PROBED) + ["connections"]
+    + list(NEIGHBOURS) + [RETAINED, LOGINS]
+)
 # Brokers that can run a scenario (amqtt has no mosquitto-format files).
 AUTH_SCENARIOS = {"fan-in qos0 acl", "fan-in qos1 acl", LOGINS}
 
@@ -254,6 +261,7 @@ def main(argv=None):
     # mqttgw first: the latency scenario runs at half its top QoS 0 rate.
     order = sorted(args.brokers, key=lambda n: n != "mqttgw")
     latency_rate = None
+    qos1_rate = None
     with tempfile.TemporaryDirectory(prefix="mqttgw-bench-") as workdir:
         auth_files = logins.write_files(Path(workdir))
         for name in order:
@@ -311,6 +319,21 @@ def main(argv=None):
                         )
                         r["rate"] = rate
                         print(f"p50 {r.get('p50_ms', 0):.2f} ms p99 {r.get('p99_ms', 0):.2f} ms at {rate:,.0f}/s", flush=True)
+                    elif scenario in PROBED:
+                        share = PROBED[scenario]
+                        rate = share * qos1_rate if share and qos1_rate else None
+                        r = run_throughput(
+                            broker, 4, 1, 1, args.duration, rate=rate,
+                            probe_count=int(args.duration * 100), cpu=load_cpu,
+                        )
+                        if share is None and name == "mqttgw":
+                            qos1_rate = r["per_second"]
+                        r["rate"] = rate
+                        print(
+                            f"p50 {r.get('p50_ms', 0):.2f} ms p99 {r.get('p99_ms', 0):.2f} ms"
+                            f" beside {r['per_second']:,.0f}/s lost {r['lost']}",
+                            flush=True,
+                        )
                     elif scenario == LOGINS:
                         r = logins.run(broker)
                         print(
@@ -366,7 +389,7 @@ def _figure(scenario, r):
         return None
     if scenario in THROUGHPUT:
         return r["per_second"]
-    if scenario == "latency" or scenario in NEIGHBOURS:
+    if scenario == "latency" or scenario in PROBED or scenario in NEIGHBOURS:
         return r.get("p99_ms")
     if scenario == RETAINED:
         return r["ret/7/+"]["ms"]
@@ -384,7 +407,7 @@ def table(results):
     scenarios = [s for s in ALL_SCENARIOS if any(s in results[n] for n in names)]
     for s in scenarios:
         unit = {"connections": " (KiB/conn)", RETAINED: " (ms, ret/7/+)", LOGINS: " (connects/s)"}.get(
-            s, " (p99 ms)" if s == "latency" or s in NEIGHBOURS else " (msg/s)"
+            s, " (p99 ms)" if s == "latency" or s in PROBED or s in NEIGHBOURS else " (msg/s)"
         )
         row = [s + unit]
         figures = {n: _figure(s, results[n].get(s)) for n in names}
