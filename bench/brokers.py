@@ -66,12 +66,13 @@ def ensure_amqtt():
 class Broker:
     name = None
     # MQTT 3.1 clients are not accepted by every broker; 3.1.1 is.
-    def __init__(self, workdir, cpu=None, options=(), auth=None):
+    def __init__(self, workdir, cpu=None, options=(), auth=None, max_queued=MAX_QUEUED):
         # A directory of its own per start: no state carries over.
         self.workdir = Path(tempfile.mkdtemp(prefix=f"{self.name}-", dir=workdir))
         self.options = list(options)
         # {"password_file": path, "acl_file": path}, either optional.
         self.auth = auth or {}
+        self.max_queued = max_queued
         self.port = free_port()
         self.ws_port = free_port()
         self.cpu = cpu
@@ -145,7 +146,7 @@ class Mqttgw(Broker):
             "--tcp", f"tcp:{self.port}:interface=127.0.0.1",
             "--ws", f"tcp:{self.ws_port}:interface=127.0.0.1",
             "--max-inflight-messages", str(MAX_INFLIGHT),
-            "--max-queued-messages", str(MAX_QUEUED),
+            "--max-queued-messages", str(self.max_queued),
             "--max-connections", "50000",
             # As mosquitto's log_type below: errors and warnings only.
             "--log-level", "warn", "--no-connection-messages",
@@ -180,7 +181,7 @@ class Mosquitto(Broker):
             "allow_anonymous true\n"
             "set_tcp_nodelay true\n"
             f"max_inflight_messages {MAX_INFLIGHT}\n"
-            f"max_queued_messages {MAX_QUEUED}\n"
+            f"max_queued_messages {self.max_queued}\n"
             "persistence false\n"
             "max_connections -1\n"
             "log_dest stdout\n"

@@ -21,7 +21,7 @@ import threading
 import time
 from pathlib import Path
 
-from bench import loadgen, logins, neighbours, retained
+from bench import drain, loadgen, logins, neighbours, retained
 from bench.brokers import BROKERS, MAX_INFLIGHT, MAX_QUEUED, free_port
 
 PAYLOAD = 64
@@ -66,8 +66,13 @@ LOGINS = "logins"
 # publishers as fast as the broker takes them, then held at half of
 # mqttgw's top rate in that run.
 PROBED = {"latency qos1 saturated": None, "latency qos1 half": 0.5}
+# A 100,000-message QoS 1 backlog delivered to a client (bench/drain.py);
+# for mqttgw also drained by a bridge into a real mosquitto, compared with
+# mosquitto delivering the same backlog to a client.
+BACKLOG = "backlog qos1"
+BRIDGE_DRAIN = "bridge drain qos1"
 ALL_SCENARIOS = (
-    list(THROUGHPUT) + ["latency"] + list(PROBED) + ["connections"]
+    list(THROUGHPUT) + ["latency"] + list(PROBED) + [BACKLOG, BRIDGE_DRAIN, "connections"]
     + list(NEIGHBOURS) + [RETAINED, LOGINS]
 )
 # Brokers that can run a scenario (amqtt has no mosquitto-format files).
@@ -250,6 +255,7 @@ def main(argv=None):
     parser.add_argument("--durability", choices=["fsync", "os"], default=None, help="mqttgw's store durability (default: its own default)")
     parser.add_argument("--scenarios", nargs="+", default=ALL_SCENARIOS, choices=ALL_SCENARIOS)
     parser.add_argument("--connections", type=int, default=10_000, help="idle connections to hold")
+    parser.add_argument("--backlog", type=int, default=100_000, help="messages in the backlog and bridge drain scenarios")
     parser.add_argument("--retained", type=int, default=1_000_000, help="retained topics stored for the retained scenario")
     parser.add_argument("--json", default=str(Path(__file__).parent / "results" / "latest.json"))
     parser.add_argument("--no-pin", action="store_true", help="do not pin broker and load to separate CPUs")
@@ -268,6 +274,14 @@ def main(argv=None):
             for scenario in args.scenarios:
                 options = ["--durability", args.durability] if args.durability and name == "mqttgw" else []
                 auth = None
+                max_queued = MAX_QUEUED
+                if scenario in (BACKLOG, BRIDGE_DRAIN):
+                    if name == "amqtt":
+                        continue
+                    max_queued = args.backlog
+                    if scenario == BRIDGE_DRAIN and name == "mqttgw":
+                        bridge_config = drain.bridge_config(Path(workdir), free_port(), args.backlog)
+                        options = options + ["--config", str(bridge_config)]
                 if scenario == DASHBOARD:
                     if name != "mqttgw":
                         continue
@@ -278,7 +292,7 @@ def main(argv=None):
                         continue
                     key = "password_file" if scenario == LOGINS else "acl_file"
                     auth = {key: auth_files[key]}
-                broker = BROKERS[name](workdir, broker_cpu, options, auth).start()
+                broker = BROKERS[name](workdir, broker_cpu, options, auth, max_queued).start()
                 try:
                     print(f"{name:10} {scenario} ...", end=" ", flush=True)
                     if scenario == DASHBOARD:
@@ -334,6 +348,19 @@ def main(argv=None):
                             f" beside {r['per_second']:,.0f}/s lost {r['lost']}",
                             flush=True,
                         )
+                    elif scenario in (BACKLOG, BRIDGE_DRAIN):
+                        runner = functools.partial(_pinned, load_cpu)
+                        if scenario == BRIDGE_DRAIN and name == "mqttgw":
+                            r = drain.bridge(broker, bridge_config, args.backlog, Path(workdir), broker_cpu, _ctx(), runner)
+                        else:
+                            # mosquitto's row of the bridge scenario: to a client.
+                            r = drain.backlog(broker, args.backlog, _ctx(), runner)
+                        print(
+                            f"{r['received']:,} of {r['messages']:,} in {r['seconds']} s"
+                            f" ({r['per_second']:,.0f}/s), {r['out_of_order']} out of order,"
+                            f" {r['repeated']} repeated; queued in {r['queued_s']} s",
+                            flush=True,
+                        )
                     elif scenario == LOGINS:
                         r = logins.run(broker)
                         print(
@@ -387,7 +414,7 @@ def main(argv=None):
 def _figure(scenario, r):
     if r is None:
         return None
-    if scenario in THROUGHPUT:
+    if scenario in THROUGHPUT or scenario in (BACKLOG, BRIDGE_DRAIN):
         return r["per_second"]
     if scenario == "latency" or scenario in PROBED or scenario in NEIGHBOURS:
         return r.get("p99_ms")
@@ -414,7 +441,7 @@ def table(results):
         for n in names:
             f = figures[n]
             lost = results[n].get(s, {}).get("lost")
-            cell = "-" if f is None else (f"{f:,.0f}" if s in THROUGHPUT else f"{f:.2f}")
+            cell = "-" if f is None else (f"{f:,.0f}" if s in THROUGHPUT or s in (BACKLOG, BRIDGE_DRAIN) else f"{f:.2f}")
             if lost:
                 cell += f" (lost {lost})"
             row.append(cell)
