@@ -193,7 +193,8 @@ def bridge(mqttgw, config, count, workdir, cpu, ctx, runner):
     ``mqttgw`` was started with ``config`` (from ``bridge_config``), its
     bridge pointed at a closed port: the backlog waits in its store.  A
     mosquitto then starts with a client subscribed, and a reload sends the
-    bridge to it.
+    bridge to it.  The upstream runs on ``cpu``, with the client: it
+    stands for another machine.
     """
     started = time.monotonic()
     publish(mqttgw.port, count)

@@ -351,7 +351,7 @@ def main(argv=None):
                     elif scenario in (BACKLOG, BRIDGE_DRAIN):
                         runner = functools.partial(_pinned, load_cpu)
                         if scenario == BRIDGE_DRAIN and name == "mqttgw":
-                            r = drain.bridge(broker, bridge_config, args.backlog, Path(workdir), broker_cpu, _ctx(), runner)
+                            r = drain.bridge(broker, bridge_config, args.backlog, Path(workdir), load_cpu, _ctx(), runner)
                         else:
                             # mosquitto's row of the bridge scenario: to a client.
                             r = drain.backlog(broker, args.backlog, _ctx(), runner)
