@@ -279,7 +279,7 @@ def main(argv=None):
                     if name == "amqtt":
                         continue
                     max_queued = args.backlog
-                    if scenario == BRIDGE_DRAIN and name == "mqttgw":
+                    if scenario == BRIDGE_DRAIN and name.startswith("mqttgw"):
                         bridge_config = drain.bridge_config(Path(workdir), free_port(), args.backlog)
                         options = options + ["--config", str(bridge_config)]
                 if scenario == DASHBOARD:
@@ -350,7 +350,7 @@ def main(argv=None):
                         )
                     elif scenario in (BACKLOG, BRIDGE_DRAIN):
                         runner = functools.partial(_pinned, load_cpu)
-                        if scenario == BRIDGE_DRAIN and name == "mqttgw":
+                        if scenario == BRIDGE_DRAIN and name.startswith("mqttgw"):
                             r = drain.bridge(broker, bridge_config, args.backlog, Path(workdir), load_cpu, _ctx(), runner)
                         else:
                             # mosquitto's row of the bridge scenario: to a client.

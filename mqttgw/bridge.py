@@ -330,31 +330,69 @@ class _Relay:
     """
     The bridge session's connection: PUBLISH and PUBREL packets the session
     sends go upstream, topics rewritten by the out rules.
+
+    The session writes whole frames, so only their headers are read here;
+    a frame whose topic stays the same upstream goes on as it is.
     """
+
+    # Topics whose route is remembered, at most (then it starts over).
+    ROUTES = 10_000
 
     def __init__(self, bridge, upstream):
         self.bridge = bridge
         self.upstream = upstream
-        self._framer = Framer(P.MAX_REMAINING_LENGTH + 5)
+        # Local topic (wire bytes) -> remote topic (wire bytes), or None
+        # when no out rule takes it.
+        self._routes = {}
+
+    def _route(self, topic_wire):
+        topic = topic_wire[2:].decode("utf-8")
+        rule = self.bridge.out_rule(topic)
+        route = None if rule is None else P.encode_string(rule.to_remote(topic))
+        if len(self._routes) >= self.ROUTES:
+            self._routes.clear()
+        self._routes[topic_wire] = route
+        return route
 
     def write(self, data):
         out = []
-        for packet in self._framer.feed(data):
-            if isinstance(packet, P.Publish):
-                rule = self.bridge.out_rule(packet.topic)
-                if rule is None:
-                    continue
-                packet = P.Publish(
-                    rule.to_remote(packet.topic), packet.payload, packet.qos,
-                    packet.retain, packet.dup, packet.message_id,
-                )
+        o, end = 0, len(data)
+        while o < end:
+            first = data[o]
+            body, length = P.decode_remaining_length(data, o + 1)
+            stop = body + length
+            if first >> 4 != P.PUBLISH:
+                out.append(data[o:stop])
+                o = stop
+                continue
+            topic_end = body + 2 + ((data[body] << 8) | data[body + 1])
+            topic_wire = data[body:topic_end]
+            routes = self._routes
+            remote = routes[topic_wire] if topic_wire in routes else self._route(topic_wire)
+            if remote is None:
+                o = stop
+                continue
+            if remote == topic_wire:
+                frame = data[o:stop]
+            else:
+                rest = data[topic_end:stop]
+                frame = b"".join((
+                    bytes((first,)), P.encode_remaining_length(len(remote) + len(rest)), remote, rest,
+                ))
+            out.append(frame)
+            o = stop
+            if not first & 0x08:  # not a DUP: a first send
+                self.bridge.sent += 1
                 recorder = self.bridge.router.recorder
-                if not packet.dup:
-                    self.bridge.sent += 1
-                    if recorder is not None:
-                        recorder.record("bridge_out", self.bridge.settings.name, packet)
-            out.append(packet.encode())
-        self.upstream.write(b"".join(out))
+                if recorder is not None:
+                    recorder.record("bridge_out", self.bridge.settings.name, _parse(frame))
+        if out:
+            self.upstream.write(b"".join(out) if len(out) != 1 else out[0])
+
+
+def _parse(frame):
+    for packet in Framer(len(frame)).feed(frame):
+        return packet
 
 
 class MQTTBridge(Service):

@@ -47,6 +47,9 @@ class MQTTClientProtocol(Protocol):
         self.is_connected = False
         self._ping = None
         self._last_received = 0.0
+        # While a read is handled, what it answers (acknowledgements, the
+        # messages a bridge sends as its window opens) goes out in one write.
+        self._out = None
 
     def connectionMade(self):
         if hasattr(self.transport, "setTcpNoDelay"):
@@ -54,10 +57,14 @@ class MQTTClientProtocol(Protocol):
         self.transport.write(self.connect_packet.encode())
 
     def write(self, data):
-        self.transport.write(data)
+        if self._out is not None:
+            self._out.append(data)
+        else:
+            self.transport.write(data)
 
     def dataReceived(self, data):
         self._last_received = self.clock.seconds()
+        out = self._out = []
         try:
             for packet in self.framer.feed(data):
                 if not self.is_connected:
@@ -70,6 +77,10 @@ class MQTTClientProtocol(Protocol):
         except Exception:
             log.failure("error handling a packet from upstream")
             self.transport.abortConnection()
+        finally:
+            self._out = None
+            if out:
+                self.transport.write(b"".join(out))
 
     def _connack(self, packet):
         if not isinstance(packet, P.Connack):

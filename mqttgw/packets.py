@@ -75,6 +75,22 @@ def encode_remaining_length(n):
     return bytes(out)
 
 
+def decode_remaining_length(data, offset):
+    """
+    The Remaining Length at ``offset`` of a whole frame this process
+    encoded: (where the body starts, its length).  Untrusted bytes go
+    through :class:`mqttgw.framing.Framer`, which checks everything.
+    """
+    length = shift = 0
+    while True:
+        byte = data[offset]
+        offset += 1
+        length |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return offset, length
+        shift += 7
+
+
 def encode_string(s):
     """A UTF-8 string (or raw bytes) with its 16-bit big-endian length."""
     if isinstance(s, str):
