@@ -23,6 +23,7 @@ def test_benchmark_reports_every_figure_and_loses_nothing(tmp_path, monkeypatch)
             "--brokers", "mqttgw", "mosquitto",
             "--connections", "300",
             "--retained", "20000",
+            "--backlog", "2000",
             "--json", str(out),
         ]
     )
@@ -51,6 +52,18 @@ def test_benchmark_reports_every_figure_and_loses_nothing(tmp_path, monkeypatch)
             assert 0 < results[run.DASHBOARD]["page_busy"] < 1.5
         latency = results["latency"]
         assert latency["probes"] > 0 and latency["p99_ms"] >= latency["p50_ms"] > 0
+        for scenario in run.PROBED:
+            probed = results[scenario]
+            assert probed["probes"] > 0 and probed["p99_ms"] >= probed["p50_ms"] > 0, (broker, scenario)
+            if broker == "mqttgw":
+                assert probed["delivered"] > 0 and probed["lost"] == 0, (broker, scenario, probed)
+        # mqttgw's bridge into a mosquitto, and each broker to a client:
+        # every message, in order, once.
+        for scenario in (run.BACKLOG, run.BRIDGE_DRAIN):
+            drained = results[scenario]
+            assert drained["received"] == drained["messages"] == 2000, (broker, scenario, drained)
+            assert drained["out_of_order"] == drained["repeated"] == 0, (broker, scenario, drained)
+            assert drained["per_second"] > 0
         for scenario in run.NEIGHBOURS:
             calm = results[scenario]
             assert calm["sent"] > 0 and calm["p99_ms"] >= calm["p50_ms"] > 0, (broker, scenario)
