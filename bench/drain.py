@@ -35,6 +35,8 @@ _seq = struct.Struct(">Q")
 def publish(port, count):
     """``count`` QoS 1 messages, sequence-numbered, ``WINDOW`` unacknowledged at most."""
     sock = connect(port, f"bench-drain-pub-{os.getpid()}")
+    # A broker that stops acknowledging ends the run instead of hanging it.
+    sock.settimeout(IDLE)
     pad = b"x" * (PAYLOAD - _seq.size)
     sent = acked = 0
     buffered = b""

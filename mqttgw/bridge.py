@@ -21,7 +21,6 @@ from zope.interface import implementer
 from mqttgw import packets as P
 from mqttgw.client import ConnectRefused, MQTTClientFactory
 from mqttgw.config import ConfigError
-from mqttgw.framing import Framer
 from mqttgw.session import SessionLimits
 from mqttgw.store import OrderedAcks
 from mqttgw.tls import pem_certificates, read_file
@@ -385,14 +384,15 @@ class _Relay:
                 self.bridge.sent += 1
                 recorder = self.bridge.router.recorder
                 if recorder is not None:
-                    recorder.record("bridge_out", self.bridge.settings.name, _parse(frame))
+                    recorder.record("bridge_out", self.bridge.settings.name, _message(first, remote, data[topic_end:stop]))
         if out:
             self.upstream.write(b"".join(out) if len(out) != 1 else out[0])
 
 
-def _parse(frame):
-    for packet in Framer(len(frame)).feed(frame):
-        return packet
+def _message(first, remote, rest):
+    """What the archive records of a frame sent upstream: its message as sent."""
+    qos = (first >> 1) & 3
+    return P.Publish(remote[2:].decode("utf-8"), rest[2:] if qos else rest, qos, bool(first & 1))
 
 
 class MQTTBridge(Service):

@@ -78,6 +78,9 @@ def test_a_resend_is_not_counted_or_archived_again():
     assert bridge.sent == 1
     assert recorder.rows == [("bridge_out", "up", "r/a/1", b"v", 1)]
     assert [p.dup for p in upstream.packets()] == [False, True]
+    # QoS 0 has no message id before its payload; kept topics are archived too.
+    r.write(P.Publish("l/a/2", b"w", 0).encode() + P.Publish("a/kept", b"x", 0).encode())
+    assert recorder.rows[1:] == [("bridge_out", "up", "r/a/2", b"w", 0)]
 
 
 def test_routes_are_remembered_up_to_a_bound():
