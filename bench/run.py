@@ -71,6 +71,7 @@ PROBED = {"latency qos1 saturated": None, "latency qos1 half": 0.5}
 # mosquitto delivering the same backlog to a client.
 BACKLOG = "backlog qos1"
 BRIDGE_DRAIN = "bridge drain qos1"
+DRAINS = (BACKLOG, BRIDGE_DRAIN)
 ALL_SCENARIOS = (
     list(THROUGHPUT) + ["latency"] + list(PROBED) + [BACKLOG, BRIDGE_DRAIN, "connections"]
     + list(NEIGHBOURS) + [RETAINED, LOGINS]
@@ -275,7 +276,8 @@ def main(argv=None):
                 options = ["--durability", args.durability] if args.durability and name == "mqttgw" else []
                 auth = None
                 max_queued = MAX_QUEUED
-                if scenario in (BACKLOG, BRIDGE_DRAIN):
+                bridge_config = None
+                if scenario in DRAINS:
                     if name == "amqtt":
                         continue
                     max_queued = args.backlog
@@ -348,9 +350,9 @@ def main(argv=None):
                             f" beside {r['per_second']:,.0f}/s lost {r['lost']}",
                             flush=True,
                         )
-                    elif scenario in (BACKLOG, BRIDGE_DRAIN):
+                    elif scenario in DRAINS:
                         runner = functools.partial(_pinned, load_cpu)
-                        if scenario == BRIDGE_DRAIN and name.startswith("mqttgw"):
+                        if bridge_config is not None:
                             r = drain.bridge(broker, bridge_config, args.backlog, Path(workdir), load_cpu, _ctx(), runner)
                         else:
                             # mosquitto's row of the bridge scenario: to a client.
@@ -414,7 +416,7 @@ def main(argv=None):
 def _figure(scenario, r):
     if r is None:
         return None
-    if scenario in THROUGHPUT or scenario in (BACKLOG, BRIDGE_DRAIN):
+    if scenario in THROUGHPUT or scenario in DRAINS:
         return r["per_second"]
     if scenario == "latency" or scenario in PROBED or scenario in NEIGHBOURS:
         return r.get("p99_ms")
@@ -441,7 +443,7 @@ def table(results):
         for n in names:
             f = figures[n]
             lost = results[n].get(s, {}).get("lost")
-            cell = "-" if f is None else (f"{f:,.0f}" if s in THROUGHPUT or s in (BACKLOG, BRIDGE_DRAIN) else f"{f:.2f}")
+            cell = "-" if f is None else (f"{f:,.0f}" if s in THROUGHPUT or s in DRAINS else f"{f:.2f}")
             if lost:
                 cell += f" (lost {lost})"
             row.append(cell)

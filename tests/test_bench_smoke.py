@@ -59,7 +59,7 @@ def test_benchmark_reports_every_figure_and_loses_nothing(tmp_path, monkeypatch)
                 assert probed["delivered"] > 0 and probed["lost"] == 0, (broker, scenario, probed)
         # mqttgw's bridge into a mosquitto, and each broker to a client:
         # every message, in order, once.
-        for scenario in (run.BACKLOG, run.BRIDGE_DRAIN):
+        for scenario in run.DRAINS:
             drained = results[scenario]
             assert drained["received"] == drained["messages"] == 2000, (broker, scenario, drained)
             assert drained["out_of_order"] == drained["repeated"] == 0, (broker, scenario, drained)
