@@ -93,15 +93,16 @@ def send_for(sock, data, seconds):
 # WebSocket, just enough of a client to control framing exactly.
 
 
-def ws_frame(payload, opcode=2):
+def ws_frame(payload, opcode=2, fin=True):
     mask = os.urandom(4)
     n = len(payload)
+    first = (0x80 if fin else 0) | opcode
     if n < 126:
-        header = bytes((0x80 | opcode, 0x80 | n))
+        header = bytes((first, 0x80 | n))
     elif n < 65536:
-        header = bytes((0x80 | opcode, 0x80 | 126)) + n.to_bytes(2, "big")
+        header = bytes((first, 0x80 | 126)) + n.to_bytes(2, "big")
     else:
-        header = bytes((0x80 | opcode, 0x80 | 127)) + n.to_bytes(8, "big")
+        header = bytes((first, 0x80 | 127)) + n.to_bytes(8, "big")
     key = int.from_bytes((mask * (n // 4 + 1))[:n], "big")
     masked = (int.from_bytes(payload, "big") ^ key).to_bytes(n, "big")
     return header + mask + masked
@@ -233,6 +234,20 @@ def ws_one_byte_messages(ws_port, tag, size=256 * 1024):
     sock, rest = ws_mqtt_connect(ws_port, f"{tag}-drip")
     packet = P.Publish(f"{tag}/drip", bytes(size), 1, message_id=1).encode()
     frames = b"".join(ws_frame(packet[i : i + 1]) for i in range(len(packet)))
+    sock.sendall(frames)
+    got = rest.packets(1, timeout=60)
+    sock.close()
+    return got
+
+
+def ws_one_byte_fragments(ws_port, tag, size=256 * 1024):
+    """4b: a large PUBLISH sent as one WebSocket message in one-byte fragments."""
+    sock, rest = ws_mqtt_connect(ws_port, f"{tag}-frag")
+    packet = P.Publish(f"{tag}/frag", bytes(size), 1, message_id=1).encode()
+    last = len(packet) - 1
+    frames = b"".join(
+        ws_frame(packet[i : i + 1], opcode=0 if i else 2, fin=i == last) for i in range(len(packet))
+    )
     sock.sendall(frames)
     got = rest.packets(1, timeout=60)
     sock.close()

@@ -136,16 +136,30 @@ class ACL:
         return False
 
 
-# Topics only the gateway itself writes.
-RESERVED_PREFIXES = ("$SYS/",)
+# Topics only the gateway itself writes: $SYS, and the state of every
+# bridge, whether or not a bridge of that name is configured now (a
+# retained spoof would otherwise outlive the bridge it names, or wait for
+# one to be added).
+BRIDGE_STATE_PREFIX = "mqttgw/bridge/"
+RESERVED_PREFIXES = ("$SYS/", BRIDGE_STATE_PREFIX)
 ANALYTICS_PREFIX = "$analytics/"
+
+
+def notification_topic(client_id):
+    """
+    Where a bridge connected as ``client_id`` says whether it is connected,
+    on the broker it connects to (mosquitto's default notification topic).
+    A client may write its own, and only its own.
+    """
+    return f"$SYS/broker/connection/{client_id}/state"
 
 
 class Access:
     """
     The rules in force for every connection: the ACL (or None: everything
-    allowed), the reserved topics (bridge state topics are added by the
-    bridges), and who may write ``$analytics/...``.
+    allowed), the reserved topics (``RESERVED_PREFIXES``, and state topics
+    bridges are configured with outside them), and who may write
+    ``$analytics/...``.
     """
 
     def __init__(self, acl=None, analytics_writers=()):
@@ -159,8 +173,12 @@ class Access:
         self.acl = acl
         self.generation += 1
 
-    def may_publish(self, username, client_id, topic):
+    def may_publish(self, username, client_id, topic, limit=None):
+        """``limit``: the filters a token allows, or None."""
         if topic.startswith(RESERVED_PREFIXES) or topic == "$SYS" or topic in self.reserved_topics:
+            # Only a client's own connection state: it tells of no one else.
+            return topic == notification_topic(client_id)
+        if limit is not None and not any(matches(f, topic) for f in limit):
             return False
         if topic.startswith(ANALYTICS_PREFIX) and username not in self.analytics_writers:
             return False
@@ -188,10 +206,10 @@ class Access:
         return CachedCheck(self, username, client_id, kind, limit)
 
     def _allows(self, username, client_id, topic, kind, limit):
+        if kind == WRITE:
+            return self.may_publish(username, client_id, topic, limit)
         if limit is not None and not any(matches(f, topic) for f in limit):
             return False
-        if kind == WRITE:
-            return self.may_publish(username, client_id, topic)
         acl = self.acl
         return acl is None or acl.allows(username, client_id, topic, READ)
 

@@ -19,6 +19,7 @@ from twisted.logger import Logger
 from zope.interface import implementer
 
 from mqttgw import packets as P
+from mqttgw.acl import BRIDGE_STATE_PREFIX, notification_topic
 from mqttgw.client import ConnectRefused, MQTTClientFactory
 from mqttgw.config import ConfigError
 from mqttgw.session import SessionLimits
@@ -112,6 +113,7 @@ class BridgeSettings:
     max_queued_bytes = attr.ib(default=256 * 1024 * 1024)
     max_inflight_messages = attr.ib(default=20)
     state_topic = attr.ib(default=None)
+    remote_state_topic = attr.ib(default=None)
     reconnect_initial = attr.ib(default=1.0)
     reconnect_max = attr.ib(default=60.0)
 
@@ -138,6 +140,7 @@ BRIDGE_KEYS = {
     "max_queued_bytes": (int, 256 * 1024 * 1024),
     "max_inflight_messages": (int, 20),
     "state_topic": (str, ""),
+    "remote_state_topic": (str, ""),
     "reconnect_initial": (float, 1.0),
     "reconnect_max": (float, 60.0),
 }
@@ -184,12 +187,13 @@ class MQTTBridgeKind:
         if protocol not in levels:
             raise ConfigError(f"{where}: bridge.protocol must be mqttv31 or mqttv311")
         name = values["name"]
+        client_id = values.get("client_id") or f"mqttgw-{name}"[:23]
         settings = BridgeSettings(
             name=name,
             addresses=list(values["addresses"]),
             rules=rules,
             protocol_level=levels[protocol],
-            client_id=values.get("client_id") or f"mqttgw-{name}"[:23],
+            client_id=client_id,
             username=values.get("username") or None,
             password=(values.get("password") or "").encode() or None,
             clean_session=values.get("clean_session", False),
@@ -203,7 +207,8 @@ class MQTTBridgeKind:
             max_queued_messages=values.get("max_queued_messages", 100_000),
             max_queued_bytes=values.get("max_queued_bytes", 256 * 1024 * 1024),
             max_inflight_messages=values.get("max_inflight_messages", 20),
-            state_topic=values.get("state_topic") or f"mqttgw/bridge/{name}/state",
+            state_topic=values.get("state_topic") or f"{BRIDGE_STATE_PREFIX}{name}/state",
+            remote_state_topic=values.get("remote_state_topic") or notification_topic(client_id),
             reconnect_initial=values.get("reconnect_initial", 1.0),
             reconnect_max=values.get("reconnect_max", 60.0),
         )
@@ -490,7 +495,7 @@ class MQTTBridge(Service):
             protocol_name=P.PROTOCOL_NAMES[s.protocol_level],
             clean_session=s.clean_session,
             keepalive=s.keepalive,
-            will_topic=s.state_topic,
+            will_topic=s.remote_state_topic,
             will_message=b"0",
             will_qos=1,
             will_retain=True,
@@ -504,6 +509,8 @@ class MQTTBridge(Service):
         if self.session is not None and self.session.connection is not None:
             self.router.disconnect(self.session, publish_will=False)
         self._publish_local_state(b"0")
+        # Reserved again by whichever bridge takes it next.
+        self.router.access.reserved_topics.discard(self.settings.state_topic)
         return d
 
     def _publish_local_state(self, value):
@@ -523,7 +530,7 @@ class MQTTBridge(Service):
         incoming = [(r.remote_filter, r.qos) for r in s.rules if r.incoming]
         if incoming:
             upstream.write(P.Subscribe(1, incoming).encode())
-        upstream.write(P.Publish(s.state_topic, b"1", 0, True).encode())
+        upstream.write(P.Publish(s.remote_state_topic, b"1", 0, True).encode())
         self._publish_local_state(b"1")
         # What waited while the upstream was away drains now, in order.
         self.session.attach(_Relay(self, upstream))

@@ -268,6 +268,22 @@ KEYS = [
         1,
     ),
     Key(
+        "limits",
+        "max_subscriptions",
+        int,
+        10_000,
+        "topic filters one client may hold; more are refused (SUBACK 0x80)",
+        1,
+    ),
+    Key(
+        "limits",
+        "max_subscription_bytes",
+        int,
+        1024 * 1024,
+        "UTF-8 bytes of topic filters one client may hold; more are refused",
+        1,
+    ),
+    Key(
         "mqtt",
         "queue_qos0_messages",
         bool,

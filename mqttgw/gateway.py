@@ -11,6 +11,7 @@ from collections import deque
 from twisted.internet.task import LoopingCall
 
 from mqttgw import packets as P
+from mqttgw.acl import BRIDGE_STATE_PREFIX
 from mqttgw.systopics import stored_messages
 
 # Seconds between store probes; the store is unready once no commit has
@@ -160,6 +161,23 @@ class Gateway:
             )
         listed.sort(key=lambda s: s["client_id"])
         return listed
+
+    def clear_bridge_states(self, removed=()):
+        """
+        Clear the retained state of bridges that are not configured now:
+        the ``removed`` state topics, and whatever lies under the bridge
+        state prefix that no running bridge owns (a bridge removed while
+        the gateway was down, or a spoof kept before the prefix was
+        reserved).  Returns the topics cleared.
+        """
+        owned = {b.settings.state_topic for b in self.bridges if hasattr(b, "settings")}
+        stale = {topic for topic in removed if topic not in owned}
+        stale.update(
+            m.topic for m in self.retained(BRIDGE_STATE_PREFIX + "#") if m.topic not in owned
+        )
+        for topic in sorted(stale):
+            self.router.publish(P.Publish(topic, b"", 0, True))
+        return sorted(stale)
 
     def retained(self, topic_filter):
         """Retained messages matching ``topic_filter``, parents first."""

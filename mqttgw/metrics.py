@@ -39,6 +39,11 @@ COUNTERS = [
     ("mqttgw_retained_refused", "retained_refused", "retained messages not kept at the limit"),
     ("mqttgw_sessions_refused", "sessions_refused", "persistent sessions refused at the limit"),
     ("mqttgw_store_refused", "store_refused", "publishes refused while the store failed"),
+    (
+        "mqttgw_subscriptions_refused",
+        "subscriptions_refused",
+        "topic filters refused at a client's max_subscriptions or max_subscription_bytes",
+    ),
 ]
 
 

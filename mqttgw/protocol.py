@@ -18,13 +18,13 @@ from twisted.logger import Logger
 from zope.interface import implementer
 
 from mqttgw import packets as P
-from mqttgw.acl import READ, WRITE
+from mqttgw.acl import BRIDGE_STATE_PREFIX, READ, WRITE
 from mqttgw.auth import Busy, IIdentity, Identity, Throttle
 from mqttgw.framing import LAX, STRICT, STRICT_TEXT, Framer, ProtocolViolation
 from mqttgw.printable import printable
 from mqttgw.store import OrderedAcks
 from mqttgw.tls import peer_identity
-from mqttgw.topics import InvalidTopic, validate_topic_filter, validate_topic_name
+from mqttgw.topics import InvalidTopic, filter_size, validate_topic_filter, validate_topic_name
 
 log = Logger()
 
@@ -63,6 +63,9 @@ def _tls_reason(error):
         return str(error)
 
 
+# What every topic only the gateway writes starts with (those outside it
+# are in Access.reserved_topics).
+_RESERVED_STARTS = ("$", BRIDGE_STATE_PREFIX)
 _PUBACK = P.Puback
 _PUBREC = P.Pubrec
 _PUBCOMP = P.Pubcomp
@@ -665,8 +668,8 @@ class MQTTServerProtocol(Protocol):
         if may_write is not None:
             if not may_write(topic):
                 return self._denied(packet)
-        elif topic[0] == "$" or topic in self._reserved:
-            # Reserved topics all start with "$" or are bridge state topics.
+        elif topic.startswith(_RESERVED_STARTS) or topic in self._reserved:
+            # Reserved topics start with "$" or are bridge state topics.
             if not self._write_allowed(topic):
                 return self._denied(packet)
         if qos == 0:
@@ -787,6 +790,8 @@ class MQTTServerProtocol(Protocol):
 
     def _subscribe(self, packet):
         access = self.router.access
+        session = self.session
+        limits = session.limits
         suback = []
         accepted = []
         refused = 0
@@ -797,6 +802,9 @@ class MQTTServerProtocol(Protocol):
                 yield
             chunk = []
             codes = []
+            # What this step adds to the session's filters, for its bounds.
+            adding = set()
+            adding_bytes = 0
             for topic_filter, qos in topics[start : start + self.FILTERS_PER_STEP]:
                 try:
                     validate_topic_filter(topic_filter)
@@ -819,9 +827,30 @@ class MQTTServerProtocol(Protocol):
                         first_reason = f"not authorized for {topic_filter!r}"
                     codes.append(False)
                     continue
+                if topic_filter not in session.subscriptions and topic_filter not in adding:
+                    size = filter_size(topic_filter)
+                    over = None
+                    if len(session.subscriptions) + len(adding) >= limits.max_subscriptions:
+                        over = f"max_subscriptions ({limits.max_subscriptions}) reached"
+                    elif session.filter_bytes + adding_bytes + size > limits.max_subscription_bytes:
+                        over = f"max_subscription_bytes ({limits.max_subscription_bytes}) reached"
+                    if over is not None:
+                        if self.protocol_level == P.MQTT_31:
+                            # No failure code to refuse one filter with.
+                            self.router.stats.subscriptions_refused += 1
+                            self.protocol_error(f"SUBSCRIBE: {over}")
+                            return
+                        self.router.stats.subscriptions_refused += 1
+                        refused += 1
+                        if first_reason is None:
+                            first_reason = over
+                        codes.append(False)
+                        continue
+                    adding.add(topic_filter)
+                    adding_bytes += size
                 chunk.append((topic_filter, qos))
                 codes.append(True)
-            granted = iter(self.router.subscribe(self.session, chunk))
+            granted = iter(self.router.subscribe(session, chunk))
             suback.extend(next(granted) if ok else P.SUBACK_FAILURE for ok in codes)
             accepted.extend(f for f, _ in chunk)
         if refused:
@@ -834,7 +863,7 @@ class MQTTServerProtocol(Protocol):
                 reason=printable(first_reason),
             )
         self.write(P.Suback(packet.message_id, suback).encode())
-        self.router.send_retained(self.session, accepted)
+        self.router.send_retained(session, accepted)
 
     def _unsubscribe(self, packet):
         topics = packet.topics

@@ -196,7 +196,14 @@ class ReloadService(Service):
         ]
         said += [f"+{checked.name}" for _, checked in starting if checked.name not in running]
 
+        removed = [
+            bridge.settings.state_topic
+            for name, bridge in running.items()
+            if name not in wanted_by_name and hasattr(bridge, "settings")
+        ]
+
         def start(_):
+            parts.gateway.clear_bridge_states(removed)
             for kind, checked in starting:
                 bridge = kind.make_service(parts.router, checked, self.reactor)
                 parts.bridges.append(bridge)

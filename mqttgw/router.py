@@ -12,7 +12,7 @@ from mqttgw.logs import RateLimited
 from mqttgw.packets import Publish
 from mqttgw.printable import printable
 from mqttgw.session import Session, SessionLimits
-from mqttgw.topics import RetainedTree, SubscriptionTrie
+from mqttgw.topics import RetainedTree, SubscriptionTrie, filter_size
 
 log = Logger()
 
@@ -50,6 +50,8 @@ class Stats:
         "sessions_refused",
         # QoS 1/2 publishes refused because the store could not commit.
         "store_refused",
+        # Topic filters refused at a client's subscription bounds.
+        "subscriptions_refused",
     )
 
     def __init__(self):
@@ -216,6 +218,7 @@ class Router:
         for topic_filter in session.subscriptions:
             self.subscriptions.remove(topic_filter, session)
         session.subscriptions.clear()
+        session.filter_bytes = 0
         if session.store is not None:
             session.store.delete_session(session.client_id)
         if self.sessions.get(session.client_id) is session:
@@ -232,6 +235,7 @@ class Router:
             session.last_seen = stored.last_seen if stored.last_seen is not None else now
             for topic_filter, qos in stored.subscriptions.items():
                 session.subscriptions[topic_filter] = qos
+                session.filter_bytes += filter_size(topic_filter)
                 self.subscriptions.add(topic_filter, session, qos)
             session.restore(stored)
 
@@ -338,6 +342,8 @@ class Router:
         granted = []
         for topic_filter, qos in requests:
             qos = min(qos, self.max_qos)
+            if topic_filter not in session.subscriptions:
+                session.filter_bytes += filter_size(topic_filter)
             session.subscriptions[topic_filter] = qos
             self.subscriptions.add(topic_filter, session, qos)
             if session.store is not None:
@@ -359,6 +365,7 @@ class Router:
     def unsubscribe(self, session, topic_filters):
         for topic_filter in topic_filters:
             if session.subscriptions.pop(topic_filter, None) is not None:
+                session.filter_bytes -= filter_size(topic_filter)
                 self.subscriptions.remove(topic_filter, session)
                 if session.store is not None:
                     session.store.unsubscribe(session.client_id, topic_filter)

@@ -43,6 +43,9 @@ class SessionLimits:
     # First retry of an unacknowledged message (s); doubles up to the maximum.
     retry_interval = attr.ib(default=20.0)
     retry_max_interval = attr.ib(default=300.0)
+    # Topic filters a client may hold, and their UTF-8 bytes in all.
+    max_subscriptions = attr.ib(default=10_000)
+    max_subscription_bytes = attr.ib(default=1024 * 1024)
 
 
 class _InFlight:
@@ -73,7 +76,7 @@ class Session:
         "_queue0", "_queue", "queued_bytes", "dropped", "_stats", "_writable",
         "_last_mid", "_retry_call", "_retained", "_retained_call", "last_seen",
         "connected_since", "no_local", "retain_as_published", "may_read",
-        "_gated",
+        "_gated", "filter_bytes",
     )
 
     def __init__(
@@ -95,8 +98,9 @@ class Session:
         # Persistent sessions keep their state in the store, if there is one.
         self.store = None if clean_session else store
         self._seq = 0
-        # topic filter -> granted QoS
+        # topic filter -> granted QoS, and the filters' UTF-8 bytes in all.
         self.subscriptions = {}
+        self.filter_bytes = 0
         self.will = None
         # Inbound QoS 2 message ids whose PUBREL has not arrived yet (a set
         # once there is one).

@@ -316,6 +316,8 @@ def session_limits(settings):
         queue_qos0_messages=mqtt["queue_qos0_messages"],
         retry_interval=mqtt["retry_interval"],
         retry_max_interval=mqtt["retry_max_interval"],
+        max_subscriptions=limits["max_subscriptions"],
+        max_subscription_bytes=limits["max_subscription_bytes"],
     )
 
 
@@ -460,6 +462,9 @@ class GatewayService(Service):
         super().startService()
         parts = self.parts
         parts.gateway.start()
+        cleared = parts.gateway.clear_bridge_states()
+        if cleared:
+            log.info("cleared the retained state of bridges not configured: {topics}", topics=", ".join(cleared))
         if parts.sys_topics is not None:
             parts.sys_topics.start()
         self.summary()

@@ -18,6 +18,11 @@ def validate_topic_name(name):
         raise InvalidTopic("topic name contains U+0000")
 
 
+def filter_size(topic_filter):
+    """A topic filter's size as a client's subscription bounds count it."""
+    return len(topic_filter.encode("utf-8", "surrogatepass"))
+
+
 def validate_topic_filter(topic_filter):
     """A SUBSCRIBE filter: ``#`` only as the whole last level, ``+`` alone."""
     if not topic_filter:

@@ -42,6 +42,9 @@ _SEND_GROUND = WebSocketProtocol.SEND_STATE_GROUND
 # Below this many bytes a frame is unmasked with one integer XOR, above it
 # by autobahn's native masker (whose set-up costs more than small frames).
 _SMALL_FRAME = 2048
+# First bytes of the frames the fast path takes: binary data, whole or
+# fragmented, and ping and pong (always final, never compressed).
+_FAST_FRAMES = frozenset((0x82, 0x02, 0x00, 0x80, 0x89, 0x8A))
 
 
 def _unmask(payload, mask):
@@ -214,12 +217,28 @@ class MQTTWebSocketProtocol(WebSocketServerProtocol):
         mqtt.makeConnection(self._transport)
 
     _frames = 0
+    # Input put off to a later reactor turn, reading paused meanwhile: the
+    # buffers (the first one resumes at _backlog_at), or None.
     _backlog = None
+    _backlog_at = 0
+    # A small frame the last read cut short, kept to be completed by the
+    # next one rather than handed to autobahn (whose parser then takes
+    # every frame after it, at several times the cost).
+    _partial = None
+    _fragment = None
 
     def dataReceived(self, data):
         if self._backlog is not None:
             self._backlog.append(data)
             return
+        partial = self._partial
+        if partial is not None:
+            self._partial = None
+            data = partial + data
+        self._take(data, 0)
+
+    def _take(self, data, at):
+        """Handle ``data`` from offset ``at``, or put off what one turn may not take."""
         if (
             self._mqtt is not None
             and self.state == _OPEN
@@ -227,28 +246,54 @@ class MQTTWebSocketProtocol(WebSocketServerProtocol):
             and self.current_frame is None
             and not self.inside_message
         ):
-            data = self._simple_frames(data)
-            if not data:
+            at = self._simple_frames(data, at)
+            if at is None or at == len(data):
                 return
-        self._feed(data)
+        self._feed(data, at)
 
-    def _simple_frames(self, data):
+    def _put_off(self, data, at):
+        # The offset, not a copy of the rest: a read of many tiny frames
+        # would otherwise be copied again on every turn it takes.
+        self._backlog = [data]
+        self._backlog_at = at
+        self.transport.pauseProducing()
+        self.factory.mqtt_factory.clock.callLater(0, self._next_turn)
+
+    def _simple_frames(self, data, at):
         """
-        The common case without autobahn: whole, masked, final binary
-        frames within the size limit, as browsers send MQTT packets.  Their
-        payloads go to MQTT in one call; what remains from the first frame
-        that is anything else (control, text, fragmented, compressed, cut
-        short by the read) is returned for autobahn's full parser.
+        The common case without autobahn: masked binary frames within the
+        size limits, whole messages or fragments (MQTT is a byte stream, so
+        where messages end does not matter), and pings.  Their payloads go
+        to MQTT in one call.  Returns the offset of the first frame that is
+        anything else (close, text, compressed), for autobahn's full
+        parser, or None when the rest was put off to the next turn or the
+        connection failed.
         """
         limit = self.maxFramePayloadSize
         size = len(data)
         view = memoryview(data)
         payloads = []
         frames = 0
-        at = 0
-        while at + 6 <= size and frames < FRAMES_PER_TURN:
-            if data[at] != 0x82:
+        # Bytes so far of a fragmented message, or None outside one.
+        fragment = self._fragment
+        while frames < FRAMES_PER_TURN:
+            if at + 6 > size:
+                if at < size and data[at] in _FAST_FRAMES:
+                    self._partial = bytes(view[at:])
+                    at = size
                 break
+            first = data[at]
+            if first == 0x82:
+                if fragment is not None:
+                    # A new message inside one.
+                    break
+            elif first not in _FAST_FRAMES:
+                break
+            elif first < 0x89:
+                if (fragment is None) != (first == 0x02):
+                    # A continuation outside a message, or a new message
+                    # inside one.
+                    break
             length = data[at + 1] ^ 0x80
             header = 6
             if length >= 126:
@@ -262,25 +307,50 @@ class MQTTWebSocketProtocol(WebSocketServerProtocol):
                     minimum = 65536
                 else:  # not masked
                     break
-                if length < minimum:
+                if length < minimum or first >= 0x89:
                     break
-            if (limit and length > limit) or at + header + length > size:
+            if limit and (length > limit or (fragment is not None and fragment + length > limit)):
+                break
+            if at + header + length > size:
+                if header + length <= _SMALL_FRAME:
+                    self._partial = bytes(view[at:])
+                    at = size
                 break
             start = at + header
-            payloads.append(_unmask(view[start : start + length], data[start - 4 : start]))
+            payload = _unmask(view[start : start + length], data[start - 4 : start])
             at = start + length
             frames += 1
+            if first == 0x82:
+                payloads.append(payload)
+            elif first == 0x89:
+                self.sendPong(payload)
+            elif first != 0x8A:
+                payloads.append(payload)
+                fragment = None if first & 0x80 else (fragment or 0) + length
+        self._fragment = fragment
         if payloads:
-            self._mqtt.dataReceived(payloads[0] if frames == 1 else b"".join(payloads))
-            if frames >= FRAMES_PER_TURN and at < size:
+            self._mqtt.dataReceived(payloads[0] if len(payloads) == 1 else b"".join(payloads))
+            if self.transport is None:
+                return None
+        if at < size:
+            if frames >= FRAMES_PER_TURN:
                 # Fair to the others: the rest on the next reactor turn.
-                self._backlog = [data[at:]]
-                self.transport.pauseProducing()
-                self.factory.mqtt_factory.clock.callLater(0, self._next_turn)
-                return b""
-        return data[at:] if at else data
+                self._put_off(data, at)
+                return None
+            if fragment is not None and data[at] != 0x88:
+                # Inside a message only its continuations, a ping, a pong
+                # or a close may come.
+                self._fragment = None
+                log.info(
+                    "closing WebSocket from {peer}: frame {first:#04x} inside a fragmented message",
+                    peer=_peer_text(self._peer),
+                    first=data[at],
+                )
+                self._protocol_violation("unexpected frame inside a fragmented message")
+                return None
+        return at
 
-    def _feed(self, data):
+    def _feed(self, data, at):
         # autobahn copies its unparsed input after every frame it takes off
         # the front, which makes one read of many small frames quadratic:
         # fed in small slices, each copy stays short.  Past FRAMES_PER_TURN
@@ -288,19 +358,24 @@ class MQTTWebSocketProtocol(WebSocketServerProtocol):
         # so tiny frames cannot take a whole turn.
         self._frames = 0
         size = len(data)
-        for start in range(0, size, _INPUT_SLICE):
-            self._dataReceived(data[start : start + _INPUT_SLICE] if size > _INPUT_SLICE else data)
+        view = memoryview(data)
+        for start in range(at, size, _INPUT_SLICE):
+            self._dataReceived(bytes(view[start : start + _INPUT_SLICE]) if at or size > _INPUT_SLICE else data)
+            if self.transport is None:
+                return
             if self._frames >= FRAMES_PER_TURN and start + _INPUT_SLICE < size:
-                self._backlog = [data[start + _INPUT_SLICE :]]
-                self.transport.pauseProducing()
-                self.factory.mqtt_factory.clock.callLater(0, self._next_turn)
+                self._put_off(data, start + _INPUT_SLICE)
                 return
 
     def _next_turn(self):
         backlog, self._backlog = self._backlog, None
         if self.transport is None:
             return
-        self.dataReceived(b"".join(backlog))
+        data, at = backlog[0], self._backlog_at
+        if len(backlog) > 1:
+            # What was already on its way when reading paused.
+            data, at = b"".join([memoryview(data)[at:], *backlog[1:]]), 0
+        self._take(data, at)
         mqtt = self._mqtt
         if self._backlog is None and not (mqtt is not None and mqtt._reading_paused):
             self.transport.resumeProducing()
@@ -476,18 +551,25 @@ class _Root(Resource):
 # Bytes a connection may send before its upgrade: a request line and
 # headers (twisted.web allows 16 KiB of them) and a small body.
 MAX_REQUEST_BYTES = 64 * 1024
+# The largest request body taken: only the dashboard's API reads one (a
+# sign-in, a publish form), and only where the dashboard is served.
+MAX_BODY_BYTES = 16 * 1024
 
 
 class _HandshakeGuard(ProtocolWrapper):
     """
     One connection to the WebSocket port, until it becomes a WebSocket:
     anything that is not HTTP, a request larger than ``MAX_REQUEST_BYTES``,
-    or no upgrade within ``connect_timeout`` closes it.
+    a body where none is read (or over ``MAX_BODY_BYTES``), or no upgrade
+    within ``connect_timeout`` closes it.  A refused request is answered
+    at once and nothing more is read from it.
     """
 
     _received = 0
     _http = None
     _timer = None
+    # The request's head until its end has been seen; then None.
+    _head = None
 
     def makeConnection(self, transport):
         self._http = self.wrappedProtocol
@@ -512,25 +594,53 @@ class _HandshakeGuard(ProtocolWrapper):
             # MQTT (0x10), TLS (0x16) or anything else that is not HTTP.
             return self._refuse(f"not HTTP (first byte {data[0]:#04x})", None)
         self._received += len(data)
+        self.factory.router.stats.bytes_received += len(data)
         if self._received > MAX_REQUEST_BYTES:
-            return self._refuse(
-                f"request over {MAX_REQUEST_BYTES} bytes",
-                b"HTTP/1.1 413 Request Entity Too Large\r\n"
-                b"Connection: close\r\nContent-Length: 0\r\n\r\n",
-            )
+            return self._refuse(f"request over {MAX_REQUEST_BYTES} bytes", _TOO_LARGE)
+        head = self._head
+        if head is not None or self._received == len(data):
+            if head is None:
+                head = self._head = bytearray()
+            seen = len(head)
+            head += data
+            end = head.find(b"\r\n\r\n", max(0, seen - 3))
+            if end >= 0:
+                self._head = None
+                refusal = self._body_refusal(bytes(head[:end]))
+                if refusal is not None:
+                    return self._refuse(*refusal)
         self.wrappedProtocol.dataReceived(data)
         if self.wrappedProtocol is not self._http:
             self._upgraded()
+
+    def _body_refusal(self, head):
+        """Why a request with this head is refused for its body, or None."""
+        length = 0
+        for line in head.split(b"\r\n")[1:]:
+            name, _, value = line.partition(b":")
+            name = name.strip().lower()
+            if name == b"transfer-encoding":
+                return "a request body of unknown length", _LENGTH_REQUIRED
+            if name == b"content-length":
+                try:
+                    length = int(value.strip())
+                except ValueError:
+                    return "a malformed Content-Length", _BAD_REQUEST
+        bound = MAX_BODY_BYTES if self.factory.reads_bodies else 0
+        if length > bound:
+            return f"a request body of {length} bytes (at most {bound})", _TOO_LARGE
+        return None
 
     def _refuse(self, reason, response):
         log.info("closing connection from {peer} to the WebSocket port: {reason}",
                  peer=_peer_text(self.transport.getPeer()), reason=reason)
         self.factory.router.stats.protocol_errors += 1
-        # Whatever else it sends is ignored.
+        # Whatever else it sends is not even read.
         self._received = -1
         if response is None:
             self.transport.abortConnection()
         else:
+            self.transport.pauseProducing()
             self.transport.write(response)
             self.transport.loseConnection()
 
@@ -556,6 +666,15 @@ class _HandshakeGuard(ProtocolWrapper):
         super().connectionLost(reason)
 
 
+def _answer(status):
+    return b"HTTP/1.1 " + status + b"\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+
+
+_TOO_LARGE = _answer(b"413 Request Entity Too Large")
+_LENGTH_REQUIRED = _answer(b"411 Length Required")
+_BAD_REQUEST = _answer(b"400 Bad Request")
+
+
 def _peer_text(peer):
     host = getattr(peer, "host", None)
     return f"{host}:{peer.port}" if host else str(peer)
@@ -567,8 +686,10 @@ class _GuardedSite(WrappingFactory):
 
     protocol = _HandshakeGuard
 
-    def __init__(self, site, mqtt_factory):
+    def __init__(self, site, mqtt_factory, reads_bodies=False):
         super().__init__(site)
+        # Whether anything behind it reads a request body (the dashboard's API).
+        self.reads_bodies = reads_bodies
         self.router = mqtt_factory.router
         self.limits = mqtt_factory.limits
         self.clock = mqtt_factory.clock
@@ -623,4 +744,4 @@ def websocket_site(mqtt_factory, router, clock, *options, dashboard=None):
     ws = websocket_resource(mqtt_factory, *options)
     site = Site(_Root(ws, Health(router, clock), dashboard))
     site.noisy = False
-    return _GuardedSite(site, mqtt_factory)
+    return _GuardedSite(site, mqtt_factory, reads_bodies=dashboard is not None)

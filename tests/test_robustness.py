@@ -243,7 +243,7 @@ def test_large_request_body_to_the_websocket_port_is_cut_off(gateway_with):
     sent = hostile.http_post(gw.ws_port, seconds=2.0)
     assert sent < 16 * 1024 * 1024
     assert rss_kib(gw) - before < 10 * MiB
-    gw.wait_for_log("request over 65536 bytes")
+    gw.wait_for_log("a request body of 67108864 bytes (at most 0)")
 
 
 def test_slow_upgrade_request_is_closed_after_the_connect_timeout(gateway_with, tmp_path):
