@@ -25,8 +25,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from mqttgw import packets as P
-from mqttgw.framing import Framer
+from mqttgw.wire import packets as P
+from mqttgw.wire.framing import Framer
 
 REPO = Path(__file__).resolve().parent.parent
 TOPIC = "crash"

@@ -21,7 +21,7 @@ import time
 
 from bench.brokers import MAX_INFLIGHT, Mosquitto
 from bench.loadgen import connect, subscribe
-from mqttgw import packets as P
+from mqttgw.wire import packets as P
 
 TOPIC = "drain/t"
 PAYLOAD = 64

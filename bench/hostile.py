@@ -10,8 +10,8 @@ import os
 import socket
 import time
 
-from mqttgw import packets as P
-from mqttgw.framing import Framer
+from mqttgw.wire import packets as P
+from mqttgw.wire.framing import Framer
 
 HOST = "127.0.0.1"
 

@@ -11,8 +11,8 @@ use this for a hot-path change's before/after.
 import argparse
 import time
 
-from mqttgw import packets as P
 from mqttgw.testing import FakeBroker
+from mqttgw.wire import packets as P
 
 
 def microseconds_per_message(subscribers, messages, chunk=400, payload=64):

@@ -13,7 +13,7 @@ import socket
 import struct
 import time
 
-from mqttgw import packets as P
+from mqttgw.wire import packets as P
 
 _u16 = struct.Struct(">H")
 

@@ -10,8 +10,8 @@ import threading
 import time
 
 from bench import hostile
-from mqttgw import packets as P
-from mqttgw.auth import hash_password
+from mqttgw.security.auth import hash_password
+from mqttgw.wire import packets as P
 
 USERS = 200
 PASSWORD = "bench-password"

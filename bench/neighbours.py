@@ -11,7 +11,7 @@ import threading
 import time
 
 from bench import hostile
-from mqttgw import packets as P
+from mqttgw.wire import packets as P
 
 # Well-behaved traffic: QoS 1 messages at a steady rate, each carrying its
 # send time, from one publisher to one subscriber.

@@ -8,7 +8,7 @@ filter matches, not how many retained messages are stored.
 import time
 
 from bench import hostile
-from mqttgw import packets as P
+from mqttgw.wire import packets as P
 
 # Filters and what each matches of the stored topics.
 FILTERS = {

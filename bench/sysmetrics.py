@@ -18,7 +18,6 @@ import tempfile
 from bench.brokers import Mqttgw, free_port
 from bench.run import THROUGHPUT, run_throughput
 
-
 # GET /metrics every second, as Prometheus would (more often, in fact): in
 # a process of its own, so that the load generator starts the same way
 # (fork, with no other thread here) in both kinds of round.

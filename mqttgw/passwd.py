@@ -16,7 +16,7 @@ import os
 import sys
 import tempfile
 
-from mqttgw.auth import AuthConfigError, _parse_entry, hash_password
+from mqttgw.security.auth import AuthConfigError, _parse_entry, hash_password
 
 
 class PasswdError(Exception):

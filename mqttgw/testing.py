@@ -7,12 +7,14 @@ connections are :class:`~twisted.internet.testing.StringTransport`.
 from twisted.internet.address import IPv4Address
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
-
 from twisted.python.failure import Failure
 
-from mqttgw import packets as P
-from mqttgw.acl import ACL, Access
-from mqttgw.auth import (
+from mqttgw.broker.access import Access
+from mqttgw.broker.router import Router
+from mqttgw.broker.session import SessionLimits
+from mqttgw.broker.store import Store
+from mqttgw.security.acl import ACL
+from mqttgw.security.auth import (
     PasswordChecker,
     PasswordTable,
     _parse_entry,
@@ -20,11 +22,9 @@ from mqttgw.auth import (
     hash_password,
     make_portal,
 )
-from mqttgw.framing import Framer
-from mqttgw.protocol import ConnectionLimits, MQTTServerFactory
-from mqttgw.router import Router
-from mqttgw.session import SessionLimits
-from mqttgw.store import Store
+from mqttgw.transports.protocol import ConnectionLimits, MQTTServerFactory
+from mqttgw.wire import packets as P
+from mqttgw.wire.framing import Framer
 
 
 class ImmediateThreadPool:

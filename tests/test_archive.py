@@ -10,8 +10,8 @@ from datetime import datetime, timezone
 import pyarrow.dataset as ds
 from twisted.internet.task import Clock
 
-from mqttgw import packets as P
-from mqttgw.archive import SCHEMA, Archive
+from mqttgw.data.archive import SCHEMA, Archive
+from mqttgw.wire import packets as P
 from tests.gateway import Gateway
 from tests.paho import PahoClient
 

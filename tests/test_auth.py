@@ -10,11 +10,11 @@ import subprocess
 
 import pytest
 
-from mqttgw import packets as P
-from mqttgw.acl import ACL, filters_intersect
-from mqttgw.auth import AuthConfigError, PasswordTable, hash_password
+from mqttgw.broker.topics import filters_intersect, matches
+from mqttgw.security.acl import ACL
+from mqttgw.security.auth import AuthConfigError, PasswordTable, hash_password
 from mqttgw.testing import FakeBroker
-from mqttgw.topics import matches
+from mqttgw.wire import packets as P
 from tests.conftest import require_program
 
 V31, V311 = P.MQTT_31, P.MQTT_311
@@ -436,7 +436,7 @@ def token(key=SECRET, algorithm="HS256", lifetime=3600, now=1_000_000.0, **claim
 
 
 def token_broker(keys=None, **kwargs):
-    from mqttgw.auth import TokenKeys
+    from mqttgw.security.auth import TokenKeys
 
     broker = FakeBroker(tokens=keys or TokenKeys(SECRET, ("HS256",)), **kwargs)
     broker.clock.advance(1_000_000)
@@ -478,7 +478,7 @@ def test_rs256_and_es256_tokens_are_checked_with_a_public_key(tmp_path):
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
-    from mqttgw.auth import TokenKeys
+    from mqttgw.security.auth import TokenKeys
 
     for private, algorithm in (
         (rsa.generate_private_key(public_exponent=65537, key_size=2048), "RS256"),
@@ -500,7 +500,7 @@ def test_rs256_and_es256_tokens_are_checked_with_a_public_key(tmp_path):
 
 
 def test_token_keys_are_checked_at_start_up(tmp_path):
-    from mqttgw.auth import TokenKeys
+    from mqttgw.security.auth import TokenKeys
 
     short = tmp_path / "short"
     short.write_bytes(b"too short")
@@ -545,7 +545,7 @@ def test_passwords_still_work_beside_tokens():
 
 
 def test_acl_answer_cache_is_bounded_by_the_length_of_its_topics():
-    from mqttgw.acl import READ, Access, CachedCheck
+    from mqttgw.broker.access import READ, Access, CachedCheck
 
     access = Access(ACL.parse(["topic read #"]))
     check = access.checker(None, "c", READ)
@@ -559,7 +559,7 @@ def test_acl_answer_cache_is_bounded_by_the_length_of_its_topics():
 
 
 def test_without_an_acl_only_reserved_topics_are_checked_and_nothing_is_cached():
-    from mqttgw.acl import READ, WRITE, Access
+    from mqttgw.broker.access import READ, WRITE, Access
 
     access = Access()
     assert access.checker("u", "c", READ) is None
@@ -586,7 +586,7 @@ def readme_block(after):
 
 
 def test_readme_security_examples_parse(tmp_path):
-    from mqttgw import config
+    from mqttgw.service import config
 
     for marker in ("its own branch; ``/etc/mqttgw/mqttgw.toml``::", "dashboard's own origin::"):
         path = tmp_path / "example.toml"

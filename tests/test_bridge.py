@@ -6,14 +6,13 @@ gateway restarts and SIGKILL), failover, backoff, the state topic, TLS.
 
 import re
 import signal
-
 import time
 
 import pytest
 import trustme
 
-from mqttgw import config
-from mqttgw.bridge import MQTTBridgeKind
+from mqttgw.bridges.bridge import MQTTBridgeKind
+from mqttgw.service import config
 from tests.gateway import REPO, Gateway
 from tests.mosquitto_broker import Mosquitto, free_port
 from tests.paho import PahoClient

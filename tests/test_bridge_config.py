@@ -3,8 +3,8 @@
 import attr
 import pytest
 
-from mqttgw.bridge import MQTTBridgeKind, Rule
-from mqttgw.config import ConfigError
+from mqttgw.bridges.bridge import MQTTBridgeKind, Rule
+from mqttgw.service.config import ConfigError
 from tests.test_tap import parse, write
 
 
@@ -91,7 +91,7 @@ def test_duplicate_bridge_names_are_refused(tmp_path):
 
 
 def test_a_bridge_names_itself_in_log_lines_and_keeps_its_password_out():
-    from mqttgw.bridge import FailoverEndpoint
+    from mqttgw.bridges.bridge import FailoverEndpoint
 
     options = parse("--bridge", "central:1883", "--bridge-topic", "sensors/# out 1")
     [(_, bridge)] = options.bridges

@@ -6,9 +6,9 @@ first sends counted and archived, and nothing an out rule does not take.
 
 from types import SimpleNamespace
 
-from mqttgw import packets as P
-from mqttgw.bridge import BridgeSettings, MQTTBridge, Rule, _Relay
-from mqttgw.framing import Framer
+from mqttgw.bridges.bridge import BridgeSettings, MQTTBridge, Rule, _Relay
+from mqttgw.wire import packets as P
+from mqttgw.wire.framing import Framer
 
 
 class Upstream:

@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from mqttgw import packets as P
 from mqttgw.passwd import main as passwd
+from mqttgw.wire import packets as P
 from tests.cdp import Chromium
 from tests.conftest import require_program
 from tests.gateway import REPO

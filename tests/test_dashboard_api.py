@@ -11,9 +11,9 @@ import urllib.request
 
 import jwt
 
-from mqttgw.auth import TokenIssuer
-from mqttgw.dashboard import STATIC, _load
 from mqttgw.passwd import main as passwd
+from mqttgw.security.auth import TokenIssuer
+from mqttgw.web.dashboard import STATIC, _load
 from tests.mosquitto_broker import free_port
 from tests.paho import PahoClient
 
@@ -184,7 +184,7 @@ def test_the_package_data_carries_every_file():
 
     cfg = configparser.ConfigParser()
     cfg.read(REPO / "setup.cfg")
-    patterns = cfg["options.package_data"]["mqttgw.dashboard"].split()
+    patterns = cfg["options.package_data"]["mqttgw.web.dashboard"].split()
     base = STATIC.parent
     packaged = {
         str((base / found).relative_to(STATIC)) for pattern in patterns for found in glob.glob(pattern, root_dir=base)
@@ -195,9 +195,9 @@ def test_the_package_data_carries_every_file():
 def test_a_spent_delivery_budget_takes_the_page_out_of_routing_until_the_second_ends():
     from twisted.internet.task import Clock
 
-    from mqttgw.packets import Publish
-    from mqttgw.protocol import DeliveryBudget
-    from mqttgw.router import Router
+    from mqttgw.broker.router import Router
+    from mqttgw.transports.protocol import DeliveryBudget
+    from mqttgw.wire.packets import Publish
 
     clock = Clock()
     router = Router(clock)

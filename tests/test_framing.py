@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mqttgw import packets as P
-from mqttgw.framing import Framer, ProtocolViolation
+from mqttgw.wire import packets as P
+from mqttgw.wire.framing import Framer, ProtocolViolation
 
 
 def feed_whole(data, strict=False, max_packet_size=P.MAX_REMAINING_LENGTH + 5):

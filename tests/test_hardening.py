@@ -13,9 +13,9 @@ import time
 import pytest
 
 from bench import hostile
-from mqttgw import packets as P
+from mqttgw.wire import packets as P
 from tests.test_robustness import MiB, Probe, rss_kib, start
-from tests.test_transports import endpoint, free_port
+from tests.test_transports import free_port
 
 
 def healthz(port):

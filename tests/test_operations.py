@@ -19,8 +19,8 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from mqttgw import packets as P
-from mqttgw.systopics import SHARED
+from mqttgw.web.systopics import SHARED
+from mqttgw.wire import packets as P
 from tests.conftest import require_program
 from tests.gateway import REPO, TWISTD, Gateway, gateway_env
 from tests.mosquitto_broker import Mosquitto, free_port
@@ -298,7 +298,7 @@ def test_readyz_turns_503_when_the_store_cannot_be_written(gateway_with, tmp_pat
         status, body = http(port, "/readyz")
         assert "store cannot be written" in json.loads(body)["reasons"][0]
         gw.wait_for_log("cannot write")
-        assert "[mqttgw.store#critical]" in gw.log()
+        assert "[mqttgw.broker.store#critical]" in gw.log()
         # A QoS 1 publish that must be stored is not left waiting: the
         # connection closes, and the client sends it again later.
         sock, code = raw_connect(gw.port, "publisher")
@@ -538,7 +538,7 @@ def test_configuration_mistakes_are_one_line_errors(tmp_path, args, config, erro
 
 
 def test_trusted_proxies_take_networks():
-    from mqttgw import config
+    from mqttgw.service import config
 
     settings = config.build({"websocket.trusted_proxies": ["10.0.0.0/8", "192.168.1.7"]}, {})
     assert [str(n) for n in settings["websocket.trusted_proxies"]] == ["10.0.0.0/8", "192.168.1.7/32"]
@@ -615,7 +615,7 @@ def test_json_log_lines_and_a_level_sighup_changes(tmp_path):
     records = [json.loads(line) for line in lines]
     assert len(records) == len(lines)
     closing = [r for r in records if "closing connection" in r["message"]]
-    assert closing[0]["client_id"] == "c" and closing[0]["namespace"] == "mqttgw.protocol"
+    assert closing[0]["client_id"] == "c" and closing[0]["namespace"] == "mqttgw.transports.protocol"
     assert closing[0]["level"] == "warn"
     assert re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", closing[0]["time"])
     # At warn, the connect of "c" was logged and that of "quiet" was not.

@@ -18,8 +18,8 @@ import pyarrow.dataset as ds
 import pytest
 from twisted.internet.task import Clock
 
-from mqttgw import packets as P
-from mqttgw.archive import Archive
+from mqttgw.data.archive import Archive
+from mqttgw.wire import packets as P
 from tests.conftest import require_program
 from tests.gateway import REPO, Gateway, gateway_env
 from tests.paho import PahoClient
@@ -371,7 +371,7 @@ def test_bad_options_are_one_clear_line(tmp_path, args, error):
 
 
 def test_the_gateway_checks_the_pipeline_section(tmp_path):
-    from mqttgw import config as C
+    from mqttgw.service import config as C
 
     path = tmp_path / "mqttgw.toml"
     path.write_text('[pipeline]\ntables = ["topic_hour", "topic_day"]\n')
@@ -538,7 +538,7 @@ def test_archives_of_two_gateways_combine_by_gateway_id(tmp_path):
         f'[archive]\ndirectory = "{gathered}"\n\n'
         f'[pipeline]\nout = "{tmp_path / "gathered-tables"}"\ntables = ["topic_hour", "last_value"]\n'
     )
-    from mqttgw import config as C
+    from mqttgw.service import config as C
 
     assert C.load_file(config)["pipeline"]["tables"] == ["topic_hour", "last_value"]
     pipeline("batch", "--config", str(config), cwd=tmp_path)

@@ -2,7 +2,7 @@
 
 import re
 
-from mqttgw import config
+from mqttgw.service import config
 from tests.gateway import REPO
 
 
@@ -43,7 +43,7 @@ def test_example_config_documents_every_pipeline_key_with_its_default():
 
 
 def test_example_config_documents_every_bridge_key():
-    from mqttgw.bridge import BRIDGE_KEYS
+    from mqttgw.bridges.bridge import BRIDGE_KEYS
 
     text = (REPO / "deploy" / "mqttgw.toml").read_text()
     for key in BRIDGE_KEYS:

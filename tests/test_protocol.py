@@ -6,9 +6,9 @@ subscriptions, flow control and bad input.
 
 import pytest
 
-from mqttgw import packets as P
-from mqttgw.session import SessionLimits
+from mqttgw.broker.session import SessionLimits
 from mqttgw.testing import FakeBroker
+from mqttgw.wire import packets as P
 
 V31 = {"protocol_level": P.MQTT_31}
 V311 = {"protocol_level": P.MQTT_311}
@@ -740,7 +740,7 @@ def test_a_paused_connection_is_not_read_from_until_it_resumes(broker):
 
 
 def test_output_past_the_high_water_mark_is_written_at_once(broker):
-    from mqttgw.protocol import OUTPUT_HIGH_WATER
+    from mqttgw.transports.protocol import OUTPUT_HIGH_WATER
 
     sub = subscribed(broker, "s", ("a", 0))
     pub = connected(broker, "p")

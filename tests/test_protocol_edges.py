@@ -7,8 +7,8 @@ disconnected; a client that follows it never is.
 
 import pytest
 
-from mqttgw import packets as P
 from mqttgw.testing import FakeBroker
+from mqttgw.wire import packets as P
 
 V31, V311 = P.MQTT_31, P.MQTT_311
 NAMES = {V31: b"\x00\x06MQIsdp\x03", V311: b"\x00\x04MQTT\x04"}

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from bench import hostile
-from mqttgw import packets as P
+from mqttgw.wire import packets as P
 from tests.conftest import require_program
 from tests.test_transports import endpoint, free_port
 

@@ -7,9 +7,9 @@ import sqlite3
 
 import pytest
 
-from mqttgw import packets as P
-from mqttgw.store import Store, StoreError
+from mqttgw.broker.store import Store, StoreError
 from mqttgw.testing import FakeBroker
+from mqttgw.wire import packets as P
 from tests.test_protocol import connected, publishes
 
 

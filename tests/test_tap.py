@@ -7,8 +7,8 @@ import sys
 import pytest
 from twisted.internet.testing import MemoryReactorClock as MemoryReactor
 
-from mqttgw import config
-from mqttgw.tap import Options, makeService
+from mqttgw.service import config
+from mqttgw.service.tap import Options, makeService
 from tests.gateway import REPO, TWISTD, Gateway, gateway_env
 
 

@@ -4,8 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mqttgw.packets import Publish
-from mqttgw.topics import (
+from mqttgw.broker.topics import (
     InvalidTopic,
     RetainedTree,
     SubscriptionTrie,
@@ -13,6 +12,7 @@ from mqttgw.topics import (
     validate_topic_filter,
     validate_topic_name,
 )
+from mqttgw.wire.packets import Publish
 
 MATCHING = [
     ("finance/stock/ibm/#", "finance/stock/ibm"),

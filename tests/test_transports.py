@@ -18,8 +18,8 @@ import urllib.request
 import pytest
 import trustme
 
-from mqttgw import packets as P
-from mqttgw.framing import Framer
+from mqttgw.wire import packets as P
+from mqttgw.wire.framing import Framer
 from tests.conftest import require_program
 from tests.mosquitto_clients import Sub, pub
 from tests.paho import PahoClient
@@ -550,7 +550,7 @@ def test_websocket_port_offers_the_sites_protocols_for_alpn():
     from twisted.internet.interfaces import IProtocolNegotiationFactory
 
     from mqttgw.testing import FakeBroker
-    from mqttgw.websocket import websocket_site
+    from mqttgw.transports.websocket import websocket_site
 
     broker = FakeBroker()
     guarded = websocket_site(broker.factory, broker.router, broker.clock, 1024)

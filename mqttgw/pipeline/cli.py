@@ -15,6 +15,8 @@ from pathlib import Path
 
 from mqttgw.pipeline import settings as S
 from mqttgw.pipeline import staging
+from mqttgw.pipeline.console import say
+from mqttgw.pipeline.publish import publish
 
 
 def _parse_time(text):
@@ -135,10 +137,6 @@ def _spark(args):
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     return spark
-
-
-def say(text):
-    print(f"[{datetime.now():%H:%M:%S}] {text}", file=sys.stderr, flush=True)
 
 
 def _hour_range(args):
@@ -391,8 +389,6 @@ def main(argv=None):
     )
     try:
         if args.publish:
-            from mqttgw.pipeline.publish import publish
-
             written["published"] = publish(spark, args)
     finally:
         spark.stop()

@@ -22,7 +22,9 @@ import time
 from datetime import timezone
 from pathlib import Path
 
-from mqttgw.pipeline.cli import say
+from mqttgw.pipeline.console import say
+from mqttgw.wire import packets as P
+from mqttgw.wire.framing import Framer
 
 
 def topic_name(prefix, topic, *levels):
@@ -107,9 +109,6 @@ def messages(spark, out, prefix):
 
 def publish(spark, args):
     """Publishes ``messages`` over MQTT; returns how many."""
-    from mqttgw import packets as P
-    from mqttgw.framing import Framer
-
     pending_messages = messages(spark, args.out, args.prefix)
     if not pending_messages:
         say("nothing to publish yet")

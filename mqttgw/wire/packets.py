@@ -1,6 +1,6 @@
 """
 MQTT 3.1 / 3.1.1 control packets: one class per packet type, each able to
-encode itself to wire bytes.  Decoding lives in :mod:`mqttgw.framing`.
+encode itself to wire bytes.  Decoding lives in :mod:`mqttgw.wire.framing`.
 """
 
 import struct
@@ -79,7 +79,7 @@ def decode_remaining_length(data, offset):
     """
     The Remaining Length at ``offset`` of a whole frame this process
     encoded: (where the body starts, its length).  Untrusted bytes go
-    through :class:`mqttgw.framing.Framer`, which checks everything.
+    through :class:`mqttgw.wire.framing.Framer`, which checks everything.
     """
     length = shift = 0
     while True:

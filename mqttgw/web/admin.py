@@ -28,16 +28,16 @@ import ipaddress
 import json
 
 import attr
-
 from twisted.cred.credentials import UsernamePassword
 from twisted.logger import Logger
 from twisted.web.resource import ErrorPage, Resource, getChildForRequest
 from twisted.web.server import NOT_DONE_YET, Site
 
-from mqttgw.auth import IIdentity
-from mqttgw.packets import Publish
-from mqttgw.printable import printable
-from mqttgw.topics import InvalidTopic, validate_topic_filter
+from mqttgw.broker.topics import InvalidTopic, validate_topic_filter
+from mqttgw.security.auth import IIdentity
+from mqttgw.web.dashboard import Dashboard
+from mqttgw.wire.packets import Publish
+from mqttgw.wire.printable import printable
 
 log = Logger()
 
@@ -403,8 +403,6 @@ def admin_site(gateway, metrics, portal=None, roles=None, issuer=None, signin_po
     (the MQTT listeners' portal) accepts; ``mqtt``, a WebSocket resource,
     serves the dashboard's MQTT at /mqtt.
     """
-    from mqttgw.dashboard import Dashboard
-
     roles = roles or Roles(open=portal is None)
     api = api_resource(gateway, portal, roles, issuer, signin_portal)
     metrics_page = MetricsPage(metrics)

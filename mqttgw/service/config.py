@@ -8,9 +8,8 @@ import tomllib
 
 import attr
 
-
-class ConfigError(Exception):
-    """Configuration that cannot be used; the message names the key."""
+from mqttgw.errors import ConfigError
+from mqttgw.pipeline import settings as pipeline_settings
 
 
 @attr.s(frozen=True, slots=True)
@@ -473,11 +472,9 @@ def load_file(path):
         if section == "pipeline":
             # The pipeline's options (python -m mqttgw.pipeline --config),
             # checked here too so a typo fails at the gateway's start.
-            from mqttgw.pipeline.settings import SettingsError, check
-
             try:
-                values["pipeline"] = check(table, path)
-            except SettingsError as e:
+                values["pipeline"] = pipeline_settings.check(table, path)
+            except pipeline_settings.SettingsError as e:
                 raise ConfigError(str(e)) from None
             continue
         if section not in SECTIONS:

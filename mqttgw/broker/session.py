@@ -11,9 +11,9 @@ from types import MappingProxyType
 import attr
 from twisted.logger import Logger
 
-from mqttgw.framing import ProtocolViolation
-from mqttgw.packets import Publish, Pubrel
-from mqttgw.printable import printable
+from mqttgw.wire.framing import ProtocolViolation
+from mqttgw.wire.packets import Publish, Pubrel
+from mqttgw.wire.printable import printable
 
 log = Logger()
 

@@ -1,7 +1,7 @@
 """
 The log as operators read it: a level that SIGHUP can change, text or JSON
 lines with stable field names, and repeated warnings summarised rather
-than repeated.  Under ``twistd`` the observer is installed through its
+than repeated (``mqttgw.broker.ratelimited``).  Under ``twistd`` the observer is installed through its
 ``--logger`` hook, so ``--logfile`` and ``--nodaemon`` keep their meaning
 (and SIGUSR1 rotates the log file, as twistd's own observer does).
 """
@@ -88,7 +88,7 @@ def use_under_twistd(twistd_config, log_format):
     """
     if twistd_config.get("logger") is None:
         _twistd.update(config=twistd_config, format=log_format)
-        twistd_config["logger"] = "mqttgw.logs.twistd_observer"
+        twistd_config["logger"] = "mqttgw.service.logs.twistd_observer"
 
 
 def twistd_observer():
@@ -108,47 +108,3 @@ def twistd_observer():
     else:
         out = log_file = LogFile.fromFullPath(name or "twistd.log")
     return make_observer(out, _twistd["format"])
-
-
-class RateLimited:
-    """
-    A warning that may repeat many times a second (a full queue, a flood
-    of bad clients): at most ``burst`` lines per ``interval`` seconds,
-    then one line with how many were left out.
-    """
-
-    def __init__(self, logger, interval=60.0, burst=10, clock=time.monotonic):
-        self.logger = logger
-        self.interval = interval
-        self.burst = burst
-        self.clock = clock
-        self._window_end = 0.0
-        self._logged = 0
-        self.suppressed = 0
-
-    def emit(self, level, format, **fields):
-        now = self.clock()
-        if now >= self._window_end:
-            if self.suppressed:
-                self.logger.warn(
-                    "{suppressed} more warnings like the last were not logged in {interval:.0f}s",
-                    suppressed=self.suppressed,
-                    interval=self.interval,
-                )
-            self._window_end = now + self.interval
-            self._logged = 0
-            self.suppressed = 0
-        if self._logged >= self.burst:
-            self.suppressed += 1
-            return
-        self._logged += 1
-        if self._logged == self.burst:
-            format += " (further ones are counted for {interval:.0f}s, not logged)"
-            fields["interval"] = self.interval
-        self.logger.emit(level, format, **fields)
-
-    def warn(self, format, **fields):
-        self.emit(LogLevel.warn, format, **fields)
-
-    def info(self, format, **fields):
-        self.emit(LogLevel.info, format, **fields)

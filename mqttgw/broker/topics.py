@@ -18,6 +18,27 @@ def validate_topic_name(name):
         raise InvalidTopic("topic name contains U+0000")
 
 
+def filters_intersect(a, b):
+    """Whether some topic name matches both filters ``a`` and ``b``."""
+    if a[:1] == "$" or b[:1] == "$":
+        # A leading wildcard never matches a "$" topic.
+        if a[:1] in ("+", "#") or b[:1] in ("+", "#"):
+            return False
+    return _intersect(a.split("/"), b.split("/"))
+
+
+def _intersect(a, b):
+    i = 0
+    while True:
+        if i < len(a) and a[i] == "#" or i < len(b) and b[i] == "#":
+            return True
+        if i == len(a) or i == len(b):
+            return i == len(a) == len(b)
+        if a[i] != b[i] and a[i] != "+" and b[i] != "+":
+            return False
+        i += 1
+
+
 def filter_size(topic_filter):
     """A topic filter's size as a client's subscription bounds count it."""
     return len(topic_filter.encode("utf-8", "surrogatepass"))

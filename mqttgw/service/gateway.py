@@ -10,9 +10,9 @@ from collections import deque
 
 from twisted.internet.task import LoopingCall
 
-from mqttgw import packets as P
-from mqttgw.acl import BRIDGE_STATE_PREFIX
-from mqttgw.systopics import stored_messages
+from mqttgw.broker.access import BRIDGE_STATE_PREFIX
+from mqttgw.web.systopics import stored_messages
+from mqttgw.wire import packets as P
 
 # Seconds between store probes; the store is unready once no commit has
 # completed for STALE_AFTER (a disk that hangs rather than fails).

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 
-from mqttgw.topics import matches
+from mqttgw.broker.topics import matches
 
 log = Logger()
 

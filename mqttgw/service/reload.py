@@ -17,8 +17,9 @@ from twisted.internet.defer import DeferredList, maybeDeferred
 from twisted.internet.threads import deferToThread
 from twisted.logger import Logger
 
-from mqttgw import config, logs
-from mqttgw.auth import PasswordChecker, TokenOrPasswordChecker
+from mqttgw.security.auth import PasswordChecker, TokenOrPasswordChecker
+from mqttgw.service import build, config, logs
+from mqttgw.web.systopics import SysTopics
 
 log = Logger()
 
@@ -76,17 +77,15 @@ class ReloadService(Service):
     # Reading, in a thread
 
     def read(self):
-        from mqttgw import tap
-
         options = self.options
         from_file = config.load_file(options["config"]) if options["config"] else {}
         settings = config.build(from_file, options.flag_values)
-        tap._check_listeners(settings)
-        tap.check_archive_filters(settings)
+        build.check_listeners(settings)
+        build.check_archive_filters(settings)
         return {
             "settings": settings,
-            "bridges": tap._check_bridges(settings),
-            "auth_files": tap.load_auth_files(settings),
+            "bridges": build.check_bridges(settings),
+            "auth_files": build.load_auth_files(settings),
             "tls": [(listener, listener.load()) for listener in self.renewable_tls],
         }
 
@@ -106,8 +105,6 @@ class ReloadService(Service):
     # Applying, in the reactor
 
     def apply(self, new):
-        from mqttgw import tap
-
         old, settings = self.settings, new["settings"]
         self.settings = settings
         self.options.settings = settings
@@ -120,15 +117,13 @@ class ReloadService(Service):
         if restart:
             log.warn("reload: changed but needs a restart: {keys}", keys=", ".join(restart))
         logs.set_level(settings["log.level"])
-        limits = tap.connection_limits(settings)
+        limits = build.connection_limits(settings)
         for factory in parts.factories:
             factory.limits = limits
         router = parts.router
-        tap.configure_router(router, settings)
+        build.configure_router(router, settings)
         parts.gateway.schedule_sweep()
         if parts.sys_topics is None and settings["mqtt.sys_interval"] > 0:
-            from mqttgw.systopics import SysTopics
-
             parts.sys_topics = SysTopics(router, self.reactor, 0, parts.bridges, router.store)
         if parts.sys_topics is not None:
             parts.sys_topics.interval = settings["mqtt.sys_interval"]

@@ -7,12 +7,12 @@ learns which transport a session came from.
 
 from twisted.logger import Logger
 
-from mqttgw.acl import Access
-from mqttgw.logs import RateLimited
-from mqttgw.packets import Publish
-from mqttgw.printable import printable
-from mqttgw.session import Session, SessionLimits
-from mqttgw.topics import RetainedTree, SubscriptionTrie, filter_size
+from mqttgw.broker.access import Access
+from mqttgw.broker.ratelimited import RateLimited
+from mqttgw.broker.session import Session, SessionLimits
+from mqttgw.broker.topics import RetainedTree, SubscriptionTrie, filter_size
+from mqttgw.wire.packets import Publish
+from mqttgw.wire.printable import printable
 
 log = Logger()
 

@@ -18,14 +18,14 @@ from twisted.internet.interfaces import IStreamClientEndpoint
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from mqttgw import packets as P
-from mqttgw.acl import BRIDGE_STATE_PREFIX, notification_topic
-from mqttgw.client import ConnectRefused, MQTTClientFactory
-from mqttgw.config import ConfigError
-from mqttgw.session import SessionLimits
-from mqttgw.store import OrderedAcks
-from mqttgw.tls import pem_certificates, read_file
-from mqttgw.topics import InvalidTopic, matches, validate_topic_filter
+from mqttgw.bridges.client import ConnectRefused, MQTTClientFactory
+from mqttgw.broker.access import BRIDGE_STATE_PREFIX, notification_topic
+from mqttgw.broker.session import SessionLimits
+from mqttgw.broker.store import OrderedAcks
+from mqttgw.broker.topics import InvalidTopic, matches, validate_topic_filter
+from mqttgw.errors import ConfigError
+from mqttgw.transports.tls import pem_certificates, read_file
+from mqttgw.wire import packets as P
 
 log = Logger()
 

@@ -11,7 +11,7 @@ import time
 from twisted.internet.task import LoopingCall
 
 from mqttgw import __version__
-from mqttgw.packets import Publish
+from mqttgw.wire.packets import Publish
 
 # Load averages: exponentially damped rates per minute over 1, 5 and 15
 # minutes, computed as mosquitto's sys_tree.c does.

@@ -25,9 +25,9 @@ from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
 from twisted.python.failure import Failure
 from twisted.web.resource import Resource
 from twisted.web.server import Site
-
-from mqttgw.printable import printable
 from zope.interface import directlyProvides, implementer, providedBy
+
+from mqttgw.wire.printable import printable
 
 log = Logger()
 

@@ -17,14 +17,19 @@ from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from mqttgw import packets as P
-from mqttgw.acl import BRIDGE_STATE_PREFIX, READ, WRITE
-from mqttgw.auth import Busy, IIdentity, Identity, Throttle
-from mqttgw.framing import LAX, STRICT, STRICT_TEXT, Framer, ProtocolViolation
-from mqttgw.printable import printable
-from mqttgw.store import OrderedAcks
-from mqttgw.tls import peer_identity
-from mqttgw.topics import InvalidTopic, filter_size, validate_topic_filter, validate_topic_name
+from mqttgw.broker.access import BRIDGE_STATE_PREFIX, READ, WRITE
+from mqttgw.broker.store import OrderedAcks
+from mqttgw.broker.topics import (
+    InvalidTopic,
+    filter_size,
+    validate_topic_filter,
+    validate_topic_name,
+)
+from mqttgw.security.auth import Busy, Identity, IIdentity, Throttle
+from mqttgw.transports.tls import peer_identity
+from mqttgw.wire import packets as P
+from mqttgw.wire.framing import LAX, STRICT, STRICT_TEXT, Framer, ProtocolViolation
+from mqttgw.wire.printable import printable
 
 log = Logger()
 

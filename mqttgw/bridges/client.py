@@ -1,15 +1,15 @@
 """
 The client side of MQTT on Twisted, as bridges use it: CONNECT with a
 will, keepalive pings, and the packets of both QoS flows handed to a
-handler.  Framing is shared with the server (:mod:`mqttgw.framing`).
+handler.  Framing is shared with the server (:mod:`mqttgw.wire.framing`).
 """
 
 from twisted.internet.defer import Deferred
 from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
 
-from mqttgw import packets as P
-from mqttgw.framing import Framer, ProtocolViolation
+from mqttgw.wire import packets as P
+from mqttgw.wire.framing import Framer, ProtocolViolation
 
 log = Logger()
 

@@ -7,8 +7,8 @@ clock.  Anything that is not a well-formed packet raises
 import re
 import struct
 
-from mqttgw import packets as P
-from mqttgw.packets import Publish
+from mqttgw.wire import packets as P
+from mqttgw.wire.packets import Publish
 
 _unpack_u16 = struct.Struct(">H").unpack_from
 

@@ -5,96 +5,50 @@ The twistd plugin's options and service: ``twistd -n mqttgw --tcp 1883``.
 import sys
 
 import attr
-
 from twisted.application.service import MultiService, Service
 from twisted.internet.threads import deferToThread
-from twisted.internet.endpoints import serverFromString
 from twisted.logger import Logger
-from twisted.python import usage
-
 from twisted.protocols.tls import TLSMemoryBIOFactory
-
+from twisted.python import usage
 from twisted.python.threadpool import ThreadPool
 
-from mqttgw import __version__, config, logs
-from mqttgw.acl import ACL, Access
-from mqttgw.auth import (
-    AuthConfigError,
+from mqttgw import __version__
+from mqttgw.broker.access import Access
+from mqttgw.security.auth import (
     PasswordChecker,
-    PasswordTable,
-    TokenKeys,
+    TokenIssuer,
     TokenOrPasswordChecker,
     credentials_checker,
     make_portal,
 )
-from mqttgw.interfaces import bridge_kinds
-from mqttgw.protocol import ConnectionLimits, Flusher, MQTTServerFactory
-from mqttgw.router import Router
-from mqttgw.session import SessionLimits
-from mqttgw.store import Store, StoreError
-from mqttgw.tls import ReloadableServerTLS, server_options
-from mqttgw.topics import InvalidTopic, validate_topic_filter
-from mqttgw.websocket import websocket_resource, websocket_site
+from mqttgw.service import config, logs
+from mqttgw.service.build import (
+    build_router,
+    check_bridges,
+    check_http,
+    check_listener_tables,
+    check_listeners,
+    connection_limits,
+    endpoint_description,
+    http_description,
+    http_host,
+    load_auth_files,
+    open_archive,
+    open_store,
+    tls_options,
+)
+from mqttgw.service.gateway import Gateway
+from mqttgw.service.reload import ReloadService
+from mqttgw.transports.listening import ListenerService
+from mqttgw.transports.protocol import Flusher, MQTTServerFactory
+from mqttgw.transports.tls import ReloadableServerTLS, server_options
+from mqttgw.transports.websocket import websocket_resource, websocket_site
+from mqttgw.web.admin import Roles, admin_site, api_resource, is_loopback
+from mqttgw.web.dashboard import Dashboard
+from mqttgw.web.metrics import Metrics
+from mqttgw.web.systopics import SysTopics
 
 log = Logger()
-
-
-def endpoint_description(listener, backlog=None):
-    """
-    A bare port number means TCP on every interface.  Listening endpoints
-    get ``backlog`` unless they name one: Twisted's default of 50 leaves a
-    site's devices reconnecting after a power cut waiting for minutes.
-    """
-    description = f"tcp:{listener}" if listener.isdigit() else listener
-    kind = description.split(":", 1)[0]
-    if (
-        backlog is not None
-        and kind in ("tcp", "tcp6", "ssl", "unix")
-        and "backlog=" not in description
-    ):
-        description += f":backlog={backlog}"
-    return description
-
-
-# Descriptors kept back from max_connections for the store, the archive,
-# bridges, log files and listening sockets.
-RESERVED_DESCRIPTORS = 100
-
-
-def connection_limit(configured, log):
-    """
-    ``limits.max_connections``, or with 0 the open-file limit (raised to its
-    hard limit first) less a reserve, said at start-up either way.
-    """
-    import resource
-
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    wanted = hard if hard != resource.RLIM_INFINITY else 1024 * 1024
-    if soft != resource.RLIM_INFINITY and soft < wanted:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
-            soft = wanted
-        except (ValueError, OSError):
-            pass
-    available = max(1, soft - RESERVED_DESCRIPTORS)
-    if configured == 0:
-        log.info(
-            "max_connections {n}: the open-file limit {soft} less {reserve}"
-            " kept for the store, archive and bridges",
-            n=available,
-            soft=soft,
-            reserve=RESERVED_DESCRIPTORS,
-        )
-        return available
-    if configured > available:
-        log.warn(
-            "limits.max_connections {n} is above what the open-file limit {soft}"
-            " allows ({available}): connections beyond it will fail",
-            n=configured,
-            soft=soft,
-            available=available,
-        )
-    return configured
 
 
 def _flag_keys():
@@ -167,12 +121,12 @@ class Options(usage.Options):
             flags = self.flag_values = self._flag_values()
             from_file = config.load_file(self["config"]) if self["config"] else {}
             settings = config.build(from_file, flags)
-            _check_listeners(settings)
-            self.tls_options = _tls_options(settings)
-            self.bridges = _check_bridges(settings)
+            check_listeners(settings)
+            self.tls_options = tls_options(settings)
+            self.bridges = check_bridges(settings)
             self.auth_files = load_auth_files(settings)
-            self.listener_tables = _check_listener_tables(settings)
-            _check_http(settings)
+            self.listener_tables = check_listener_tables(settings)
+            check_http(settings)
         except config.ConfigError as e:
             # One line naming the problem, not a page of usage.
             sys.exit(f"mqttgw: {e}")
@@ -196,159 +150,6 @@ for _key in config.KEYS:
         setattr(Options, "opt_" + _key.flag.replace("-", "_"), _repeatable(_key))
 
 
-def check_endpoint(listener, where):
-    """A listening endpoint for ``listener``, or ConfigError naming it."""
-    from twisted.internet import reactor
-
-    try:
-        endpoint = serverFromString(reactor, endpoint_description(listener))
-    except (ValueError, TypeError, KeyError) as e:
-        raise config.ConfigError(f"{where}: {listener!r} is not a port or endpoint: {e}") from None
-    port = getattr(endpoint, "_port", None)
-    if isinstance(port, int) and not 0 <= port <= 65535:
-        raise config.ConfigError(f"{where}: {listener!r}: port {port} is not in 0-65535")
-    return endpoint
-
-
-def _check_listeners(settings):
-    for path in config.LISTENERS:
-        for listener in settings[path]:
-            check_endpoint(listener, path)
-
-
-def _check_http(settings):
-    """The admin listener beyond loopback needs a way to check credentials."""
-    from mqttgw.admin import is_loopback
-
-    address = settings["http.address"]
-    if not address:
-        return
-    description = http_description(address)
-    check_endpoint(description, "http.address")
-    if not is_loopback(_http_host(description)):
-        auth = settings.section("auth")
-        if not (auth["password_file"] or auth["jwt_secret_file"] or auth["jwt_public_key"]):
-            raise config.ConfigError(
-                f"http.address {address} is reachable beyond this machine: it needs"
-                " auth.password_file or a token key, and http.admin_users"
-            )
-
-
-def _check_bridges(settings):
-    """[(bridge kind, its checked settings)] for every bridge configured."""
-    kinds = bridge_kinds()
-    bridges = []
-    names = set()
-    for table in settings["bridges"]:
-        kind = kinds.get(table.get("kind", "mqtt"))
-        if kind is None:
-            raise config.ConfigError(
-                f"bridge.kind {table.get('kind', 'mqtt')!r} is not installed"
-                f" (known: {', '.join(sorted(kinds))})"
-            )
-        checked = kind.check(table)
-        if checked.name in names:
-            raise config.ConfigError(f"bridge.name {checked.name!r} is used twice")
-        names.add(checked.name)
-        bridges.append((kind, checked))
-    return bridges
-
-
-def _check_listener_tables(settings):
-    """[[listener]] tables with their addresses and TLS files checked."""
-    checked = []
-    tls = settings.section("tls")
-    for table in settings["listener_tables"]:
-        where = f"listener {table['kind']} {table['address']}"
-        check_endpoint(table["address"], where)
-        table = dict(table)
-        if table["kind"] in ("tls", "wss"):
-            cert, key = table.get("cert") or tls["cert"], table.get("key") or tls["key"]
-            if not (cert and key):
-                raise config.ConfigError(f"{where}: a TLS listener needs cert and key (or tls.cert, tls.key)")
-            table["tls_files"] = (
-                cert,
-                key,
-                table.get("ca", tls["ca"]) or None,
-                table.get("require_client_cert", tls["require_client_cert"]),
-            )
-            table["tls_options"] = server_options(*table["tls_files"])
-        checked.append(table)
-    return checked
-
-
-def load_auth_files(settings):
-    """
-    (password table, ACL, token keys), each None when not configured;
-    errors name the file and line.
-    """
-    auth = settings.section("auth")
-    try:
-        table = PasswordTable.from_file(auth["password_file"]) if auth["password_file"] else None
-        acl = ACL.from_file(auth["acl_file"]) if auth["acl_file"] else None
-        tokens = TokenKeys.from_settings(
-            auth["jwt_secret_file"],
-            auth["jwt_public_key"],
-            auth["jwt_username_claim"],
-            auth["jwt_audience"],
-        )
-    except AuthConfigError as e:
-        raise config.ConfigError(str(e)) from None
-    return table, acl, tokens
-
-
-def _tls_options(settings):
-    if not (settings["listeners.tls"] or settings["listeners.wss"]):
-        return None
-    tls = settings.section("tls")
-    return server_options(
-        tls["cert"], tls["key"], tls["ca"] or None, tls["require_client_cert"]
-    )
-
-
-def session_limits(settings):
-    limits = settings.section("limits")
-    mqtt = settings.section("mqtt")
-    return SessionLimits(
-        max_inflight_messages=limits["max_inflight_messages"],
-        max_queued_messages=limits["max_queued_messages"],
-        max_queued_bytes=limits["max_queued_bytes"],
-        queue_qos0_messages=mqtt["queue_qos0_messages"],
-        retry_interval=mqtt["retry_interval"],
-        retry_max_interval=mqtt["retry_max_interval"],
-        max_subscriptions=limits["max_subscriptions"],
-        max_subscription_bytes=limits["max_subscription_bytes"],
-    )
-
-
-def configure_router(router, settings):
-    """What of the router's behaviour the configuration sets (and SIGHUP renews)."""
-    router.limits = session_limits(settings)
-    router.max_qos = settings["mqtt.max_qos"]
-    router.max_persistent_sessions = settings["limits.max_persistent_sessions"]
-    router.max_retained_messages = settings["limits.max_retained_messages"]
-    router.persistent_client_expiration = settings["persistence.persistent_client_expiration"]
-
-
-def build_router(settings, clock, store=None):
-    router = Router(clock, store=store)
-    configure_router(router, settings)
-    return router
-
-
-def connection_limits(settings):
-    limits = settings.section("limits")
-    return ConnectionLimits(
-        max_packet_size=limits["max_packet_size"],
-        max_connect_size=limits["max_connect_size"],
-        connect_timeout=limits["connect_timeout"],
-        max_connections=connection_limit(limits["max_connections"], log),
-        reject_control_characters=settings["mqtt.reject_control_characters"],
-        allow_long_client_ids=settings["mqtt.allow_long_client_ids"],
-        connection_messages=settings["log.connection_messages"],
-    )
-
-
 class WorkerService(Service):
     """
     Runs a worker thread (the store's writer, the archive's) from start-up;
@@ -365,75 +166,6 @@ class WorkerService(Service):
     def stopService(self):
         super().stopService()
         return deferToThread(self.worker.stop)
-
-
-def check_archive_filters(settings):
-    a = settings.section("archive")
-    for topic_filter in a["include"] + a["exclude"]:
-        try:
-            validate_topic_filter(topic_filter)
-        except InvalidTopic as e:
-            raise config.ConfigError(f"archive.include/exclude: {e}") from None
-
-
-def open_archive(settings, reactor):
-    """The archive, or None when archive.directory is empty."""
-    a = settings.section("archive")
-    if not a["directory"]:
-        return None
-    try:
-        from mqttgw.archive import Archive
-    except ImportError:
-        sys.exit("mqttgw: archive.directory needs pyarrow: pip install 'mqttgw[archive]'")
-    import socket
-
-    try:
-        check_archive_filters(settings)
-    except config.ConfigError as e:
-        sys.exit(f"mqttgw: {e}")
-    return Archive(
-        a["directory"],
-        reactor,
-        a["gateway_id"] or socket.gethostname(),
-        include=a["include"],
-        exclude=a["exclude"],
-        directions=a["directions"],
-        roll_seconds=a["roll_seconds"],
-        roll_rows=a["roll_rows"],
-    )
-
-
-def open_store(settings, reactor):
-    """The loaded store, or None without persistence; errors end start-up."""
-    persistence = settings.section("persistence")
-    if not persistence["enabled"]:
-        return None, ([], [])
-    try:
-        store = Store(persistence["data_dir"], reactor, persistence["durability"])
-        return store, store.load()
-    except StoreError as e:
-        sys.exit(f"mqttgw: {e}")
-
-
-def http_description(address):
-    """
-    ``--http``: a bare port listens on loopback only; ``HOST:PORT`` on that
-    host; anything else is an endpoint string.
-    """
-    if address.isdigit():
-        return f"tcp:{address}:interface=127.0.0.1"
-    host, sep, port = address.rpartition(":")
-    if sep and port.isdigit() and not host.startswith(("tcp", "ssl", "unix")):
-        host = host.strip("[]")
-        return f"tcp{'6' if ':' in host else ''}:{port}:interface={host.replace(':', chr(92) + ':')}"
-    return address
-
-
-def _http_host(description):
-    for part in description.split(":"):
-        if part.startswith("interface="):
-            return part[len("interface="):].replace("\\", "")
-    return "0.0.0.0"
 
 
 class Parts:
@@ -511,14 +243,6 @@ class GatewayService(Service):
 def makeService(options, reactor=None):
     if reactor is None:
         from twisted.internet import reactor
-    from mqttgw.admin import Roles, admin_site, api_resource, is_loopback
-    from mqttgw.auth import TokenIssuer
-    from mqttgw.dashboard import Dashboard
-    from mqttgw.gateway import Gateway
-    from mqttgw.listening import ListenerService
-    from mqttgw.metrics import Metrics
-    from mqttgw.reload import ReloadService
-    from mqttgw.systopics import SysTopics
 
     settings = options.settings
     logs.set_level(settings["log.level"])
@@ -620,7 +344,7 @@ def makeService(options, reactor=None):
         key = files or "global"
         if key not in renewable:
             if files is None:
-                load = lambda: _tls_options(settings)  # noqa: E731
+                load = lambda: tls_options(settings)  # noqa: E731
             else:
                 load = lambda: server_options(*files)  # noqa: E731
             renewable[key] = ReloadableServerTLS(tls_options or options.tls_options, load)
@@ -698,7 +422,7 @@ def makeService(options, reactor=None):
         metrics = Metrics(router, gateway.listeners, parts.bridges, store, archive)
         description = http_description(http)
         admin_portal = None
-        open_ = is_loopback(_http_host(description))
+        open_ = is_loopback(http_host(description))
         if not open_:
             admin_portal = make_portal(checker, False)
             log.warn(

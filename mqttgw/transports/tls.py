@@ -8,7 +8,7 @@ from twisted.internet import ssl
 from twisted.internet.interfaces import IOpenSSLServerConnectionCreator
 from zope.interface import implementer
 
-from mqttgw.config import ConfigError
+from mqttgw.errors import ConfigError
 
 
 def read_file(path, what):

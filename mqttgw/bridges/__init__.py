@@ -1,0 +1,1 @@
+"""Upstream brokers: the bridge plugin interface, the MQTT client and the MQTT bridge."""

@@ -1,0 +1,1 @@
+"""What the gateway carries, recorded: the Parquet archive the pipeline reads."""

@@ -1,0 +1,1 @@
+"""The running gateway: settings, the objects built from them, the twistd plugin's service, reload and logs."""

@@ -1,0 +1,1 @@
+"""Bytes to and from the broker: the MQTT connection, WebSocket and TLS, and listeners as services."""

@@ -1,0 +1,1 @@
+"""What operators see: the admin HTTP API, Prometheus metrics, $SYS topics and the dashboard."""

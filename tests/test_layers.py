@@ -1,0 +1,77 @@
+"""
+The package's layers as written in setup.cfg's import-linter contracts,
+and no import cycle anywhere, not even one dodged by an import inside a
+function.
+"""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import grimp
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGE = REPO / "mqttgw"
+# Imported where they are used, for what they need that is optional:
+# pyarrow (the archive) and PySpark (the pipeline's tables).
+OPTIONAL = {"mqttgw.data.archive", "mqttgw.pipeline.tables"}
+
+
+def modules():
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(REPO).with_suffix("").parts
+        yield ".".join(parts[:-1] if parts[-1] == "__init__" else parts), path
+
+
+def test_import_linter_contracts_are_kept():
+    lint = Path(sys.executable).parent / "lint-imports"
+    run = subprocess.run(
+        [str(lint), "--config", str(REPO / "setup.cfg"), "--no-cache"],
+        cwd=REPO, capture_output=True, text=True,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "0 broken" in run.stdout and "3 kept" in run.stdout, run.stdout
+
+
+def test_no_module_of_the_package_imports_itself_back():
+    graph = grimp.build_graph("mqttgw")
+    for module in sorted(graph.modules):
+        for imported in graph.find_modules_directly_imported_by(module):
+            chain = graph.find_shortest_chain(importer=imported, imported=module)
+            assert chain is None, f"{module} -> {imported} -> ... -> {module}: {chain}"
+
+
+def test_imports_inside_functions_are_only_of_optional_dependencies():
+    found = []
+    for name, path in modules():
+        tree = ast.parse(path.read_text())
+        top = set(map(id, tree.body))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and id(node) not in top:
+                imported = {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+                if node.module.startswith("mqttgw") and not imported & OPTIONAL:
+                    found.append(f"{name}:{node.lineno} from {node.module}")
+            elif isinstance(node, ast.Import) and id(node) not in top:
+                found += [f"{name}:{node.lineno} import {a.name}" for a in node.names if a.name.startswith("mqttgw")]
+    assert found == []
+
+
+def test_every_module_imports_first_in_a_fresh_interpreter():
+    # __main__ modules run their command when imported.
+    names = [name for name, _ in modules() if not name.endswith(".__main__")]
+    # Each imported with no other module of the package loaded before it,
+    # in an order shuffled anew each run.
+    script = (
+        "import importlib, random, sys\n"
+        f"names = {names!r}\n"
+        "random.shuffle(names)\n"
+        "for name in names:\n"
+        "    for loaded in [m for m in sys.modules if m == 'mqttgw' or m.startswith('mqttgw.')]:\n"
+        "        del sys.modules[loaded]\n"
+        "    importlib.import_module(name)\n"
+        "print(len(names))\n"
+    )
+    run = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert int(run.stdout) == len(names) > 40
