@@ -195,8 +195,8 @@ def test_the_package_data_carries_every_file():
 def test_a_spent_delivery_budget_takes_the_page_out_of_routing_until_the_second_ends():
     from twisted.internet.task import Clock
 
+    from mqttgw.broker.delivery_budget import DeliveryBudget
     from mqttgw.broker.router import Router
-    from mqttgw.transports.protocol import DeliveryBudget
     from mqttgw.wire.packets import Publish
 
     clock = Clock()

@@ -615,7 +615,7 @@ def test_json_log_lines_and_a_level_sighup_changes(tmp_path):
     records = [json.loads(line) for line in lines]
     assert len(records) == len(lines)
     closing = [r for r in records if "closing connection" in r["message"]]
-    assert closing[0]["client_id"] == "c" and closing[0]["namespace"] == "mqttgw.transports.protocol"
+    assert closing[0]["client_id"] == "c" and closing[0]["namespace"] == "mqttgw.transports.connection"
     assert closing[0]["level"] == "warn"
     assert re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", closing[0]["time"])
     # At warn, the connect of "c" was logged and that of "quiet" was not.

@@ -740,7 +740,7 @@ def test_a_paused_connection_is_not_read_from_until_it_resumes(broker):
 
 
 def test_output_past_the_high_water_mark_is_written_at_once(broker):
-    from mqttgw.transports.protocol import OUTPUT_HIGH_WATER
+    from mqttgw.transports.connection import OUTPUT_HIGH_WATER
 
     sub = subscribed(broker, "s", ("a", 0))
     pub = connected(broker, "p")

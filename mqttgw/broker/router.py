@@ -362,6 +362,23 @@ class Router:
         if filters and len(self.retained):
             session.send_retained(self.retained.walk(filters))
 
+    def stop_routing(self, session):
+        """Take ``session``'s filters out of the trie: nothing is routed to it."""
+        trie = self.subscriptions
+        for topic_filter in session.subscriptions:
+            trie.remove(topic_filter, session)
+
+    def resume_routing(self, session):
+        """
+        Put ``session``'s filters back while the session lives, connected
+        or not (a persistent one queues while away).
+        """
+        if self.sessions.get(session.client_id) is not session:
+            return
+        trie = self.subscriptions
+        for topic_filter, qos in session.subscriptions.items():
+            trie.add(topic_filter, session, qos)
+
     def unsubscribe(self, session, topic_filters):
         for topic_filter in topic_filters:
             if session.subscriptions.pop(topic_filter, None) is not None:

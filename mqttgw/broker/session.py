@@ -330,7 +330,7 @@ class Session:
                 message, granted = item
                 budget -= 1
                 # Retained messages are the state a subscriber starts
-                # from: never held back (see protocol.DeliveryBudget).
+                # from: never held back (see broker.delivery_budget).
                 may_read = getattr(self.may_read, "__wrapped__", self.may_read)
                 if may_read is None or may_read(message.topic):
                     self.deliver(message, min(message.qos, granted), retain=True)

@@ -187,7 +187,7 @@ def load_auth_files(settings):
     return table, acl, tokens
 
 
-def tls_options(settings):
+def server_tls_options(settings):
     if not (settings["listeners.tls"] or settings["listeners.wss"]):
         return None
     tls = settings.section("tls")

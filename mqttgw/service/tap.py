@@ -35,12 +35,13 @@ from mqttgw.service.build import (
     load_auth_files,
     open_archive,
     open_store,
-    tls_options,
+    server_tls_options,
 )
 from mqttgw.service.gateway import Gateway
 from mqttgw.service.reload import ReloadService
 from mqttgw.transports.listening import ListenerService
-from mqttgw.transports.protocol import Flusher, MQTTServerFactory
+from mqttgw.transports.protocol import MQTTServerFactory
+from mqttgw.transports.schedulers import Flusher
 from mqttgw.transports.tls import ReloadableServerTLS, server_options
 from mqttgw.transports.websocket import websocket_resource, websocket_site
 from mqttgw.web.admin import Roles, admin_site, api_resource, is_loopback
@@ -122,7 +123,7 @@ class Options(usage.Options):
             from_file = config.load_file(self["config"]) if self["config"] else {}
             settings = config.build(from_file, flags)
             check_listeners(settings)
-            self.tls_options = tls_options(settings)
+            self.tls_options = server_tls_options(settings)
             self.bridges = check_bridges(settings)
             self.auth_files = load_auth_files(settings)
             self.listener_tables = check_listener_tables(settings)
@@ -344,7 +345,7 @@ def makeService(options, reactor=None):
         key = files or "global"
         if key not in renewable:
             if files is None:
-                load = lambda: tls_options(settings)  # noqa: E731
+                load = lambda: server_tls_options(settings)  # noqa: E731
             else:
                 load = lambda: server_options(*files)  # noqa: E731
             renewable[key] = ReloadableServerTLS(tls_options or options.tls_options, load)

@@ -178,7 +178,7 @@ class MQTTWebSocketProtocol(WebSocketServerProtocol):
             self.factory.mqtt_factory.router.stats.connections_refused += 1
             raise ConnectionDeny(403, "origin not allowed")
         if self.factory.page_delivery_rate and DASHBOARD_SUBPROTOCOL in request.protocols:
-            # The dashboard page says so (see protocol.DeliveryBudget).
+            # The dashboard page says so (see broker.delivery_budget).
             self._own_page = True
             return DASHBOARD_SUBPROTOCOL
         # Offer-less clients still connect; otherwise one MQTT subprotocol.
@@ -377,7 +377,7 @@ class MQTTWebSocketProtocol(WebSocketServerProtocol):
             data, at = b"".join([memoryview(data)[at:], *backlog[1:]]), 0
         self._take(data, at)
         mqtt = self._mqtt
-        if self._backlog is None and not (mqtt is not None and mqtt._reading_paused):
+        if self._backlog is None and not (mqtt is not None and mqtt.reading_paused):
             self.transport.resumeProducing()
 
     def onFrameBegin(self):
@@ -690,22 +690,20 @@ class _GuardedSite(WrappingFactory):
         super().__init__(site)
         # Whether anything behind it reads a request body (the dashboard's API).
         self.reads_bodies = reads_bodies
+        self.mqtt_factory = mqtt_factory
         self.router = mqtt_factory.router
-        self.limits = mqtt_factory.limits
         self.clock = mqtt_factory.clock
         self.noisy = False
 
+    @property
+    def limits(self):
+        # Read when used: a reload replaces the MQTT factory's.
+        return self.mqtt_factory.limits
+
     def buildProtocol(self, addr):
-        stats = self.router.stats
-        if stats.connections + stats.handshakes >= self.limits.max_connections:
-            log.warn(
-                "refusing connection from {addr}: {n} connections is the limit",
-                addr=_peer_text(addr),
-                n=self.limits.max_connections,
-            )
-            stats.connections_refused += 1
+        if not self.mqtt_factory.accepts(addr):
             return None
-        stats.handshakes += 1
+        self.router.stats.handshakes += 1
         return super().buildProtocol(addr)
 
     def handshake_done(self, guard):

@@ -1,0 +1,199 @@
+"""
+Work for every connection under one timer each, rather than a timer per
+connection: keepalive deadlines, CONNECT deadlines, and the per-turn
+flush of output and admission of new connections.
+"""
+
+import heapq
+from collections import deque
+
+from twisted.logger import Logger
+
+from mqttgw.transports.connection import AWAITING_CONNECT, CLOSED
+
+log = Logger()
+
+
+class KeepaliveTimers:
+    """
+    Every connection's keepalive deadline in one heap under one timer, set
+    for the earliest: a DelayedCall per connection cost an idle client
+    some 450 bytes, a heap entry a fifth of that.  Entries of connections
+    that closed are dropped when they come due.
+    """
+
+    def __init__(self, clock):
+        self.clock = clock
+        self._heap = []
+        self._call = None
+        self._order = 0
+        self._closed = 0
+
+    def closed(self):
+        """
+        A connection with a deadline here closed.  Once they are most of
+        the heap (a reconnect storm), it is rebuilt without them rather
+        than holding them until they come due.
+        """
+        self._closed += 1
+        if self._closed > 64 and self._closed * 2 > len(self._heap):
+            self._heap = [e for e in self._heap if e[2].state is not CLOSED]
+            heapq.heapify(self._heap)
+            self._closed = 0
+
+    def add(self, connection, due):
+        self._order += 1
+        heapq.heappush(self._heap, (due, self._order, connection))
+        if self._call is None or due < self._call.getTime():
+            if self._call is not None:
+                self._call.cancel()
+            self._call = self.clock.callLater(max(0.0, due - self.clock.seconds()), self._fire)
+
+    def _fire(self):
+        self._call = None
+        heap = self._heap
+        now = self.clock.seconds()
+        while heap and heap[0][0] <= now:
+            _, _, connection = heapq.heappop(heap)
+            try:
+                due = connection.keepalive_due(now)
+            except Exception:
+                log.failure("keepalive check of {client_id} failed", client_id=connection.log_id)
+                continue
+            if due is not None:
+                self._order += 1
+                heapq.heappush(heap, (due, self._order, connection))
+        if heap:
+            self._call = self.clock.callLater(max(0.0, heap[0][0] - now), self._fire)
+
+
+class ConnectDeadlines:
+    """
+    The CONNECT deadlines of new connections under one timer.  They come in
+    the order they are due (one timeout for all), so they are kept in
+    buckets of those due within ``GRAIN`` seconds of each other: a
+    connection costs a slot in a list, where a timer made and cancelled for
+    each was some 450 bytes and a tenth of a connect's time.  A bucket
+    fires at its last member's deadline: no connection is closed early, and
+    none more than ``GRAIN`` late.  (A timeout shortened by a reload waits
+    for the buckets before it.)
+    """
+
+    GRAIN = 0.1
+
+    def __init__(self, clock):
+        self.clock = clock
+        # [due, first member's due, connections]
+        self._buckets = deque()
+        self._call = None
+        self._held = 0
+        self._closed = 0
+
+    def add(self, connection, timeout):
+        due = self.clock.seconds() + timeout
+        buckets = self._buckets
+        if buckets and 0 <= due - buckets[-1][1] < self.GRAIN:
+            bucket = buckets[-1]
+            bucket[2].append(connection)
+            if due > bucket[0]:
+                bucket[0] = due
+        else:
+            buckets.append([due, due, [connection]])
+        self._held += 1
+        if self._call is None:
+            self._call = self.clock.callLater(max(0.0, buckets[0][0] - self.clock.seconds()), self._fire)
+
+    def closed(self):
+        """
+        A connection closed.  Once closed ones are most of those held (a
+        reconnect storm), the buckets are rebuilt with only the connections
+        still waiting for CONNECT, rather than holding the others until
+        their deadline.
+        """
+        self._closed += 1
+        if self._closed > 64 and self._closed * 2 > self._held:
+            for bucket in self._buckets:
+                bucket[2] = [c for c in bucket[2] if c.state is AWAITING_CONNECT]
+            self._held = sum(len(bucket[2]) for bucket in self._buckets)
+            self._closed = 0
+
+    def _fire(self):
+        self._call = None
+        buckets = self._buckets
+        now = self.clock.seconds()
+        while buckets and buckets[0][0] <= now:
+            _, _, connections = buckets.popleft()
+            self._held -= len(connections)
+            for connection in connections:
+                if connection.state is AWAITING_CONNECT:
+                    try:
+                        connection.connect_due()
+                    except Exception:
+                        log.failure("CONNECT deadline of {peer} failed", peer=connection.peer)
+        if buckets:
+            self._call = self.clock.callLater(max(0.0, buckets[0][0] - now), self._fire)
+
+
+class Flusher:
+    """
+    Work shared out per reactor turn, one for every listener.  Connections
+    with output waiting are flushed on the next turn: all the reads of one
+    turn cost each subscriber a single transport write, rather than one per
+    message.  New connections are read from at most ``ADMISSIONS_PER_TURN``
+    a turn, so a storm of reconnecting clients is taken in over several
+    turns instead of holding up everyone else for one long one.
+    """
+
+    ADMISSIONS_PER_TURN = 64
+
+    def __init__(self, clock):
+        self.clock = clock
+        self.keepalives = KeepaliveTimers(clock)
+        self.connects = ConnectDeadlines(clock)
+        self.pending = []
+        self._call = None
+        self._admissions = 0
+        self._waiting = deque()
+        self._admit_call = None
+
+    def admit(self, connection):
+        """Whether ``connection`` may be read from now; if not, it is told later."""
+        if self._admissions < self.ADMISSIONS_PER_TURN and not self._waiting:
+            self._admissions += 1
+            if self._admit_call is None:
+                self._admit_call = self.clock.callLater(0, self._admit_turn)
+            return True
+        self._waiting.append(connection)
+        return False
+
+    def _admit_turn(self):
+        self._admit_call = None
+        self._admissions = 0
+        waiting = self._waiting
+        while waiting and self._admissions < self.ADMISSIONS_PER_TURN:
+            connection = waiting.popleft()
+            if connection.state is not CLOSED:
+                self._admissions += 1
+                connection.admitted()
+        if self._admissions:
+            self._admit_call = self.clock.callLater(0, self._admit_turn)
+
+    def mark(self, connection):
+        self.pending.append(connection)
+        if self._call is None:
+            self._call = self.clock.callLater(0, self._run)
+
+    def _run(self):
+        self._call = None
+        self.flush()
+
+    def flush(self):
+        while self.pending:
+            pending, self.pending = self.pending, []
+            for connection in pending:
+                try:
+                    connection.flush()
+                except Exception:
+                    # One connection's failure must not keep the others'
+                    # output from leaving.
+                    connection.flush_failed()
