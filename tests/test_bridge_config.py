@@ -65,8 +65,8 @@ def test_bridge_topic_without_address_is_refused():
         ({"name": "b", "addresses": ["h:1"], "rules": ["a out 1"], "colour": "red"}, "unknown key bridge.colour"),
         ({"name": "b", "addresses": ["h:1"]}, "bridge.rules is required"),
         ({"name": "b", "addresses": ["nohost"], "rules": ["a"]}, "is not HOST:PORT"),
-        ({"name": "b", "addresses": ["h:1"], "rules": ["a"], "keepalive": "60"}, "bridge.keepalive must be int"),
-        ({"name": "b", "addresses": ["h:1"], "rules": ["a"], "protocol": "mqttv5"}, "mqttv31 or mqttv311"),
+        ({"name": "b", "addresses": ["h:1"], "rules": ["a"], "keepalive": "60"}, "bridge.keepalive must be an integer"),
+        ({"name": "b", "addresses": ["h:1"], "rules": ["a"], "protocol": "mqttv5"}, "bridge.protocol must be one of mqttv31, mqttv311"),
         ({"name": "b", "addresses": ["h:1"], "rules": ["a"], "tls": True, "ca": "/nonexistent.pem"}, "cannot read"),
     ],
 )

@@ -6,7 +6,7 @@ first sends counted and archived, and nothing an out rule does not take.
 
 from types import SimpleNamespace
 
-from mqttgw.bridges.bridge import BridgeSettings, MQTTBridge, Rule, _Relay
+from mqttgw.bridges.bridge import MQTTBridge, MQTTBridgeKind, _Relay
 from mqttgw.wire import packets as P
 from mqttgw.wire.framing import Framer
 
@@ -32,7 +32,7 @@ class Recorder:
 
 def relay(*rules, recorder=None):
     bridge = MQTTBridge.__new__(MQTTBridge)
-    bridge.settings = BridgeSettings("up", ["127.0.0.1:1"], [Rule.parse(r) for r in rules])
+    bridge.settings = MQTTBridgeKind.check({"name": "up", "addresses": ["127.0.0.1:1"], "rules": list(rules)})
     bridge.router = SimpleNamespace(recorder=recorder)
     bridge.sent = 0
     upstream = Upstream()

@@ -211,8 +211,8 @@ def test_twist_runs_the_plugin_too(tmp_path):
     [
         ('kind = "tcp"\naddress = 1883\nbogus = 1', "unknown key listener.bogus"),
         ('kind = "udp"\naddress = 1883', "listener.kind must be one of"),
-        ('kind = "tcp"', "listener.address is missing"),
-        ('kind = "tcp"\naddress = 1883\nallow_anonymous = "yes"', "listener.allow_anonymous has the wrong type"),
+        ('kind = "tcp"', "listener.address is required"),
+        ('kind = "tcp"\naddress = 1883\nallow_anonymous = "yes"', "listener.allow_anonymous must be true or false"),
         ('kind = "tls"\naddress = 8883', "a TLS listener needs cert and key"),
         ('kind = "tcp"\naddress = 1883\nallowed_origins = ["*"]', "allowed_origins is for ws and wss"),
     ],

@@ -23,7 +23,7 @@ from mqttgw.broker.access import BRIDGE_STATE_PREFIX, notification_topic
 from mqttgw.broker.session import SessionLimits
 from mqttgw.broker.store import OrderedAcks
 from mqttgw.broker.topics import InvalidTopic, matches, validate_topic_filter
-from mqttgw.errors import ConfigError
+from mqttgw.schema import REQUIRED, ConfigError, Key, check_table
 from mqttgw.transports.tls import pem_certificates, read_file
 from mqttgw.wire import packets as P
 
@@ -94,56 +94,58 @@ class Rule:
 
 @attr.s(frozen=True)
 class BridgeSettings:
+    """A [[bridge]] table as MQTTBridgeKind.check makes it (BRIDGE_KEYS)."""
+
     name = attr.ib()
     addresses = attr.ib()
     rules = attr.ib()
-    protocol_level = attr.ib(default=P.MQTT_311)
-    client_id = attr.ib(default=None)
-    username = attr.ib(default=None)
-    password = attr.ib(default=None, repr=False)  # never in a log line
-    clean_session = attr.ib(default=False)
-    keepalive = attr.ib(default=60)
-    try_private = attr.ib(default=True)
-    tls = attr.ib(default=False)
-    ca = attr.ib(default=None)
-    cert = attr.ib(default=None)
-    key = attr.ib(default=None)
-    queue_qos0 = attr.ib(default=False)
-    max_queued_messages = attr.ib(default=100_000)
-    max_queued_bytes = attr.ib(default=256 * 1024 * 1024)
-    max_inflight_messages = attr.ib(default=20)
-    state_topic = attr.ib(default=None)
-    remote_state_topic = attr.ib(default=None)
-    reconnect_initial = attr.ib(default=1.0)
-    reconnect_max = attr.ib(default=60.0)
+    protocol_level = attr.ib()
+    client_id = attr.ib()
+    username = attr.ib()
+    password = attr.ib(repr=False)  # never in a log line
+    clean_session = attr.ib()
+    keepalive = attr.ib()
+    try_private = attr.ib()
+    tls = attr.ib()
+    ca = attr.ib()
+    cert = attr.ib()
+    key = attr.ib()
+    queue_qos0 = attr.ib()
+    max_queued_messages = attr.ib()
+    max_queued_bytes = attr.ib()
+    max_inflight_messages = attr.ib()
+    state_topic = attr.ib()
+    remote_state_topic = attr.ib()
+    reconnect_initial = attr.ib()
+    reconnect_max = attr.ib()
 
 
-# [[bridge]] keys: name -> (type, default); see deploy/mqttgw.toml.
-BRIDGE_KEYS = {
-    "kind": (str, "mqtt"),
-    "name": (str, None),
-    "addresses": (list, None),
-    "rules": (list, None),
-    "protocol": (str, "mqttv311"),
-    "client_id": (str, ""),
-    "username": (str, ""),
-    "password": (str, ""),
-    "clean_session": (bool, False),
-    "keepalive": (int, 60),
-    "try_private": (bool, True),
-    "tls": (bool, False),
-    "ca": (str, ""),
-    "cert": (str, ""),
-    "key": (str, ""),
-    "queue_qos0": (bool, False),
-    "max_queued_messages": (int, 100_000),
-    "max_queued_bytes": (int, 256 * 1024 * 1024),
-    "max_inflight_messages": (int, 20),
-    "state_topic": (str, ""),
-    "remote_state_topic": (str, ""),
-    "reconnect_initial": (float, 1.0),
-    "reconnect_max": (float, 60.0),
-}
+# [[bridge]] keys; deploy/mqttgw.toml documents each.
+BRIDGE_KEYS = [
+    Key("bridge", "kind", str, "mqtt", "the bridge kind (a plugin's name)"),
+    Key("bridge", "name", str, REQUIRED, "the bridge's name"),
+    Key("bridge", "addresses", list, REQUIRED, "upstream HOST:PORT, tried in turn"),
+    Key("bridge", "rules", list, REQUIRED, "'PATTERN in|out|both QOS [LOCAL_PREFIX REMOTE_PREFIX]'"),
+    Key("bridge", "protocol", str, "mqttv311", "MQTT version spoken upstream", choices=("mqttv31", "mqttv311")),
+    Key("bridge", "client_id", str, "", "client id upstream (default mqttgw-NAME)"),
+    Key("bridge", "username", str, "", "user name upstream"),
+    Key("bridge", "password", str, "", "password upstream"),
+    Key("bridge", "clean_session", bool, False, "a clean session upstream"),
+    Key("bridge", "keepalive", int, 60, "keepalive upstream, seconds", 1, 65535),
+    Key("bridge", "try_private", bool, True, "announce itself as a bridge (mosquitto's try_private)"),
+    Key("bridge", "tls", bool, False, "TLS to the upstream"),
+    Key("bridge", "ca", str, "", "authorities the upstream's certificate is checked against"),
+    Key("bridge", "cert", str, "", "client certificate (PEM)"),
+    Key("bridge", "key", str, "", "client key (PEM)"),
+    Key("bridge", "queue_qos0", bool, False, "queue QoS 0 messages while the upstream is away"),
+    Key("bridge", "max_queued_messages", int, 100_000, "outage queue bound, messages", 1),
+    Key("bridge", "max_queued_bytes", int, 256 * 1024 * 1024, "outage queue bound, bytes", 1),
+    Key("bridge", "max_inflight_messages", int, 20, "unacknowledged messages upstream", 1, 65535),
+    Key("bridge", "state_topic", str, "", "local state topic (default mqttgw/bridge/NAME/state)"),
+    Key("bridge", "remote_state_topic", str, "", "upstream state topic (default mosquitto's)"),
+    Key("bridge", "reconnect_initial", float, 1.0, "first reconnect delay, seconds", 0.001),
+    Key("bridge", "reconnect_max", float, 60.0, "longest reconnect delay, seconds", 0.001),
+]
 
 
 def parse_address(address):
@@ -160,21 +162,9 @@ class MQTTBridgeKind:
     @staticmethod
     def check(table):
         where = f"bridge {table.get('name', '?')!r}"
-        values = {}
-        for key, value in table.items():
-            if key not in BRIDGE_KEYS:
-                raise ConfigError(f"{where}: unknown key bridge.{key}")
-            kind, _ = BRIDGE_KEYS[key]
-            ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
-            if kind is float and isinstance(value, int) and not isinstance(value, bool):
-                value, ok = float(value), True
-            if kind is list:
-                ok = ok and all(isinstance(v, str) for v in value)
-            if not ok:
-                raise ConfigError(f"{where}: bridge.{key} must be {kind.__name__}, not {value!r}")
-            values[key] = value
+        values = check_table(BRIDGE_KEYS, table, where)
         for key in ("name", "addresses", "rules"):
-            if not values.get(key):
+            if not values[key]:
                 raise ConfigError(f"{where}: bridge.{key} is required")
         try:
             rules = [Rule.parse(r) for r in values["rules"]]
@@ -182,49 +172,32 @@ class MQTTBridgeKind:
                 parse_address(address)
         except ValueError as e:
             raise ConfigError(f"{where}: {e}") from None
-        protocol = values.get("protocol", "mqttv311")
-        levels = {"mqttv31": P.MQTT_31, "mqttv311": P.MQTT_311}
-        if protocol not in levels:
-            raise ConfigError(f"{where}: bridge.protocol must be mqttv31 or mqttv311")
         name = values["name"]
-        client_id = values.get("client_id") or f"mqttgw-{name}"[:23]
+        client_id = values["client_id"] or f"mqttgw-{name}"[:23]
         settings = BridgeSettings(
             name=name,
             addresses=list(values["addresses"]),
             rules=rules,
-            protocol_level=levels[protocol],
+            protocol_level={"mqttv31": P.MQTT_31, "mqttv311": P.MQTT_311}[values["protocol"]],
             client_id=client_id,
-            username=values.get("username") or None,
-            password=(values.get("password") or "").encode() or None,
-            clean_session=values.get("clean_session", False),
-            keepalive=values.get("keepalive", 60),
-            try_private=values.get("try_private", True),
-            tls=values.get("tls", False),
-            ca=values.get("ca") or None,
-            cert=values.get("cert") or None,
-            key=values.get("key") or None,
-            queue_qos0=values.get("queue_qos0", False),
-            max_queued_messages=values.get("max_queued_messages", 100_000),
-            max_queued_bytes=values.get("max_queued_bytes", 256 * 1024 * 1024),
-            max_inflight_messages=values.get("max_inflight_messages", 20),
-            state_topic=values.get("state_topic") or f"{BRIDGE_STATE_PREFIX}{name}/state",
-            remote_state_topic=values.get("remote_state_topic") or notification_topic(client_id),
-            reconnect_initial=values.get("reconnect_initial", 1.0),
-            reconnect_max=values.get("reconnect_max", 60.0),
+            username=values["username"] or None,
+            password=values["password"].encode() or None,
+            clean_session=values["clean_session"],
+            keepalive=values["keepalive"],
+            try_private=values["try_private"],
+            tls=values["tls"],
+            ca=values["ca"] or None,
+            cert=values["cert"] or None,
+            key=values["key"] or None,
+            queue_qos0=values["queue_qos0"],
+            max_queued_messages=values["max_queued_messages"],
+            max_queued_bytes=values["max_queued_bytes"],
+            max_inflight_messages=values["max_inflight_messages"],
+            state_topic=values["state_topic"] or f"{BRIDGE_STATE_PREFIX}{name}/state",
+            remote_state_topic=values["remote_state_topic"] or notification_topic(client_id),
+            reconnect_initial=values["reconnect_initial"],
+            reconnect_max=values["reconnect_max"],
         )
-        for key, low in (
-            ("keepalive", 1),
-            ("max_inflight_messages", 1),
-            ("max_queued_messages", 1),
-            ("max_queued_bytes", 1),
-            ("reconnect_initial", 0.001),
-        ):
-            if getattr(settings, key) < low:
-                raise ConfigError(f"{where}: bridge.{key} must be at least {low}")
-        if settings.keepalive > 65535:
-            raise ConfigError(f"{where}: bridge.keepalive must be at most 65535")
-        if settings.max_inflight_messages > 65535:
-            raise ConfigError(f"{where}: bridge.max_inflight_messages must be at most 65535")
         if settings.reconnect_max < settings.reconnect_initial:
             raise ConfigError(f"{where}: bridge.reconnect_max must not be below reconnect_initial")
         if settings.tls:

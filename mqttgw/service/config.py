@@ -8,34 +8,14 @@ import tomllib
 
 import attr
 
-from mqttgw.errors import ConfigError
 from mqttgw.pipeline import settings as pipeline_settings
-
-
-@attr.s(frozen=True, slots=True)
-class Key:
-    section = attr.ib()
-    name = attr.ib()
-    type = attr.ib()
-    default = attr.ib()
-    help = attr.ib()
-    minimum = attr.ib(default=None)
-    maximum = attr.ib(default=None)
-    choices = attr.ib(default=None)
-    # The command-line flag, when not the key's name with dashes.  A flag
-    # for a true/false key flips its default.
-    flag_name = attr.ib(default=None)
-    # What that flag does, when it flips a true/false key.
-    flag_help = attr.ib(default=None)
-
-    @property
-    def path(self):
-        return f"{self.section}.{self.name}"
-
-    @property
-    def flag(self):
-        return self.flag_name or self.name.replace("_", "-")
-
+from mqttgw.schema import (
+    REQUIRED,
+    ConfigError,
+    Key,
+    check_table,
+    check_value,
+)
 
 # The schema; deploy/mqttgw.toml documents each key.
 KEYS = [
@@ -412,43 +392,6 @@ KEYS_BY_PATH = {k.path: k for k in KEYS}
 SECTIONS = sorted({k.section for k in KEYS})
 
 
-def _type_name(t):
-    return {
-        list: "a list of strings",
-        float: "a number",
-        int: "an integer",
-        str: "a string",
-        bool: "true or false",
-    }[t]
-
-
-def check_value(key, value, where):
-    """``value`` converted to the key's type, or ConfigError naming it."""
-    if key.type is bool:
-        ok = isinstance(value, bool)
-    elif key.type is int:
-        ok = isinstance(value, int) and not isinstance(value, bool)
-    elif key.type is float:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if ok:
-            value = float(value)
-    elif key.type is list:
-        ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
-    else:
-        ok = isinstance(value, key.type)
-    if not ok:
-        raise ConfigError(
-            f"{where}: {key.path} must be {_type_name(key.type)}, not {value!r}"
-        )
-    if key.minimum is not None and value < key.minimum:
-        raise ConfigError(f"{where}: {key.path} must be at least {key.minimum}")
-    if key.maximum is not None and value > key.maximum:
-        raise ConfigError(f"{where}: {key.path} must be at most {key.maximum}")
-    if key.choices is not None and value not in key.choices:
-        raise ConfigError(f"{where}: {key.path} must be one of {', '.join(key.choices)}")
-    return value
-
-
 def load_file(path):
     """``{key path: value}`` from a TOML file, every key checked."""
     try:
@@ -496,41 +439,31 @@ def _tables(value, path, name):
 
 
 # [[listener]] tables: a listener with its own security settings.
-LISTENER_KINDS = ("tcp", "tls", "ws", "wss")
-LISTENER_KEYS = {
-    "kind": str,
-    "address": (str, int),
-    "allow_anonymous": bool,
-    "cert": str,
-    "key": str,
-    "ca": str,
-    "require_client_cert": bool,
-    "use_identity_as_username": bool,
-    "allowed_origins": list,
-    # What logins the listener accepts: "password" and/or "token".
-    "auth": list,
-}
+# [[listener]] tables: one listener each, with settings of its own.
+LISTENER_KEYS = [
+    Key("listener", "kind", str, REQUIRED, "tcp, tls, ws or wss", choices=("tcp", "tls", "ws", "wss")),
+    Key("listener", "address", (str, int), REQUIRED, "a port or an endpoint string"),
+    Key("listener", "allow_anonymous", bool, None, "accept clients without a user name here"),
+    Key("listener", "cert", str, "", "this listener's certificate (PEM)"),
+    Key("listener", "key", str, "", "this listener's private key (PEM)"),
+    Key("listener", "ca", str, "", "authorities its client certificates are checked against"),
+    Key("listener", "require_client_cert", bool, False, "refuse clients without a certificate"),
+    Key("listener", "use_identity_as_username", bool, False, "user name from the certificate"),
+    Key("listener", "allowed_origins", list, [], "web page origins that may connect (ws, wss)"),
+    Key("listener", "auth", list, ["password", "token"], "what logins it accepts: password, token"),
+]
 
 
 def check_listener(table, where):
     """A [[listener]] table with its keys checked; the message names the key."""
-    for name, value in table.items():
-        expected = LISTENER_KEYS.get(name)
-        if expected is None:
-            raise ConfigError(f"{where}: unknown key listener.{name}")
-        if isinstance(value, bool) and expected is not bool or not isinstance(value, expected):
-            raise ConfigError(f"{where}: listener.{name} has the wrong type: {value!r}")
-    if table.get("kind") not in LISTENER_KINDS:
-        raise ConfigError(f"{where}: listener.kind must be one of {', '.join(LISTENER_KINDS)}")
-    if "address" not in table:
-        raise ConfigError(f"{where}: listener.address is missing")
-    unknown = set(table.get("auth", [])) - {"password", "token"}
+    values = check_table(LISTENER_KEYS, table, where)
+    unknown = set(values["auth"]) - {"password", "token"}
     if unknown:
         raise ConfigError(f"{where}: listener.auth takes password and token, not {sorted(unknown)[0]!r}")
-    table = dict(table, address=str(table["address"]))
-    if table["kind"] in ("tcp", "tls") and "allowed_origins" in table:
+    if values["kind"] in ("tcp", "tls") and "allowed_origins" in table:
         raise ConfigError(f"{where}: listener.allowed_origins is for ws and wss listeners")
-    return table
+    # Only what the table sets: what it leaves out comes from the main sections.
+    return dict(table, address=str(values["address"]))
 
 
 @attr.s(frozen=True)

@@ -14,6 +14,7 @@ from twisted.python.threadpool import ThreadPool
 
 from mqttgw import __version__
 from mqttgw.broker.access import Access
+from mqttgw.schema import ConfigError, check_value, type_name
 from mqttgw.security.auth import (
     PasswordChecker,
     TokenIssuer,
@@ -106,13 +107,13 @@ class Options(usage.Options):
             try:
                 value = key.type(raw)
             except ValueError:
-                raise config.ConfigError(
-                    f"--{key.flag} must be {config._type_name(key.type)}, not {raw!r}"
+                raise ConfigError(
+                    f"--{key.flag} must be {type_name(key.type)}, not {raw!r}"
                 ) from None
-            values[key.path] = config.check_value(key, value, f"--{key.flag}")
+            values[key.path] = check_value(key, value, f"--{key.flag}")
         if self["no-anonymous"]:
             if self["allow-anonymous"]:
-                raise config.ConfigError("--allow-anonymous and --no-anonymous contradict each other")
+                raise ConfigError("--allow-anonymous and --no-anonymous contradict each other")
             values["auth.allow_anonymous"] = False
         values.update(self.lists)
         return values

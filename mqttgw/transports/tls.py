@@ -8,7 +8,7 @@ from twisted.internet import ssl
 from twisted.internet.interfaces import IOpenSSLServerConnectionCreator
 from zope.interface import implementer
 
-from mqttgw.errors import ConfigError
+from mqttgw.schema import ConfigError
 
 
 def read_file(path, what):

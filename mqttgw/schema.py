@@ -1,0 +1,102 @@
+"""
+The one schema every setting is checked against, wherever it is read
+(the main sections, ``[[listener]]`` and ``[[bridge]]`` tables, flags): a
+:class:`Key` per setting with its type, default, bounds and help, one
+check of a value against its key, and the one error that names the key.
+"""
+
+import attr
+
+
+class ConfigError(Exception):
+    """Configuration that cannot be used; the message names the key."""
+
+
+# A key that has no default: a table without it is refused.
+REQUIRED = object()
+
+
+@attr.s(frozen=True, slots=True)
+class Key:
+    section = attr.ib()
+    name = attr.ib()
+    type = attr.ib()
+    default = attr.ib()
+    help = attr.ib()
+    minimum = attr.ib(default=None)
+    maximum = attr.ib(default=None)
+    choices = attr.ib(default=None)
+    # The command-line flag, when not the key's name with dashes.  A flag
+    # for a true/false key flips its default.
+    flag_name = attr.ib(default=None)
+    # What that flag does, when it flips a true/false key.
+    flag_help = attr.ib(default=None)
+
+    @property
+    def path(self):
+        return f"{self.section}.{self.name}"
+
+    @property
+    def flag(self):
+        return self.flag_name or self.name.replace("_", "-")
+
+
+def type_name(t):
+    if isinstance(t, tuple):
+        return " or ".join(type_name(one) for one in t)
+    return {
+        list: "a list of strings",
+        float: "a number",
+        int: "an integer",
+        str: "a string",
+        bool: "true or false",
+    }[t]
+
+
+def check_value(key, value, where):
+    """``value`` converted to the key's type, or ConfigError naming it."""
+    if key.type is bool:
+        ok = isinstance(value, bool)
+    elif key.type is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif key.type is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if ok:
+            value = float(value)
+    elif key.type is list:
+        ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
+    elif isinstance(key.type, tuple):
+        ok = isinstance(value, key.type) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, key.type)
+    if not ok:
+        raise ConfigError(
+            f"{where}: {key.path} must be {type_name(key.type)}, not {value!r}"
+        )
+    if key.minimum is not None and value < key.minimum:
+        raise ConfigError(f"{where}: {key.path} must be at least {key.minimum}")
+    if key.maximum is not None and value > key.maximum:
+        raise ConfigError(f"{where}: {key.path} must be at most {key.maximum}")
+    if key.choices is not None and value not in key.choices:
+        raise ConfigError(f"{where}: {key.path} must be one of {', '.join(key.choices)}")
+    return value
+
+
+def check_table(keys, table, where):
+    """
+    A table of one section (a ``[[bridge]]``, say) checked against its
+    ``keys``: ``{name: value}`` with the defaults of the keys it omits.
+    """
+    by_name = {k.name: k for k in keys}
+    values = {}
+    for name, value in table.items():
+        key = by_name.get(name)
+        if key is None:
+            raise ConfigError(f"{where}: unknown key {keys[0].section}.{name}")
+        values[name] = check_value(key, value, where)
+    for key in keys:
+        if key.name not in values:
+            if key.default is REQUIRED:
+                raise ConfigError(f"{where}: {key.path} is required")
+            values[key.name] = key.default
+    return values
