@@ -71,7 +71,8 @@ def _verify(entry, password):
     return hmac.compare_digest(found, digest)
 
 
-def _parse_entry(text):
+def parse_entry(text):
+    """The hash of a password file entry as (kind, iterations, salt, digest), or None."""
     parts = text.split("$")
     try:
         if len(parts) == 5 and parts[0] == "" and parts[1] == "7":
@@ -103,7 +104,7 @@ class PasswordTable:
             if not line or line.startswith("#"):
                 continue
             user, sep, hashed = line.partition(":")
-            entry = _parse_entry(hashed) if sep else None
+            entry = parse_entry(hashed) if sep else None
             if not user or entry is None:
                 # Never echo the line: it holds a hash, or a plain password.
                 raise AuthConfigError(
