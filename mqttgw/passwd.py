@@ -16,7 +16,8 @@ import os
 import sys
 import tempfile
 
-from mqttgw.security.auth import AuthConfigError, hash_password, parse_entry
+from mqttgw.security.files import AuthConfigError
+from mqttgw.security.passwords import hash_password, parse_entry
 
 
 class PasswdError(Exception):

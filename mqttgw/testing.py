@@ -14,14 +14,13 @@ from mqttgw.broker.router import Router
 from mqttgw.broker.session import SessionLimits
 from mqttgw.broker.store import Store
 from mqttgw.security.acl import ACL
-from mqttgw.security.auth import (
+from mqttgw.security.passwords import (
     PasswordChecker,
     PasswordTable,
-    credentials_checker,
     hash_password,
-    make_portal,
     parse_entry,
 )
+from mqttgw.security.portal import credentials_checker, make_portal
 from mqttgw.transports.protocol import ConnectionLimits, MQTTServerFactory
 from mqttgw.wire import packets as P
 from mqttgw.wire.framing import Framer

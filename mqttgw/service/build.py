@@ -17,11 +17,9 @@ from mqttgw.broker.session import SessionLimits
 from mqttgw.broker.store import Store, StoreError
 from mqttgw.broker.topics import InvalidTopic, validate_topic_filter
 from mqttgw.security.acl import ACL
-from mqttgw.security.auth import (
-    AuthConfigError,
-    PasswordTable,
-    TokenKeys,
-)
+from mqttgw.security.files import AuthConfigError
+from mqttgw.security.passwords import PasswordTable
+from mqttgw.security.tokens import TokenKeys
 from mqttgw.service import config
 from mqttgw.transports.protocol import ConnectionLimits
 from mqttgw.transports.tls import server_options
