@@ -3,8 +3,10 @@ The files credentials are read from (passwords, ACL, token keys): their
 lines, and the error that names a file, and line, that cannot be used.
 """
 
+from mqttgw.errors import ConfigError
 
-class AuthConfigError(Exception):
+
+class AuthConfigError(ConfigError):
     """A password or ACL file that cannot be used; the message says where."""
 
 

@@ -17,7 +17,6 @@ from mqttgw.broker.session import SessionLimits
 from mqttgw.broker.store import Store, StoreError
 from mqttgw.broker.topics import InvalidTopic, validate_topic_filter
 from mqttgw.security.acl import ACL
-from mqttgw.security.files import AuthConfigError
 from mqttgw.security.passwords import PasswordTable
 from mqttgw.security.tokens import TokenKeys
 from mqttgw.service import config
@@ -171,17 +170,14 @@ def load_auth_files(settings):
     errors name the file and line.
     """
     auth = settings.section("auth")
-    try:
-        table = PasswordTable.from_file(auth["password_file"]) if auth["password_file"] else None
-        acl = ACL.from_file(auth["acl_file"]) if auth["acl_file"] else None
-        tokens = TokenKeys.from_settings(
-            auth["jwt_secret_file"],
-            auth["jwt_public_key"],
-            auth["jwt_username_claim"],
-            auth["jwt_audience"],
-        )
-    except AuthConfigError as e:
-        raise config.ConfigError(str(e)) from None
+    table = PasswordTable.from_file(auth["password_file"]) if auth["password_file"] else None
+    acl = ACL.from_file(auth["acl_file"]) if auth["acl_file"] else None
+    tokens = TokenKeys.from_settings(
+        auth["jwt_secret_file"],
+        auth["jwt_public_key"],
+        auth["jwt_username_claim"],
+        auth["jwt_audience"],
+    )
     return table, acl, tokens
 
 
