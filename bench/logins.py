@@ -10,7 +10,7 @@ import threading
 import time
 
 from bench import hostile
-from mqttgw.security.auth import hash_password
+from mqttgw.security.passwords import hash_password
 from mqttgw.wire import packets as P
 
 USERS = 200

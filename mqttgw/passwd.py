@@ -16,7 +16,8 @@ import os
 import sys
 import tempfile
 
-from mqttgw.security.auth import AuthConfigError, _parse_entry, hash_password
+from mqttgw.security.files import AuthConfigError
+from mqttgw.security.passwords import hash_password, parse_entry
 
 
 class PasswdError(Exception):
@@ -85,7 +86,7 @@ def hash_plain_text(lines, path):
         username, sep, password = line.partition(":")
         if not sep or not username:
             raise PasswdError(f"{path}:{number}: not a 'user:password' line")
-        if _parse_entry(password) is not None:
+        if parse_entry(password) is not None:
             raise PasswdError(f"{path}:{number}: already hashed (was -U run twice?)")
         out.append(f"{username}:{hash_password(password)}")
     return out

@@ -14,14 +14,13 @@ from mqttgw.broker.router import Router
 from mqttgw.broker.session import SessionLimits
 from mqttgw.broker.store import Store
 from mqttgw.security.acl import ACL
-from mqttgw.security.auth import (
+from mqttgw.security.passwords import (
     PasswordChecker,
     PasswordTable,
-    _parse_entry,
-    credentials_checker,
     hash_password,
-    make_portal,
+    parse_entry,
 )
+from mqttgw.security.portal import credentials_checker, make_portal
 from mqttgw.transports.protocol import ConnectionLimits, MQTTServerFactory
 from mqttgw.wire import packets as P
 from mqttgw.wire.framing import Framer
@@ -75,7 +74,7 @@ class FakeBroker:
         if passwords is not None:
             table = PasswordTable(
                 "passwords",
-                {u: _parse_entry(hash_password(p, iterations=1)) for u, p in passwords.items()},
+                {u: parse_entry(hash_password(p, iterations=1)) for u, p in passwords.items()},
             )
             self.checker = PasswordChecker(table, self.clock, ImmediateThreadPool())
         if passwords is not None or tokens is not None or not allow_anonymous:

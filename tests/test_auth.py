@@ -12,7 +12,8 @@ import pytest
 
 from mqttgw.broker.topics import filters_intersect, matches
 from mqttgw.security.acl import ACL
-from mqttgw.security.auth import AuthConfigError, PasswordTable, hash_password
+from mqttgw.security.files import AuthConfigError
+from mqttgw.security.passwords import PasswordTable, hash_password
 from mqttgw.testing import FakeBroker
 from mqttgw.wire import packets as P
 from tests.conftest import require_program
@@ -436,7 +437,7 @@ def token(key=SECRET, algorithm="HS256", lifetime=3600, now=1_000_000.0, **claim
 
 
 def token_broker(keys=None, **kwargs):
-    from mqttgw.security.auth import TokenKeys
+    from mqttgw.security.tokens import TokenKeys
 
     broker = FakeBroker(tokens=keys or TokenKeys(SECRET, ("HS256",)), **kwargs)
     broker.clock.advance(1_000_000)
@@ -478,7 +479,7 @@ def test_rs256_and_es256_tokens_are_checked_with_a_public_key(tmp_path):
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
-    from mqttgw.security.auth import TokenKeys
+    from mqttgw.security.tokens import TokenKeys
 
     for private, algorithm in (
         (rsa.generate_private_key(public_exponent=65537, key_size=2048), "RS256"),
@@ -500,7 +501,7 @@ def test_rs256_and_es256_tokens_are_checked_with_a_public_key(tmp_path):
 
 
 def test_token_keys_are_checked_at_start_up(tmp_path):
-    from mqttgw.security.auth import TokenKeys
+    from mqttgw.security.tokens import TokenKeys
 
     short = tmp_path / "short"
     short.write_bytes(b"too short")

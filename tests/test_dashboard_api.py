@@ -12,7 +12,7 @@ import urllib.request
 import jwt
 
 from mqttgw.passwd import main as passwd
-from mqttgw.security.auth import TokenIssuer
+from mqttgw.security.tokens import TokenIssuer
 from mqttgw.web.dashboard import STATIC, _load
 from tests.mosquitto_broker import free_port
 from tests.paho import PahoClient

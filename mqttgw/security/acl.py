@@ -12,7 +12,7 @@ from mqttgw.broker.topics import (
     matches,
     validate_topic_filter,
 )
-from mqttgw.security.auth import AuthConfigError, read_lines
+from mqttgw.security.files import AuthConfigError, read_lines
 
 _ACCESS = {"read": READ, "write": WRITE, "readwrite": READ | WRITE, "deny": DENY}
 

@@ -17,11 +17,8 @@ from mqttgw.broker.session import SessionLimits
 from mqttgw.broker.store import Store, StoreError
 from mqttgw.broker.topics import InvalidTopic, validate_topic_filter
 from mqttgw.security.acl import ACL
-from mqttgw.security.auth import (
-    AuthConfigError,
-    PasswordTable,
-    TokenKeys,
-)
+from mqttgw.security.passwords import PasswordTable
+from mqttgw.security.tokens import TokenKeys
 from mqttgw.service import config
 from mqttgw.transports.protocol import ConnectionLimits
 from mqttgw.transports.tls import server_options
@@ -173,17 +170,14 @@ def load_auth_files(settings):
     errors name the file and line.
     """
     auth = settings.section("auth")
-    try:
-        table = PasswordTable.from_file(auth["password_file"]) if auth["password_file"] else None
-        acl = ACL.from_file(auth["acl_file"]) if auth["acl_file"] else None
-        tokens = TokenKeys.from_settings(
-            auth["jwt_secret_file"],
-            auth["jwt_public_key"],
-            auth["jwt_username_claim"],
-            auth["jwt_audience"],
-        )
-    except AuthConfigError as e:
-        raise config.ConfigError(str(e)) from None
+    table = PasswordTable.from_file(auth["password_file"]) if auth["password_file"] else None
+    acl = ACL.from_file(auth["acl_file"]) if auth["acl_file"] else None
+    tokens = TokenKeys.from_settings(
+        auth["jwt_secret_file"],
+        auth["jwt_public_key"],
+        auth["jwt_username_claim"],
+        auth["jwt_audience"],
+    )
     return table, acl, tokens
 
 

@@ -17,7 +17,8 @@ from twisted.internet.defer import DeferredList, maybeDeferred
 from twisted.internet.threads import deferToThread
 from twisted.logger import Logger
 
-from mqttgw.security.auth import PasswordChecker, TokenOrPasswordChecker
+from mqttgw.security.passwords import PasswordChecker
+from mqttgw.security.portal import TokenOrPasswordChecker
 from mqttgw.service import build, config, logs
 from mqttgw.web.systopics import SysTopics
 

@@ -15,13 +15,13 @@ from twisted.python.threadpool import ThreadPool
 from mqttgw import __version__
 from mqttgw.broker.access import Access
 from mqttgw.schema import ConfigError, check_value, type_name
-from mqttgw.security.auth import (
-    PasswordChecker,
-    TokenIssuer,
+from mqttgw.security.passwords import PasswordChecker
+from mqttgw.security.portal import (
     TokenOrPasswordChecker,
     credentials_checker,
     make_portal,
 )
+from mqttgw.security.tokens import TokenIssuer
 from mqttgw.service import config, logs
 from mqttgw.service.build import (
     build_router,

@@ -24,7 +24,9 @@ from mqttgw.broker.topics import (
     validate_topic_filter,
     validate_topic_name,
 )
-from mqttgw.security.auth import Busy, Identity, IIdentity, Throttle
+from mqttgw.security.identity import Identity, IIdentity
+from mqttgw.security.passwords import Busy
+from mqttgw.security.throttle import Throttle
 from mqttgw.transports.connection import (
     AUTHENTICATING,
     AWAITING_CONNECT,

@@ -34,7 +34,7 @@ from twisted.web.resource import ErrorPage, Resource, getChildForRequest
 from twisted.web.server import NOT_DONE_YET, Site
 
 from mqttgw.broker.topics import InvalidTopic, validate_topic_filter
-from mqttgw.security.auth import IIdentity
+from mqttgw.security.identity import IIdentity
 from mqttgw.web.dashboard import Dashboard
 from mqttgw.wire.packets import Publish
 from mqttgw.wire.printable import printable
