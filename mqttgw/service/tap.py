@@ -242,82 +242,80 @@ class GatewayService(Service):
         )
 
 
-def makeService(options, reactor=None):
-    if reactor is None:
-        from twisted.internet import reactor
+class Assembly:
+    """
+    The running gateway put together from checked settings, one part at a
+    time; what several parts share (the router, the credentials checker,
+    the flusher, the dashboard) is built once here.
+    """
 
-    settings = options.settings
-    logs.set_level(settings["log.level"])
-    store, restored = open_store(settings, reactor)
-    router = build_router(settings, reactor, store)
-    router.restore(*restored)
-    limits = settings.section("limits")
-    parts = Parts()
-    parts.router = router
-    top = parts.top = MultiService()
-    # Who may connect, and what they may touch.
-    auth = settings.section("auth")
-    table, acl, tokens = options.auth_files
-    parts.had_passwords, parts.had_tokens = table, tokens
-    router.access = Access(acl, auth["analytics_writers"])
-    allow_anonymous = auth["allow_anonymous"]
-    if allow_anonymous is None:
-        allow_anonymous = table is None and tokens is None
-    pool = parts.pool = ThreadPool(0, 2, "mqttgw-auth")
-    passwords = PasswordChecker(table, reactor, pool) if table is not None else None
-    http = settings["http.address"]
-    ws = settings.section("websocket")
-    # The dashboard's sign-in tokens, when a dashboard is served and
-    # there are credentials to sign in with.
-    issuer = None
-    if (http or ws["dashboard"]) and (table is not None or tokens is not None):
-        issuer = TokenIssuer(settings["http.token_lifetime"])
-    checker = parts.checker = credentials_checker(passwords, tokens, reactor, pool, issuer)
-    reloader = ReloadService(reactor, options, parts)
+    def __init__(self, options, reactor):
+        self.options = options
+        self.settings = settings = options.settings
+        self.reactor = reactor
+        self.ws = settings.section("websocket")
+        self.parts = parts = Parts()
+        parts.top = MultiService()
+        store, self.restored = open_store(settings, reactor)
+        router = parts.router = build_router(settings, reactor, store)
+        router.restore(*self.restored)
+        self.flusher = Flusher(reactor)
+        self.limits = connection_limits(settings)
+        self.reloader = ReloadService(reactor, options, parts)
+        self.renewable = {}
+        parts.gateway = Gateway(router, reactor, store)
+        parts.gateway.bridges = parts.bridges
 
-    def portal_for(anonymous, methods=None):
+    def credentials(self):
+        """Who may connect, and what they may touch."""
+        settings, parts, reactor = self.settings, self.parts, self.reactor
+        auth = settings.section("auth")
+        table, acl, tokens = self.options.auth_files
+        parts.had_passwords, parts.had_tokens = table, tokens
+        parts.router.access = Access(acl, auth["analytics_writers"])
+        allow_anonymous = auth["allow_anonymous"]
+        if allow_anonymous is None:
+            allow_anonymous = table is None and tokens is None
+        self.allow_anonymous = allow_anonymous
+        pool = parts.pool = ThreadPool(0, 2, "mqttgw-auth")
+        self.passwords = PasswordChecker(table, reactor, pool) if table is not None else None
+        self.tokens = tokens
+        # The dashboard's sign-in tokens, when a dashboard is served and
+        # there are credentials to sign in with.
+        self.issuer = None
+        if (settings["http.address"] or self.ws["dashboard"]) and (table is not None or tokens is not None):
+            self.issuer = TokenIssuer(settings["http.token_lifetime"])
+        parts.checker = credentials_checker(self.passwords, tokens, reactor, pool, self.issuer)
+        self.portal = self.portal_for(allow_anonymous)
+
+    def portal_for(self, anonymous, methods=None):
         """A portal for a listener accepting ``methods`` (None: all configured)."""
-        listener_checker = checker
+        checker = self.parts.checker
         if methods is not None:
-            listener_checker = credentials_checker(
-                passwords if "password" in methods else None,
-                tokens if "token" in methods else None,
-                reactor,
-                pool,
-                issuer if "token" in methods else None,
+            checker = credentials_checker(
+                self.passwords if "password" in methods else None,
+                self.tokens if "token" in methods else None,
+                self.reactor,
+                self.parts.pool,
+                self.issuer if "token" in methods else None,
             )
-            if isinstance(listener_checker, TokenOrPasswordChecker):
+            if isinstance(checker, TokenOrPasswordChecker):
                 # Shares the reload of the main checker.
-                reloader.token_checkers.append(listener_checker)
-        if listener_checker is None and anonymous:
+                self.reloader.token_checkers.append(checker)
+        if checker is None and anonymous:
             return None
-        return make_portal(listener_checker, anonymous)
+        return make_portal(checker, anonymous)
 
-    portal = portal_for(allow_anonymous)
-    # One flusher for the reactor: output of all listeners leaves together.
-    flusher = Flusher(reactor)
-    limits_now = connection_limits(settings)
-
-    def mqtt_factory(kind, portal, identity_as_username=False):
-        factory = MQTTServerFactory(
-            router, limits_now, reactor, flusher,
-            identity_as_username=identity_as_username, portal=portal,
-        )
-        factory.kind = kind
-        parts.factories.append(factory)
-        return factory
-
-    factory = mqtt_factory("tcp", portal)
-    tls_factory = mqtt_factory("tls", portal, settings["tls.use_identity_as_username"])
-    roles = Roles(settings["http.admin_users"], settings["http.read_users"])
-    page_rate = settings["http.dashboard_message_rate"]
-    gateway = parts.gateway = Gateway(router, reactor, store)
-    dashboard = None
-    if ws["dashboard"]:
+    def dashboard(self):
+        """The dashboard on WebSocket listeners, if served there."""
+        self.page = None
+        if not self.ws["dashboard"]:
+            return
         # Beside MQTT, anyone can reach the API: it always asks who.
-        dashboard = Dashboard()
-        dashboard.putChild(
-            b"api", api_resource(gateway, make_portal(checker, False), roles, issuer)
+        self.page = Dashboard()
+        self.page.putChild(
+            b"api",
+            api_resource(self.parts.gateway, make_portal(self.parts.checker, False), self.roles(), self.issuer),
         )
         log.warn(
             "websocket.dashboard: the dashboard and the admin API (/api/, with the"
@@ -325,57 +323,72 @@ def makeService(options, reactor=None):
             " WebSocket listener",
         )
 
-    def site(mqtt_factory, secure=False, allowed_origins=None):
+    def roles(self):
+        return Roles(self.settings["http.admin_users"], self.settings["http.read_users"])
+
+    def mqtt_factory(self, kind, portal, identity_as_username=False):
+        factory = MQTTServerFactory(
+            self.parts.router, self.limits, self.reactor, self.flusher,
+            identity_as_username=identity_as_username, portal=portal,
+        )
+        factory.kind = kind
+        self.parts.factories.append(factory)
+        return factory
+
+    def site(self, mqtt_factory, secure=False, allowed_origins=None):
+        ws = self.ws
         return websocket_site(
             mqtt_factory,
-            router,
-            reactor,
+            self.parts.router,
+            self.reactor,
             ws["max_message_size"],
             ws["trusted_proxies"],
             ws["compression"],
             ws["allowed_origins"] if allowed_origins is None else allowed_origins,
             secure,
-            page_rate if dashboard is not None else 0,
-            dashboard=dashboard,
+            self.settings["http.dashboard_message_rate"] if self.page is not None else 0,
+            dashboard=self.page,
         )
 
-    # TLS options SIGHUP can renew: the listeners' certificates and keys.
-    renewable = {}
-
-    def tls(wrapped, tls_options=None, files=None):
+    def tls(self, wrapped, tls_options=None, files=None):
+        """``wrapped`` behind TLS whose certificate SIGHUP can renew."""
         key = files or "global"
-        if key not in renewable:
+        if key not in self.renewable:
             if files is None:
+                settings = self.settings
                 load = lambda: server_tls_options(settings)  # noqa: E731
             else:
                 load = lambda: server_options(*files)  # noqa: E731
-            renewable[key] = ReloadableServerTLS(tls_options or options.tls_options, load)
-        wrapper = TLSMemoryBIOFactory(renewable[key], False, wrapped)
+            self.renewable[key] = ReloadableServerTLS(tls_options or self.options.tls_options, load)
+        wrapper = TLSMemoryBIOFactory(self.renewable[key], False, wrapped)
         wrapper.noisy = False
         return wrapper
 
-    reloader.setServiceParent(top)
-    if store is not None:
-        # First in, so last to stop: connections close before it commits.
-        WorkerService(store).setServiceParent(top)
-    archive = parts.archive = gateway.archive = open_archive(settings, reactor)
-    if archive is not None:
-        router.recorder = archive
-        WorkerService(archive).setServiceParent(top)
-    gateway.bridges = parts.bridges
+    def workers(self):
+        """The store's and the archive's writer threads: first in, last to stop."""
+        parts, top = self.parts, self.parts.top
+        self.reloader.setServiceParent(top)
+        store = parts.router.store
+        if store is not None:
+            # Connections close before it commits.
+            WorkerService(store).setServiceParent(top)
+        archive = parts.archive = parts.gateway.archive = open_archive(self.settings, self.reactor)
+        if archive is not None:
+            parts.router.recorder = archive
+            WorkerService(archive).setServiceParent(top)
 
-    def listen(kind, address, made, anonymous):
+    def listen(self, kind, address, made, anonymous):
         listener = ListenerService(
-            reactor,
+            self.reactor,
             kind,
-            endpoint_description(address, limits["listen_backlog"]),
+            endpoint_description(address, self.settings["limits.listen_backlog"]),
             made,
             secure=kind in ("tls", "wss"),
             anonymous=anonymous,
             name=address,
         )
-        gateway.listeners.append(listener)
-        listener.setServiceParent(top)
+        self.parts.gateway.listeners.append(listener)
+        listener.setServiceParent(self.parts.top)
         if anonymous:
             log.warn(
                 "listener {listener} ({kind}) accepts anonymous clients: anyone who can"
@@ -385,46 +398,62 @@ def makeService(options, reactor=None):
                 kind=kind,
             )
 
-    listeners = [
-        ("tcp", lambda: factory),
-        ("tls", lambda: tls(tls_factory)),
-        ("ws", lambda: site(factory)),
-        ("wss", lambda: tls(site(tls_factory, secure=True))),
-    ]
-    for kind, make_factory in listeners:
-        for address in settings[f"listeners.{kind}"]:
-            identity = kind in ("tls", "wss") and settings["tls.use_identity_as_username"]
-            listen(kind, address, make_factory(), allow_anonymous and not identity)
-    # [[listener]] tables: each with its own factory, portal and TLS.
-    for table_ in options.listener_tables:
-        kind = table_["kind"]
-        anonymous = table_.get("allow_anonymous", allow_anonymous)
-        listener_factory = mqtt_factory(
-            kind,
-            portal_for(anonymous, table_.get("auth")),
-            table_.get("use_identity_as_username", settings["tls.use_identity_as_username"]),
-        )
-        made = listener_factory
-        if kind in ("ws", "wss"):
-            made = site(listener_factory, kind == "wss", table_.get("allowed_origins"))
-        if kind in ("tls", "wss"):
-            made = tls(made, table_["tls_options"], table_["tls_files"])
-        listen(kind, table_["address"], made, anonymous)
-    reloader.renewable_tls = list(renewable.values())
-    for kind, bridge in options.bridges:
-        service = kind.make_service(router, bridge, reactor)
-        parts.bridges.append(service)
-        service.setServiceParent(top)
-    # $SYS, metrics and the admin listener.
-    if settings["mqtt.sys_interval"] > 0:
-        parts.sys_topics = SysTopics(
-            router, reactor, settings["mqtt.sys_interval"], parts.bridges, store
-        )
-    if http:
-        metrics = Metrics(router, gateway.listeners, parts.bridges, store, archive)
+    def listeners(self):
+        """--tcp, --tls, --ws and --wss, then the [[listener]] tables."""
+        settings = self.settings
+        identity = settings["tls.use_identity_as_username"]
+        factory = self.mqtt_factory("tcp", self.portal)
+        tls_factory = self.mqtt_factory("tls", self.portal, identity)
+        made = {
+            "tcp": lambda: factory,
+            "tls": lambda: self.tls(tls_factory),
+            "ws": lambda: self.site(factory),
+            "wss": lambda: self.tls(self.site(tls_factory, secure=True)),
+        }
+        for kind, make in made.items():
+            for address in settings[f"listeners.{kind}"]:
+                anonymous = self.allow_anonymous and not (kind in ("tls", "wss") and identity)
+                self.listen(kind, address, make(), anonymous)
+        # Each table with its own factory, portal and TLS.
+        for table in self.options.listener_tables:
+            kind = table["kind"]
+            anonymous = table.get("allow_anonymous", self.allow_anonymous)
+            listener_factory = self.mqtt_factory(
+                kind,
+                self.portal_for(anonymous, table.get("auth")),
+                table.get("use_identity_as_username", identity),
+            )
+            made_ = listener_factory
+            if kind in ("ws", "wss"):
+                made_ = self.site(listener_factory, kind == "wss", table.get("allowed_origins"))
+            if kind in ("tls", "wss"):
+                made_ = self.tls(made_, table["tls_options"], table["tls_files"])
+            self.listen(kind, table["address"], made_, anonymous)
+        self.reloader.renewable_tls = list(self.renewable.values())
+
+    def bridges(self):
+        parts = self.parts
+        for kind, bridge in self.options.bridges:
+            service = kind.make_service(parts.router, bridge, self.reactor)
+            parts.bridges.append(service)
+            service.setServiceParent(parts.top)
+
+    def operations(self):
+        """$SYS, and the admin listener with metrics, the API and the dashboard."""
+        settings, parts = self.settings, self.parts
+        router, gateway = parts.router, parts.gateway
+        if settings["mqtt.sys_interval"] > 0:
+            parts.sys_topics = SysTopics(
+                router, self.reactor, settings["mqtt.sys_interval"], parts.bridges, router.store
+            )
+        http = settings["http.address"]
+        if not http:
+            return
+        metrics = Metrics(router, gateway.listeners, parts.bridges, router.store, parts.archive)
         description = http_description(http)
         admin_portal = None
         open_ = is_loopback(http_host(description))
+        checker = parts.checker
         if not open_:
             admin_portal = make_portal(checker, False)
             log.warn(
@@ -439,23 +468,39 @@ def makeService(options, reactor=None):
                 " open to this machine only",
                 address=http,
             )
+        ws = self.ws
         # The dashboard's own MQTT, on the listener's origin.
         mqtt = websocket_resource(
-            mqtt_factory("http", portal), ws["max_message_size"], ws["trusted_proxies"],
-            ws["compression"], [], False, page_rate,
+            self.mqtt_factory("http", self.portal), ws["max_message_size"], ws["trusted_proxies"],
+            ws["compression"], [], False, settings["http.dashboard_message_rate"],
         )
         ListenerService(
-            reactor, "http", description,
+            self.reactor, "http", description,
             admin_site(
                 gateway, metrics, admin_portal,
-                attr.evolve(roles, open=open_),
-                issuer, make_portal(checker, False) if checker is not None else None,
+                attr.evolve(self.roles(), open=open_),
+                self.issuer, make_portal(checker, False) if checker is not None else None,
                 mqtt,
             ),
             name=http,
-        ).setServiceParent(top)
+        ).setServiceParent(parts.top)
         gateway.http = description
-    GatewayService(parts, settings, restored).setServiceParent(top)
-    top.router = router
-    top.parts = parts
-    return top
+
+
+def makeService(options, reactor=None):
+    if reactor is None:
+        from twisted.internet import reactor
+
+    logs.set_level(options.settings["log.level"])
+    gateway = Assembly(options, reactor)
+    gateway.credentials()
+    gateway.dashboard()
+    gateway.workers()
+    gateway.listeners()
+    gateway.bridges()
+    gateway.operations()
+    parts = gateway.parts
+    GatewayService(parts, options.settings, gateway.restored).setServiceParent(parts.top)
+    parts.top.router = parts.router
+    parts.top.parts = parts
+    return parts.top
