@@ -193,12 +193,18 @@ class Bridge:
         return self._status
 
 
-def test_bridges_and_the_store_have_topics_of_mqttgws_own(tmp_path):
-    broker = FakeBroker(store_dir=tmp_path)
+class Store:
+    """What SysTopics reads of the store."""
+
+    state = "ok"
+    last_commit_seconds = 0.0015
+
+
+def test_bridges_and_the_store_have_topics_of_mqttgws_own(broker):
     bridges = [Bridge("up", True), Bridge("down", False)]
-    topics = SysTopics(broker.router, broker.clock, INTERVAL, bridges, broker.store)
+    topics = SysTopics(broker.router, broker.clock, INTERVAL, bridges, Store())
     topics.start()
-    _, retained = watching(broker, "late", "$SYS/broker/bridge/#", "$SYS/broker/store/state")
+    _, retained = watching(broker, "late", "$SYS/broker/bridge/#", "$SYS/broker/store/#")
     assert values(retained) == {
         "$SYS/broker/bridge/up/state": "1",
         "$SYS/broker/bridge/up/queued": "3",
@@ -211,6 +217,10 @@ def test_bridges_and_the_store_have_topics_of_mqttgws_own(tmp_path):
         "$SYS/broker/bridge/down/sent": "7",
         "$SYS/broker/bridge/down/received": "2",
         "$SYS/broker/store/state": "ok",
+        "$SYS/broker/store/commit/latency": "0.001500",
+        # mosquitto's, under the same prefix.
+        "$SYS/broker/store/messages/count": "0",
+        "$SYS/broker/store/messages/bytes": "0",
     }
     bridges[1]._status["connected"] = True
     watcher, _ = watching(broker, "watcher", "$SYS/broker/bridge/+/state")
