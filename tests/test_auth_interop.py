@@ -57,9 +57,9 @@ def test_paho_logs_in_with_a_mosquitto_passwd_file(gateway_with, password_file, 
 @pytest.mark.parametrize("version", ["mqttv31", "mqttv311"])
 def test_mosquitto_clients_log_in_with_user_and_password(gateway_with, password_file, version):
     gw = gateway_with("--password-file", str(password_file))
+    # Sub returns once mosquitto_sub has its SUBACK.
     sub = Sub(gw.port, version, "-t", "t/#", "-u", "bob", "-P", "hunter2", "-v")
     try:
-        time.sleep(0.5)
         pub(gw.port, version, "t/1", "-m", "hello", "-u", "alice", "-P", "s3cret")
         assert sub.messages(1) == ["t/1 hello"]
         with pytest.raises(subprocess.CalledProcessError):

@@ -17,6 +17,7 @@ from mqttgw.passwd import main as passwd
 from mqttgw.wire import packets as P
 from tests.cdp import Chromium
 from tests.conftest import require_program
+from tests.test_dashboard_api import request
 from tests.gateway import REPO
 from tests.mosquitto_broker import free_port
 from tests.paho import PahoClient
@@ -296,7 +297,11 @@ def test_the_page_renews_its_token_and_stays_connected(gateway_with, browser, tm
     show(page, "topics")
     # Past the first token's expiry: renewed at two thirds of its life.
     page.wait_for(f"mqttgw.session.token !== {json.dumps(first)}", timeout=10)
-    time.sleep(5)
+    # Expired as the gateway sees it: it no longer takes the first token.
+    deadline = time.monotonic() + 15
+    while request(http_port, "/api/token", "POST", token=first)[0] != 401:
+        assert time.monotonic() < deadline, "the first token is still taken"
+        time.sleep(0.1)
     assert page.evaluate("document.querySelector('#connection').dataset.state") == "up"
     publisher = client(gw.port, "publisher", "root", "rootpw")
     publisher.publish("renewed/value", b"42", 1)

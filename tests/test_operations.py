@@ -7,6 +7,7 @@ All against the gateway running under twistd.
 
 import json
 import os
+import queue
 import re
 import signal
 import socket
@@ -169,6 +170,22 @@ def _sys_topics(port, seconds=3):
     return values
 
 
+def _wait_for_sys(client, topic, condition, timeout=15.0):
+    """Read ``client``'s messages until a value of ``topic`` meets ``condition``."""
+    deadline = time.monotonic() + timeout
+    seen = []
+    while time.monotonic() < deadline:
+        try:
+            [message] = client.receive(1, timeout=max(0.01, deadline - time.monotonic()))
+        except queue.Empty:
+            break
+        value = message.payload.decode()
+        seen.append(value)
+        if message.topic == topic and condition(value):
+            return value
+    raise AssertionError(f"no value of {topic} met the condition within {timeout}s: {seen}")
+
+
 def _own(topic):
     """mqttgw's own $SYS topics, which mosquitto does not have."""
     return topic.startswith("$SYS/broker/bridge/") or topic in (
@@ -190,20 +207,25 @@ def test_sys_topics_update_and_share_mosquittos_names(gateway_with, tmp_path):
     assert ours["$SYS/broker/version"].startswith("mqttgw version ")
     assert ours["$SYS/broker/store/state"] == "ok"
     # They update: traffic shows in the counters, retained for late comers.
+    watch = PahoClient(gw.port, "watch", "MQTTv311")
+    watch.connect()
+    watch.subscribe("$SYS/broker/publish/messages/received", 0)
     pub = PahoClient(gw.port, "pub", "MQTTv311")
     pub.connect()
     for _ in range(5):
         pub.publish("a", b"12345", 1)
-    time.sleep(1.5)
+    _wait_for_sys(watch, "$SYS/broker/publish/messages/received", lambda v: int(v) >= 5)
     later = _sys_topics(gw.port)
     assert int(later["$SYS/broker/publish/messages/received"]) >= 5
     assert int(later["$SYS/broker/publish/bytes/received"]) >= 25
     assert int(later["$SYS/broker/clients/connected"]) >= 1
     assert later["$SYS/broker/uptime"] != ours["$SYS/broker/uptime"]
-    # Clients cannot write there.
+    # Clients cannot write there.  The PUBACK comes once the gateway has
+    # handled the publish; a $SYS value is published again only when it
+    # changes, so no later tick would hide a forged one.
     pub.publish("$SYS/broker/version", b"forged", 1)
-    time.sleep(1.5)
     assert _sys_topics(gw.port, 2)["$SYS/broker/version"].startswith("mqttgw version ")
+    watch.disconnect()
     pub.disconnect()
     mosquitto.stop()
 

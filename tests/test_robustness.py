@@ -5,6 +5,7 @@ and checks the bound: the gateway's memory growth, a well-behaved client's
 round trips going on meanwhile, the offender's connection closed.
 """
 
+import os
 import re
 import socket
 import threading
@@ -28,6 +29,26 @@ def rss_kib(gw):
     raise AssertionError("no VmRSS")
 
 
+def sockets_held(gw):
+    """How many sockets the gateway's process has open."""
+    fds = f"/proc/{gw.process.pid}/fd"
+    held = 0
+    for fd in os.listdir(fds):
+        try:
+            held += os.readlink(os.path.join(fds, fd)).startswith("socket:")
+        except FileNotFoundError:  # closed meanwhile
+            pass
+    return held
+
+
+def wait_for_sockets(gw, count, timeout=10.0):
+    """Until the gateway has ``count`` sockets open."""
+    deadline = time.monotonic() + timeout
+    while (held := sockets_held(gw)) != count:
+        assert time.monotonic() < deadline, f"the gateway holds {held} sockets, not {count}"
+        time.sleep(0.01)
+
+
 class Probe:
     """
     A well-behaved client doing QoS 1 round trips to itself in a thread
@@ -45,6 +66,9 @@ class Probe:
         self.failures = []
         self._stop = threading.Event()
         self._thread = None
+        self._ended = False
+        # Notified at each round trip, and when the probe ends.
+        self._progress = threading.Condition()
 
     def round_trip(self, mid):
         started = time.monotonic()
@@ -61,13 +85,29 @@ class Probe:
 
     def _run(self):
         mid = 0
-        while not self._stop.is_set():
-            mid = mid % 60000 + 1
-            rt = self.round_trip(mid)
-            if rt is None:
-                return
-            self.round_trips.append(rt)
-            time.sleep(0.02)
+        try:
+            while not self._stop.is_set():
+                mid = mid % 60000 + 1
+                rt = self.round_trip(mid)
+                if rt is None:
+                    return
+                self.round_trips.append(rt)
+                with self._progress:
+                    self._progress.notify_all()
+                # Paced on purpose: a well-behaved client's round trip every
+                # 20 ms or so, not a load of its own.
+                time.sleep(0.02)
+        finally:
+            with self._progress:
+                self._ended = True
+                self._progress.notify_all()
+
+    def wait_for(self, round_trips, timeout=TIMEOUT * 2):
+        """Until ``round_trips`` round trips are done, one failed, or ``timeout``."""
+        with self._progress:
+            self._progress.wait_for(
+                lambda: len(self.round_trips) >= round_trips or self._ended, timeout
+            )
 
     def __enter__(self):
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -137,7 +177,7 @@ def test_long_distinct_topics_do_not_grow_the_match_cache(gateway_with):
     before = rss_kib(gw)
     hostile.long_topics(gw.port, "long", count=2000, length=60_000)
     with Probe(gw.port) as probe:
-        time.sleep(0.2)
+        probe.wait_for(round_trips=5)
     probe.check()
     # 120 MB of topics went through; the cache keeps none of them.
     assert rss_kib(gw) - before < 40 * MiB
@@ -164,12 +204,15 @@ def test_publish_in_one_byte_websocket_messages_arrives_and_others_are_served(ga
 
 def test_wide_subscribe_over_many_retained_messages_does_not_stall_others(gateway_with):
     gw = start(gateway_with, "--no-persistence")
-    pub, _ = hostile.mqtt_connect(gw.port, "filler")
+    pub, framer = hostile.mqtt_connect(gw.port, "filler")
     for i in range(10_000):
         pub.sendall(P.Publish(f"wide/{i % 100}/{i}", b"r", 0, retain=True).encode())
+    # A connection's packets are handled in order: once the PINGRESP is
+    # back, every message before it is retained.
+    pub.sendall(P.Pingreq().encode())
+    assert hostile.recv_packets(pub, framer, 1, timeout=60) == [P.Pingresp()]
     pub.sendall(P.Disconnect().encode())
     pub.close()
-    time.sleep(0.5)
     with Probe(gw.port) as probe:
         sock, framer = hostile.wildcard_subscribe(gw.port, "wide", filters=500)
         got = hostile.recv_packets(sock, framer, 10_001, timeout=60)
@@ -264,14 +307,17 @@ def test_upgrading_connections_count_against_max_connections(gateway_with, tmp_p
     config = tmp_path / "c.toml"
     config.write_text("[limits]\nmax_connections = 3\n")
     gw = start(gateway_with, "--config", str(config), ws=True)
+    before = sockets_held(gw)
     idle = [hostile.connection(gw.ws_port) for _ in range(3)]
-    time.sleep(0.3)
+    # Accepted (and counted, in the same turn) once the gateway holds them.
+    wait_for_sockets(gw, before + 3)
     refused = hostile.connection(gw.port)
     assert hostile.closed_by_peer(refused, 5)
     gw.wait_for_log("3 connections is the limit")
     for s in idle:
         s.close()
-    time.sleep(0.3)
+    # Closed (and no longer counted) once the gateway let them go.
+    wait_for_sockets(gw, before)
     sock, _ = hostile.mqtt_connect(gw.port, "fits-again")
     sock.close()
 

@@ -278,6 +278,8 @@ def test_every_framing_a_client_may_use_in_one_stream_cut_anywhere(gateway_with)
         pub.sock.sendall(data[at : at + step])
         at += step
         if rng.random() < 0.05:
+            # Paced on purpose: a pause now and then so the gateway reads
+            # the stream in pieces, cut where the sends were.
             time.sleep(0.002)
     assert pub.packets(2) == [P.Connack(0), "pong"]
     assert sub.packets(len(expected)) == expected

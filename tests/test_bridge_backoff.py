@@ -1,0 +1,240 @@
+"""
+The MQTT bridge's reconnects in-process: on a MemoryReactorClock the
+upstream addresses are tried in turn, the waits between rounds back off
+with jitter, and the state topics say 0 and 1.  Connections are answered
+or refused by the test (tests/fake_network.py); tests/test_bridge.py does
+the same against a real mosquitto under twistd.
+"""
+
+import pytest
+from twisted.internet.endpoints import HostnameEndpoint
+from twisted.internet.testing import MemoryReactorClock
+
+from mqttgw.bridges import bridge as bridge_module
+from mqttgw.bridges.bridge import MQTTBridgeKind
+from mqttgw.broker.access import Access
+from mqttgw.broker.router import Router
+from mqttgw.wire import packets as P
+from tests import fake_network
+from tests.fake_network import Listener, accept, attempts
+
+# The fake reactor resolves every host name to 127.0.0.1: upstreams are
+# told apart by their port.
+FIRST, SECOND = "127.0.0.1:1001", "127.0.0.1:1002"
+STATE = "mqttgw/bridge/up/state"
+REMOTE_STATE = "$SYS/broker/connection/mqttgw-up/state"
+
+
+class Jitter:
+    """
+    The bridge's source of jitter: these values, in turn.  The bridge
+    calls random.random() of its module's ``random`` (it takes no jitter
+    argument), so tests put one of these in its place.
+    """
+
+    def __init__(self, *values):
+        self._values = iter(values)
+
+    def random(self):
+        return next(self._values)
+
+
+@pytest.fixture
+def reactor():
+    return MemoryReactorClock()
+
+
+@pytest.fixture
+def router(reactor):
+    router = Router(reactor)
+    router.access = Access()
+    return router
+
+
+def start_bridge(router, reactor, addresses=(FIRST, SECOND), **table):
+    settings = MQTTBridgeKind.check(
+        {"name": "up", "addresses": list(addresses), "rules": ["t/# out 1"], **table}
+    )
+    bridge = MQTTBridgeKind.make_service(router, settings, reactor)
+    bridge.startService()
+    return bridge
+
+
+def refuse(reactor):
+    """
+    The latest attempt is refused.  HostnameEndpoint reports it at its
+    next attempt tick, once it has no other address of that host to try.
+    """
+    fake_network.refuse(reactor)
+    reactor.advance(HostnameEndpoint._DEFAULT_ATTEMPT_DELAY)
+
+
+def wait_for_attempt(reactor):
+    """Seconds on the clock until the bridge dials again."""
+    before, started = len(reactor.tcpClients), reactor.seconds()
+    while len(reactor.tcpClients) == before:
+        calls = reactor.getDelayedCalls()
+        assert calls, "nothing scheduled: the bridge gave up"
+        reactor.advance(min(c.getTime() for c in calls) - reactor.seconds())
+    return reactor.seconds() - started
+
+
+def connected(reactor, index=-1):
+    """The attempt connects and the upstream accepts its CONNECT."""
+    upstream = accept(reactor, index)
+    [connect] = upstream.received()
+    assert isinstance(connect, P.Connect)
+    upstream.send(P.Connack(0))
+    return upstream
+
+
+def state(router, topic=STATE):
+    """The retained value of ``topic``, or None."""
+    message = router.retained.get(topic)
+    return None if message is None else message.payload
+
+
+# Failover
+
+
+def test_addresses_are_tried_in_turn_the_first_one_first(router, reactor, logged):
+    start_bridge(router, reactor)
+    assert attempts(reactor) == [FIRST]
+    refuse(reactor)
+    # No wait between the addresses of one round.
+    assert attempts(reactor) == [FIRST, SECOND]
+    connected(reactor)
+    assert any(m.startswith(f"bridge up: upstream {FIRST} unreachable: ") for m in logged())
+    assert f"bridge up: connected to {SECOND}" in logged()
+
+
+def test_an_upstream_refusing_the_connect_counts_as_unreachable(router, reactor, logged):
+    start_bridge(router, reactor)
+    upstream = accept(reactor)
+    upstream.received()
+    upstream.send(P.Connack(P.CONNACK_NOT_AUTHORIZED))
+    assert upstream.closed
+    assert attempts(reactor) == [FIRST, SECOND]
+    assert f"bridge up: upstream {FIRST} unreachable: CONNACK 5: not authorized" in logged()
+    connected(reactor)
+    assert state(router) == b"1"
+
+
+def test_an_upstream_that_does_not_take_bridge_connects_is_asked_again_plainly(router, reactor):
+    start_bridge(router, reactor, addresses=[FIRST])
+    upstream = accept(reactor)
+    [connect] = upstream.received()
+    # try_private: mosquitto's bridge flag on the protocol level.
+    assert connect.protocol_level == P.MQTT_311 | 0x80
+    upstream.send(P.Connack(P.CONNACK_UNACCEPTABLE_PROTOCOL))
+    wait_for_attempt(reactor)
+    [again] = accept(reactor).received()
+    assert again.protocol_level == P.MQTT_311
+
+
+def test_a_connection_lost_before_its_connack_moves_on_to_the_next_address(router, reactor):
+    start_bridge(router, reactor)
+    upstream = accept(reactor)
+    upstream.lose()
+    assert attempts(reactor) == [FIRST, SECOND]
+    assert state(router) == b"0"
+
+
+# Backoff
+
+
+def test_each_round_waits_twice_as_long_up_to_reconnect_max_plus_jitter(router, reactor, monkeypatch):
+    monkeypatch.setattr(bridge_module, "random", Jitter(0.5, 0.25, 0.75, 0.0, 0.999))
+    start_bridge(router, reactor, reconnect_initial=1.0, reconnect_max=8.0)
+    waits = []
+    for _ in range(5):
+        refuse(reactor)
+        refuse(reactor)
+        waits.append(wait_for_attempt(reactor))
+        assert attempts(reactor)[-1] == FIRST
+    # ClientService counts the failed round before asking for its wait:
+    # the first wait is twice reconnect_initial.  Jitter comes on top of
+    # the cap.
+    assert waits == pytest.approx([2.5, 4.25, 8.75, 8.0, 8.999])
+
+
+def test_every_wait_is_the_doubled_one_capped_at_reconnect_max_plus_up_to_a_second_of_jitter(router, reactor):
+    start_bridge(router, reactor, addresses=[FIRST], reconnect_initial=0.5, reconnect_max=10.0)
+    waits = []
+    for _ in range(12):
+        refuse(reactor)
+        waits.append(wait_for_attempt(reactor))
+    for n, wait in enumerate(waits, start=1):
+        least = min(0.5 * 2**n, 10.0)
+        assert least <= wait < least + 1.0, (n, wait)
+    # So never shorter than reconnect_initial, nor a second past reconnect_max.
+    assert min(waits) >= 0.5 and max(waits) < 11.0
+
+
+def test_after_a_connection_that_worked_the_backoff_starts_over(router, reactor, monkeypatch):
+    monkeypatch.setattr(bridge_module, "random", Jitter(*[0.0] * 10))
+    start_bridge(router, reactor, addresses=[FIRST], reconnect_initial=1.0, reconnect_max=60.0)
+    waits = []
+    for _ in range(3):
+        refuse(reactor)
+        waits.append(wait_for_attempt(reactor))
+    assert waits == pytest.approx([2.0, 4.0, 8.0])
+    upstream = connected(reactor)
+    upstream.lose()
+    # Lost after it worked: the waits begin again from the first.
+    assert wait_for_attempt(reactor) == pytest.approx(2.0)
+    refuse(reactor)
+    assert wait_for_attempt(reactor) == pytest.approx(4.0)
+
+
+def test_a_stopped_bridge_dials_no_more(router, reactor):
+    bridge = start_bridge(router, reactor, addresses=[FIRST])
+    refuse(reactor)
+    bridge.stopService()
+    reactor.advance(3600)
+    assert attempts(reactor) == [FIRST]
+
+
+# State topics
+
+
+def test_the_state_topic_says_0_until_connected_1_while_connected_and_0_once_lost(router, reactor):
+    start_bridge(router, reactor)
+    watcher = Listener.of(router, reactor).client("watcher")
+    watcher.send(P.Subscribe(1, [(STATE, 1)]))
+    suback, retained = watcher.received()
+    assert (retained.topic, retained.payload, retained.retain) == (STATE, b"0", True)
+    refuse(reactor)
+    assert watcher.received() == []
+    upstream = connected(reactor)
+    assert [(p.topic, p.payload) for p in watcher.received() if isinstance(p, P.Publish)] == [
+        (STATE, b"1"),
+    ]
+    assert state(router) == b"1"
+    upstream.lose()
+    assert [(p.topic, p.payload) for p in watcher.received() if isinstance(p, P.Publish)] == [
+        (STATE, b"0")
+    ]
+    assert state(router) == b"0"
+
+
+def test_upstream_the_state_is_1_retained_and_the_will_says_0(router, reactor):
+    # A plain CONNECT (not mosquitto's bridge flag), which the fake
+    # upstream's framer reads whole.
+    start_bridge(router, reactor, addresses=[FIRST], try_private=False)
+    upstream = accept(reactor)
+    [connect] = upstream.received()
+    assert (connect.will_topic, connect.will_message, connect.will_retain, connect.will_qos) == (
+        REMOTE_STATE, b"0", True, 1,
+    )
+    upstream.send(P.Connack(0))
+    assert P.Publish(REMOTE_STATE, b"1", 0, True) in upstream.received()
+
+
+def test_clients_may_not_write_the_state_topic(router, reactor):
+    start_bridge(router, reactor, addresses=[FIRST])
+    connected(reactor)
+    client = Listener.of(router, reactor).client("spoof")
+    client.send(P.Publish(STATE, b"0", 1, True, message_id=1))
+    assert client.received() == [P.Puback(1)]
+    assert state(router) == b"1"
