@@ -12,7 +12,8 @@ import pytest
 from treq.testing import StubTreq
 from twisted.trial.unittest import SynchronousTestCase
 
-from mqttgw.security.auth import PasswordChecker, credentials_checker, make_portal
+from mqttgw.security.passwords import PasswordChecker
+from mqttgw.security.portal import credentials_checker, make_portal
 from mqttgw.service.gateway import Gateway
 from mqttgw.testing import FakeBroker, ImmediateThreadPool
 from mqttgw.web.admin import Roles, admin_site

@@ -143,7 +143,6 @@ def test_listeners_have_their_own_anonymous_setting(gateway_with, password_file,
 
 
 def test_a_listener_may_accept_tokens_only(gateway_with, password_file, tmp_path):
-    import time
 
     import jwt
 

@@ -17,10 +17,10 @@ from mqttgw.passwd import main as passwd
 from mqttgw.wire import packets as P
 from tests.cdp import Chromium
 from tests.conftest import require_program
-from tests.test_dashboard_api import request
 from tests.gateway import REPO
 from tests.mosquitto_broker import free_port
 from tests.paho import PahoClient
+from tests.test_dashboard_api import request
 
 SHOTS = REPO / "tests" / ".cache" / "dashboard"
 DESKTOP = (1280, 860, False)
