@@ -36,7 +36,16 @@ SUBPROTOCOLS = ("mqtt", "mqttv3.1")
 # page_delivery_rate messages a second.
 DASHBOARD_SUBPROTOCOL = "mqttgw-dashboard"
 _INPUT_SLICE = 2048
+# Work per connection per reactor turn, in frames of a packet or more:
+# 256, as the MQTT side takes 256 packets a turn.  A frame too small for
+# any packet but PINGREQ and DISCONNECT costs about as much to take as
+# one of a packet, so it counts for more (a packet dripped a byte a frame
+# must not take a whole turn), and one that goes through autobahn's
+# parser, several times slower, for more again.
 FRAMES_PER_TURN = 256
+_TINY_FRAME = 4
+_TINY_FRAME_COST = 4
+_AUTOBAHN_FRAME_COST = 8
 _OPEN = WebSocketProtocol.STATE_OPEN
 _SEND_GROUND = WebSocketProtocol.SEND_STATE_GROUND
 # Below this many bytes a frame is unmasked with one integer XOR, above it
@@ -319,7 +328,7 @@ class MQTTWebSocketProtocol(WebSocketServerProtocol):
             start = at + header
             payload = _unmask(view[start : start + length], data[start - 4 : start])
             at = start + length
-            frames += 1
+            frames += 1 if length >= _TINY_FRAME else _TINY_FRAME_COST
             if first == 0x82:
                 payloads.append(payload)
             elif first == 0x89:
@@ -381,7 +390,7 @@ class MQTTWebSocketProtocol(WebSocketServerProtocol):
             self.transport.resumeProducing()
 
     def onFrameBegin(self):
-        self._frames += 1
+        self._frames += _AUTOBAHN_FRAME_COST
         super().onFrameBegin()
 
     # MQTT is a byte stream, so frames are fed to it as they arrive through
