@@ -52,7 +52,6 @@ class Running:
         options = Options()
         options.parseOptions(["--config", str(self.config), "--no-persistence", "--tcp", "1883"])
         self.top = makeService(options, reactor)
-        self.parts = self.top.parts
         self.router = self.top.router
         [self.reloader] = [s for s in self.top if isinstance(s, ReloadService)]
         # The reload service installs the signal handlers: not in the
@@ -63,7 +62,7 @@ class Running:
         finally:
             for s, handler in saved.items():
                 signal.signal(s, handler)
-        self.listener = Listener(self.parts.factories[0], reactor)
+        self.listener = Listener(self.top.factories[0], reactor)
 
     def reload(self, text):
         """The file now says ``text``; reload it, as SIGHUP does."""
@@ -79,7 +78,7 @@ class Running:
 
     def stop(self):
         self.top.stopService()
-        self.parts.pool.stop()
+        self.top.pool.stop()
 
 
 @pytest.fixture
@@ -175,7 +174,7 @@ def test_a_bridge_added_is_started_and_one_removed_is_stopped(running, logged):
     assert upstream.closed
     # The reactor completes the close.
     upstream.lose()
-    assert gateway.parts.bridges == []
+    assert gateway.top.bridges == []
     # Its state topic is cleared, and nothing more goes upstream.
     assert gateway.router.retained.get(STATE) is None
     kept.send(P.Publish("t", b"up", 1, message_id=2))
@@ -189,12 +188,12 @@ def test_a_bridge_added_is_started_and_one_removed_is_stopped(running, logged):
 def test_a_changed_bridge_is_stopped_and_started_again_with_its_new_settings(running, logged):
     gateway = running(BRIDGE.format(address=UPSTREAM))
     upstream = upstream_connected(gateway.reactor)
-    [before] = gateway.parts.bridges
+    [before] = gateway.top.bridges
     gateway.reload(BRIDGE.format(address=OTHER_UPSTREAM))
     assert any(m.endswith("bridges ~up") for m in logged())
     assert upstream.closed
     upstream.lose()
-    [after] = gateway.parts.bridges
+    [after] = gateway.top.bridges
     assert after is not before and after.settings.addresses == [OTHER_UPSTREAM]
     assert attempts(gateway.reactor) == [UPSTREAM, OTHER_UPSTREAM]
 
@@ -202,10 +201,10 @@ def test_a_changed_bridge_is_stopped_and_started_again_with_its_new_settings(run
 def test_an_unchanged_bridge_keeps_its_connection(running, logged):
     gateway = running(BRIDGE.format(address=UPSTREAM) + "[limits]\nmax_packet_size = 100000\n")
     upstream = upstream_connected(gateway.reactor)
-    [before] = gateway.parts.bridges
+    [before] = gateway.top.bridges
     gateway.reload(BRIDGE.format(address=UPSTREAM) + "[limits]\nmax_packet_size = 1000\n")
     assert any(m.endswith("bridges unchanged") for m in logged())
-    assert gateway.parts.bridges == [before]
+    assert gateway.top.bridges == [before]
     assert not upstream.closed
 
 
@@ -247,14 +246,14 @@ BROKEN = [
 def test_a_file_that_fails_its_checks_changes_nothing(running, logged, text, error):
     gateway = running(BRIDGE.format(address=UPSTREAM) + "[limits]\nmax_packet_size = 1000\n")
     upstream = upstream_connected(gateway.reactor)
-    [bridge] = gateway.parts.bridges
-    limits, session_limits = gateway.parts.factories[0].limits, gateway.router.limits
+    [bridge] = gateway.top.bridges
+    limits, session_limits = gateway.top.factories[0].limits, gateway.router.limits
     gateway.reload(text)
     [failed] = [m for m in logged() if m.startswith("reload failed, nothing changed: ")]
     assert error in failed
-    assert gateway.parts.factories[0].limits is limits
+    assert gateway.top.factories[0].limits is limits
     assert gateway.router.limits is session_limits
-    assert gateway.parts.bridges == [bridge] and not upstream.closed
+    assert gateway.top.bridges == [bridge] and not upstream.closed
     assert attempts(gateway.reactor) == [UPSTREAM]
     # The old limit still holds for new connections.
     client = gateway.client("new")

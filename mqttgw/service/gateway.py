@@ -1,15 +1,18 @@
 """
-The running gateway as operators see it: its listeners, store, archive and
-bridges beside the router, with the questions the admin API, ``$SYS`` and
-readiness ask of them, and the periodic work that answers some (the store
-probe, the session expiry sweep).
+The running gateway, one service: its listeners, store, archive and
+bridges beside the router as children; the questions the admin API,
+``$SYS`` and readiness ask of them; and the periodic work that answers
+some (the store probe, the session expiry sweep, the rate history).
 """
 
 import time
 from collections import deque
 
-from twisted.internet.task import LoopingCall
+from twisted.application.internet import TimerService
+from twisted.application.service import MultiService
+from twisted.logger import Logger
 
+from mqttgw import __version__
 from mqttgw.broker.access import BRIDGE_STATE_PREFIX
 from mqttgw.web.systopics import stored_messages
 from mqttgw.wire import packets as P
@@ -24,42 +27,62 @@ HISTORY_INTERVAL = 5.0
 HISTORY_POINTS = 180
 
 
+log = Logger()
+
+
 def _internal(session):
     return session.client_id.startswith("\x00")
 
 
-class Gateway:
+class Gateway(MultiService):
     def __init__(self, router, clock, store=None, archive=None):
+        super().__init__()
         self.router = router
         self.clock = clock
         self.store = store
         self.archive = archive
         self.listeners = []
         self.bridges = []
+        # What a reload renews, set as the gateway is put together: the MQTT
+        # factories, the credentials checker and its thread pool, $SYS, and
+        # whether password files and token keys were configured.
+        self.factories = []
+        self.pool = self.checker = self.sys_topics = None
+        self.had_passwords = self.had_tokens = None
+        # The settings it runs with and what the store gave back, for the
+        # start-up summary.
+        self.settings = None
+        self.restored = ((), ())
         self.started = time.time()
-        self._probe = None
-        self._sweep = None
-        self._sample = None
         # (epoch s, messages received, messages delivered) per interval.
         self.history = deque(maxlen=HISTORY_POINTS + 1)
-
-    # Periodic work
-
-    def start(self):
-        if self.store is not None:
-            self._probe = LoopingCall(self.store.probe)
-            self._probe.clock = self.clock
-            self._probe.start(PROBE_INTERVAL, now=True)
-        self._sample = LoopingCall(self.sample)
-        self._sample.clock = self.clock
-        self._sample.start(HISTORY_INTERVAL, now=True)
+        if store is not None:
+            self._every(PROBE_INTERVAL, store.probe)
+        self._every(HISTORY_INTERVAL, self.sample)
+        self._sweep = None
         self.schedule_sweep()
 
-    def stop(self):
-        for loop in (self._probe, self._sweep, self._sample):
-            if loop is not None and loop.running:
-                loop.stop()
-        self._probe = self._sweep = self._sample = None
+    def _every(self, seconds, work):
+        timer = TimerService(seconds, work)
+        timer.clock = self.clock
+        timer.setServiceParent(self)
+        return timer
+
+    def startService(self):
+        # The listeners are bound first: the summary names their ports.
+        super().startService()
+        cleared = self.clear_bridge_states()
+        if cleared:
+            log.info("cleared the retained state of bridges not configured: {topics}", topics=", ".join(cleared))
+        if self.sys_topics is not None:
+            self.sys_topics.start()
+        if self.settings is not None:
+            self.summary()
+
+    def stopService(self):
+        if self.sys_topics is not None:
+            self.sys_topics.stop()
+        return super().stopService()
 
     def sample(self):
         stats = self.router.stats
@@ -76,15 +99,43 @@ class Gateway:
 
     def schedule_sweep(self):
         """Sweep for expired sessions at a tenth of the expiry, 1 s to 60 s."""
-        if self._sweep is not None and self._sweep.running:
-            self._sweep.stop()
-        self._sweep = None
+        if self._sweep is not None:
+            self._sweep.disownServiceParent()
+            self._sweep = None
         expiration = self.router.persistent_client_expiration
-        if expiration is None:
-            return
-        self._sweep = LoopingCall(self.router.expire_sessions)
-        self._sweep.clock = self.clock
-        self._sweep.start(min(60.0, max(1.0, expiration / 10)), now=True)
+        if expiration is not None:
+            self._sweep = self._every(min(60.0, max(1.0, expiration / 10)), self.router.expire_sessions)
+
+    def summary(self):
+        settings = self.settings
+        listeners = ", ".join(
+            f"{l.kind} {l.address}"
+            + (" TLS" if l.secure else "")
+            + (" anonymous" if l.anonymous else "")
+            for l in self.listeners
+        )
+        persistence = settings.section("persistence")
+        if self.store is not None:
+            store = f"data dir {persistence['data_dir']} (durability {persistence['durability']})"
+        else:
+            store = "no persistence (memory only)"
+        retained, sessions = self.restored
+        queued = sum(len(s.deliveries) for s in sessions)
+        log.info(
+            "mqttgw {version} running: listeners {listeners}; {store}; restored {sessions}"
+            " persistent session(s) with {queued} queued message(s) and {retained} retained"
+            " message(s); bridges {bridges}; archive {archive}; $SYS every {sys}s; log level {log_level_name}",
+            version=__version__,
+            listeners=listeners,
+            store=store,
+            sessions=len(sessions),
+            queued=queued,
+            retained=len(retained),
+            bridges=", ".join(b.settings.name for b in self.bridges) or "none",
+            archive=settings["archive.directory"] or "off",
+            sys=settings["mqtt.sys_interval"],
+            log_level_name=settings["log.level"],
+        )
 
     # Readiness
 

@@ -48,19 +48,19 @@ class ReloadService(Service):
     returns the new configuration checked; ``apply`` swaps it in.
     """
 
-    def __init__(self, reactor, options, parts):
+    def __init__(self, reactor, options, gateway):
         self.reactor = reactor
         self.options = options
         self.settings = options.settings
-        self.parts = parts
+        self.gateway = gateway
         # Token checkers of [[listener]] tables, reloaded with the main one.
         self.token_checkers = []
         self.renewable_tls = []
 
     def startService(self):
         super().startService()
-        self.parts.pool.start()
-        self.reactor.addSystemEventTrigger("during", "shutdown", self.parts.pool.stop)
+        self.gateway.pool.start()
+        self.reactor.addSystemEventTrigger("during", "shutdown", self.gateway.pool.stop)
         signal.signal(signal.SIGHUP, lambda *_: self.reactor.callFromThread(self.reload))
         signal.signal(signal.SIGUSR1, lambda *_: self.reactor.callFromThread(self.rotate))
         signal.signal(
@@ -109,7 +109,7 @@ class ReloadService(Service):
         old, settings = self.settings, new["settings"]
         self.settings = settings
         self.options.settings = settings
-        parts = self.parts
+        gateway = self.gateway
         restart = sorted(
             path
             for path in set(old.values) | set(settings.values)
@@ -119,17 +119,17 @@ class ReloadService(Service):
             log.warn("reload: changed but needs a restart: {keys}", keys=", ".join(restart))
         logs.set_level(settings["log.level"])
         limits = build.connection_limits(settings)
-        for factory in parts.factories:
+        for factory in gateway.factories:
             factory.limits = limits
-        router = parts.router
+        router = gateway.router
         build.configure_router(router, settings)
-        parts.gateway.schedule_sweep()
-        if parts.sys_topics is None and settings["mqtt.sys_interval"] > 0:
-            parts.sys_topics = SysTopics(router, self.reactor, 0, parts.bridges, router.store)
-        if parts.sys_topics is not None:
-            parts.sys_topics.interval = settings["mqtt.sys_interval"]
-            parts.sys_topics.start()
-        archive = parts.archive
+        gateway.schedule_sweep()
+        if gateway.sys_topics is None and settings["mqtt.sys_interval"] > 0:
+            gateway.sys_topics = SysTopics(router, self.reactor, 0, gateway.bridges, router.store)
+        if gateway.sys_topics is not None:
+            gateway.sys_topics.interval = settings["mqtt.sys_interval"]
+            gateway.sys_topics.start()
+        archive = gateway.archive
         if archive is not None:
             a = settings.section("archive")
             archive.include = list(a["include"])
@@ -156,7 +156,7 @@ class ReloadService(Service):
 
     def _swap_auth(self, files):
         table, acl, tokens = files
-        checker = self.parts.checker
+        checker = self.gateway.checker
         for listener_checker in self.token_checkers:
             if listener_checker.tokens is not None:
                 listener_checker.tokens = tokens
@@ -166,16 +166,16 @@ class ReloadService(Service):
         if isinstance(checker, PasswordChecker) and table is not None:
             checker.replace(table)
         if acl is not None:
-            self.parts.router.access.replace(acl)
-        if (table is None) != (self.parts.had_passwords is None) or (
+            self.gateway.router.access.replace(acl)
+        if (table is None) != (self.gateway.had_passwords is None) or (
             tokens is None
-        ) != (self.parts.had_tokens is None):
+        ) != (self.gateway.had_tokens is None):
             log.warn("reload: turning password files or token keys on or off needs a restart")
 
     def _reload_bridges(self, wanted):
         """Stop bridges removed or changed, start those added or changed."""
-        parts = self.parts
-        running = {b.settings.name: b for b in parts.bridges}
+        gateway = self.gateway
+        running = {b.settings.name: b for b in gateway.bridges}
         wanted_by_name = {checked.name: (kind, checked) for kind, checked in wanted}
         said = []
         stopping = []
@@ -183,7 +183,7 @@ class ReloadService(Service):
             new = wanted_by_name.get(name)
             if new is None or new[1] != bridge.settings:
                 said.append(f"{'-' if new is None else '~'}{name}")
-                parts.bridges.remove(bridge)
+                gateway.bridges.remove(bridge)
                 stopping.append(maybeDeferred(bridge.disownServiceParent))
         starting = [
             (kind, checked)
@@ -199,11 +199,11 @@ class ReloadService(Service):
         ]
 
         def start(_):
-            parts.gateway.clear_bridge_states(removed)
+            gateway.clear_bridge_states(removed)
             for kind, checked in starting:
-                bridge = kind.make_service(parts.router, checked, self.reactor)
-                parts.bridges.append(bridge)
-                bridge.setServiceParent(parts.top)
+                bridge = kind.make_service(gateway.router, checked, self.reactor)
+                gateway.bridges.append(bridge)
+                bridge.setServiceParent(gateway)
 
         DeferredList(stopping).addCallback(start)
         return " ".join(said)

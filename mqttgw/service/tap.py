@@ -5,7 +5,7 @@ The twistd plugin's options and service: ``twistd -n mqttgw --tcp 1883``.
 import sys
 
 import attr
-from twisted.application.service import MultiService, Service
+from twisted.application.service import Service
 from twisted.internet.threads import deferToThread
 from twisted.logger import Logger
 from twisted.protocols.tls import TLSMemoryBIOFactory
@@ -170,78 +170,6 @@ class WorkerService(Service):
         return deferToThread(self.worker.stop)
 
 
-class Parts:
-    """What the running gateway is made of, for reload and the admin API."""
-
-    top = router = pool = checker = gateway = sys_topics = archive = None
-    had_passwords = had_tokens = None
-
-    def __init__(self):
-        self.factories = []
-        self.bridges = []
-
-
-class GatewayService(Service):
-    """
-    Starts the periodic work (store probe, expiry sweep, $SYS) once the
-    listeners are bound, and says what is running in one summary.
-    """
-
-    def __init__(self, parts, settings, restored):
-        self.parts = parts
-        self.settings = settings
-        self.restored = restored
-
-    def startService(self):
-        super().startService()
-        parts = self.parts
-        parts.gateway.start()
-        cleared = parts.gateway.clear_bridge_states()
-        if cleared:
-            log.info("cleared the retained state of bridges not configured: {topics}", topics=", ".join(cleared))
-        if parts.sys_topics is not None:
-            parts.sys_topics.start()
-        self.summary()
-
-    def stopService(self):
-        super().stopService()
-        self.parts.gateway.stop()
-        if self.parts.sys_topics is not None:
-            self.parts.sys_topics.stop()
-
-    def summary(self):
-        settings = self.settings
-        parts = self.parts
-        listeners = ", ".join(
-            f"{l.kind} {l.address}"
-            + (" TLS" if l.secure else "")
-            + (" anonymous" if l.anonymous else "")
-            for l in parts.gateway.listeners
-        )
-        persistence = settings.section("persistence")
-        if parts.router.store is not None:
-            store = f"data dir {persistence['data_dir']} (durability {persistence['durability']})"
-        else:
-            store = "no persistence (memory only)"
-        retained, sessions = self.restored
-        queued = sum(len(s.deliveries) for s in sessions)
-        log.info(
-            "mqttgw {version} running: listeners {listeners}; {store}; restored {sessions}"
-            " persistent session(s) with {queued} queued message(s) and {retained} retained"
-            " message(s); bridges {bridges}; archive {archive}; $SYS every {sys}s; log level {log_level_name}",
-            version=__version__,
-            listeners=listeners,
-            store=store,
-            sessions=len(sessions),
-            queued=queued,
-            retained=len(retained),
-            bridges=", ".join(b.settings.name for b in parts.bridges) or "none",
-            archive=settings["archive.directory"] or "off",
-            sys=settings["mqtt.sys_interval"],
-            log_level_name=settings["log.level"],
-        )
-
-
 class Assembly:
     """
     The running gateway put together from checked settings, one part at a
@@ -254,30 +182,28 @@ class Assembly:
         self.settings = settings = options.settings
         self.reactor = reactor
         self.ws = settings.section("websocket")
-        self.parts = parts = Parts()
-        parts.top = MultiService()
-        store, self.restored = open_store(settings, reactor)
-        router = parts.router = build_router(settings, reactor, store)
-        router.restore(*self.restored)
+        store, restored = open_store(settings, reactor)
+        router = build_router(settings, reactor, store)
+        router.restore(*restored)
+        self.gateway = gateway = Gateway(router, reactor, store)
+        gateway.settings, gateway.restored = settings, restored
         self.flusher = Flusher(reactor)
         self.limits = connection_limits(settings)
-        self.reloader = ReloadService(reactor, options, parts)
+        self.reloader = ReloadService(reactor, options, gateway)
         self.renewable = {}
-        parts.gateway = Gateway(router, reactor, store)
-        parts.gateway.bridges = parts.bridges
 
     def credentials(self):
         """Who may connect, and what they may touch."""
-        settings, parts, reactor = self.settings, self.parts, self.reactor
+        settings, gateway, reactor = self.settings, self.gateway, self.reactor
         auth = settings.section("auth")
         table, acl, tokens = self.options.auth_files
-        parts.had_passwords, parts.had_tokens = table, tokens
-        parts.router.access = Access(acl, auth["analytics_writers"])
+        gateway.had_passwords, gateway.had_tokens = table, tokens
+        gateway.router.access = Access(acl, auth["analytics_writers"])
         allow_anonymous = auth["allow_anonymous"]
         if allow_anonymous is None:
             allow_anonymous = table is None and tokens is None
         self.allow_anonymous = allow_anonymous
-        pool = parts.pool = ThreadPool(0, 2, "mqttgw-auth")
+        pool = gateway.pool = ThreadPool(0, 2, "mqttgw-auth")
         self.passwords = PasswordChecker(table, reactor, pool) if table is not None else None
         self.tokens = tokens
         # The dashboard's sign-in tokens, when a dashboard is served and
@@ -285,18 +211,18 @@ class Assembly:
         self.issuer = None
         if (settings["http.address"] or self.ws["dashboard"]) and (table is not None or tokens is not None):
             self.issuer = TokenIssuer(settings["http.token_lifetime"])
-        parts.checker = credentials_checker(self.passwords, tokens, reactor, pool, self.issuer)
+        gateway.checker = credentials_checker(self.passwords, tokens, reactor, pool, self.issuer)
         self.portal = self.portal_for(allow_anonymous)
 
     def portal_for(self, anonymous, methods=None):
         """A portal for a listener accepting ``methods`` (None: all configured)."""
-        checker = self.parts.checker
+        checker = self.gateway.checker
         if methods is not None:
             checker = credentials_checker(
                 self.passwords if "password" in methods else None,
                 self.tokens if "token" in methods else None,
                 self.reactor,
-                self.parts.pool,
+                self.gateway.pool,
                 self.issuer if "token" in methods else None,
             )
             if isinstance(checker, TokenOrPasswordChecker):
@@ -315,7 +241,7 @@ class Assembly:
         self.page = Dashboard()
         self.page.putChild(
             b"api",
-            api_resource(self.parts.gateway, make_portal(self.parts.checker, False), self.roles(), self.issuer),
+            api_resource(self.gateway, make_portal(self.gateway.checker, False), self.roles(), self.issuer),
         )
         log.warn(
             "websocket.dashboard: the dashboard and the admin API (/api/, with the"
@@ -328,18 +254,18 @@ class Assembly:
 
     def mqtt_factory(self, kind, portal, identity_as_username=False):
         factory = MQTTServerFactory(
-            self.parts.router, self.limits, self.reactor, self.flusher,
+            self.gateway.router, self.limits, self.reactor, self.flusher,
             identity_as_username=identity_as_username, portal=portal,
         )
         factory.kind = kind
-        self.parts.factories.append(factory)
+        self.gateway.factories.append(factory)
         return factory
 
     def site(self, mqtt_factory, secure=False, allowed_origins=None):
         ws = self.ws
         return websocket_site(
             mqtt_factory,
-            self.parts.router,
+            self.gateway.router,
             self.reactor,
             ws["max_message_size"],
             ws["trusted_proxies"],
@@ -366,16 +292,15 @@ class Assembly:
 
     def workers(self):
         """The store's and the archive's writer threads: first in, last to stop."""
-        parts, top = self.parts, self.parts.top
-        self.reloader.setServiceParent(top)
-        store = parts.router.store
-        if store is not None:
+        gateway = self.gateway
+        self.reloader.setServiceParent(gateway)
+        if gateway.store is not None:
             # Connections close before it commits.
-            WorkerService(store).setServiceParent(top)
-        archive = parts.archive = parts.gateway.archive = open_archive(self.settings, self.reactor)
+            WorkerService(gateway.store).setServiceParent(gateway)
+        archive = gateway.archive = open_archive(self.settings, self.reactor)
         if archive is not None:
-            parts.router.recorder = archive
-            WorkerService(archive).setServiceParent(top)
+            gateway.router.recorder = archive
+            WorkerService(archive).setServiceParent(gateway)
 
     def listen(self, kind, address, made, anonymous):
         listener = ListenerService(
@@ -387,8 +312,8 @@ class Assembly:
             anonymous=anonymous,
             name=address,
         )
-        self.parts.gateway.listeners.append(listener)
-        listener.setServiceParent(self.parts.top)
+        self.gateway.listeners.append(listener)
+        listener.setServiceParent(self.gateway)
         if anonymous:
             log.warn(
                 "listener {listener} ({kind}) accepts anonymous clients: anyone who can"
@@ -432,28 +357,28 @@ class Assembly:
         self.reloader.renewable_tls = list(self.renewable.values())
 
     def bridges(self):
-        parts = self.parts
+        gateway = self.gateway
         for kind, bridge in self.options.bridges:
-            service = kind.make_service(parts.router, bridge, self.reactor)
-            parts.bridges.append(service)
-            service.setServiceParent(parts.top)
+            service = kind.make_service(gateway.router, bridge, self.reactor)
+            gateway.bridges.append(service)
+            service.setServiceParent(gateway)
 
     def operations(self):
         """$SYS, and the admin listener with metrics, the API and the dashboard."""
-        settings, parts = self.settings, self.parts
-        router, gateway = parts.router, parts.gateway
+        settings, gateway = self.settings, self.gateway
+        router = gateway.router
         if settings["mqtt.sys_interval"] > 0:
-            parts.sys_topics = SysTopics(
-                router, self.reactor, settings["mqtt.sys_interval"], parts.bridges, router.store
+            gateway.sys_topics = SysTopics(
+                router, self.reactor, settings["mqtt.sys_interval"], gateway.bridges, router.store
             )
         http = settings["http.address"]
         if not http:
             return
-        metrics = Metrics(router, gateway.listeners, parts.bridges, router.store, parts.archive)
+        metrics = Metrics(router, gateway.listeners, gateway.bridges, router.store, gateway.archive)
         description = http_description(http)
         admin_portal = None
         open_ = is_loopback(http_host(description))
-        checker = parts.checker
+        checker = gateway.checker
         if not open_:
             admin_portal = make_portal(checker, False)
             log.warn(
@@ -483,7 +408,7 @@ class Assembly:
                 mqtt,
             ),
             name=http,
-        ).setServiceParent(parts.top)
+        ).setServiceParent(gateway)
         gateway.http = description
 
 
@@ -492,15 +417,11 @@ def makeService(options, reactor=None):
         from twisted.internet import reactor
 
     logs.set_level(options.settings["log.level"])
-    gateway = Assembly(options, reactor)
-    gateway.credentials()
-    gateway.dashboard()
-    gateway.workers()
-    gateway.listeners()
-    gateway.bridges()
-    gateway.operations()
-    parts = gateway.parts
-    GatewayService(parts, options.settings, gateway.restored).setServiceParent(parts.top)
-    parts.top.router = parts.router
-    parts.top.parts = parts
-    return parts.top
+    assembly = Assembly(options, reactor)
+    assembly.credentials()
+    assembly.dashboard()
+    assembly.workers()
+    assembly.listeners()
+    assembly.bridges()
+    assembly.operations()
+    return assembly.gateway
