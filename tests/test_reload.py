@@ -156,6 +156,22 @@ def test_a_changed_acl_file_applies_to_the_next_publish(running, tmp_path):
     assert publishes(watcher.received()) == [("b/1", 7)]
 
 
+def test_an_acl_file_no_longer_set_is_dropped_and_says_so(running, tmp_path, logged):
+    acl = tmp_path / "acl"
+    acl.write_text("topic readwrite a/#\n")
+    gateway = running(f'[auth]\nacl_file = "{acl}"\n')
+    watcher = gateway.client("watcher")
+    watcher.send(P.Subscribe(1, [("#", 0)]))
+    watcher.received()
+    publisher = gateway.client("publisher")
+    publisher.send(P.Publish("b/1", b"denied", 0))
+    assert publishes(watcher.received()) == []
+    gateway.reload("")
+    publisher.send(P.Publish("b/1", b"allowed", 0))
+    assert publishes(watcher.received()) == [("b/1", 7)]
+    assert any("acl_file is no longer set" in m for m in logged())
+
+
 def test_a_bridge_added_is_started_and_one_removed_is_stopped(running, logged):
     gateway = running()
     # No keepalive: an hour passes below without a ping.

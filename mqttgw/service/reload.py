@@ -165,8 +165,10 @@ class ReloadService(Service):
             checker = checker.passwords
         if isinstance(checker, PasswordChecker) and table is not None:
             checker.replace(table)
-        if acl is not None:
-            self.gateway.router.access.replace(acl)
+        access = self.gateway.router.access
+        if acl is None and access.acl is not None:
+            log.warn("reload: acl_file is no longer set: every client may read and write every topic")
+        access.replace(acl)
         if (table is None) != (self.gateway.had_passwords is None) or (
             tokens is None
         ) != (self.gateway.had_tokens is None):
