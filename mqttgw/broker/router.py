@@ -168,7 +168,7 @@ class Router:
             for s in self.sessions.values()
             if s.connection is None
             and not s.clean_session
-            and not s.client_id.startswith("\x00")
+            and not s.internal
             and s.last_seen is not None
             and s.last_seen < cutoff
         ]

@@ -23,6 +23,12 @@ _EMPTY = ()
 # No message in flight, shared (read-only) until there is one.
 _NO_FLIGHTS = MappingProxyType({})
 
+# The first character of the client id of a session the gateway keeps for
+# itself (a bridge's): no MQTT client can have it (CONNECT refuses a client
+# id with U+0000), and it is kept in the store with the rest of the id, so
+# the session is known for what it is after a restart too.
+INTERNAL_PREFIX = "\x00"
+
 # Outbound in-flight states.
 AWAITING_ACK = 1  # PUBLISH sent; waiting for PUBACK (QoS 1) or PUBREC (QoS 2)
 AWAITING_PUBCOMP = 2  # PUBREL sent; waiting for PUBCOMP
@@ -76,7 +82,7 @@ class Session:
         "_queue0", "_queue", "queued_bytes", "dropped", "_stats", "_writable",
         "_last_mid", "_retry_call", "_retained", "_retained_call", "last_seen",
         "connected_since", "no_local", "retain_as_published", "may_read",
-        "_gated", "filter_bytes",
+        "_gated", "filter_bytes", "internal",
     )
 
     def __init__(
@@ -92,6 +98,9 @@ class Session:
         # Frames of this connection waiting for a commit before they go out.
         self._gated = 0
         self.client_id = client_id
+        # The gateway's own session, not a client's: not listed or counted
+        # as one, never expired, and its traffic is a bridge's.
+        self.internal = client_id.startswith(INTERNAL_PREFIX)
         self.clean_session = clean_session
         self.clock = clock
         self.limits = limits

@@ -24,10 +24,6 @@ HISTORY_INTERVAL = 5.0
 HISTORY_POINTS = 180
 
 
-def _internal(session):
-    return session.client_id.startswith("\x00")
-
-
 class Gateway:
     def __init__(self, router, clock, store=None, archive=None):
         self.router = router
@@ -116,7 +112,7 @@ class Gateway:
         listed = []
         for session in self.router.sessions.values():
             connection = session.connection
-            if connection is None or _internal(session):
+            if connection is None or session.internal:
                 continue
             listed.append(
                 {
@@ -139,7 +135,7 @@ class Gateway:
 
     def kick(self, client_id):
         session = self.router.sessions.get(client_id)
-        if session is None or session.connection is None or _internal(session):
+        if session is None or session.connection is None or session.internal:
             return False
         session.connection.kick()
         return True
@@ -147,7 +143,7 @@ class Gateway:
     def sessions(self):
         listed = []
         for session in self.router.sessions.values():
-            if session.clean_session or _internal(session):
+            if session.clean_session or session.internal:
                 continue
             listed.append(
                 {
@@ -193,7 +189,7 @@ class Gateway:
             "uptime": round(time.time() - self.started, 1),
             "listeners": [listener.as_dict() for listener in self.listeners],
             "clients": sum(
-                1 for s in router.sessions.values() if s.connection is not None and not _internal(s)
+                1 for s in router.sessions.values() if s.connection is not None and not s.internal
             ),
             "sessions": len(router.sessions),
             "subscriptions": router.subscriptions.count,

@@ -114,7 +114,7 @@ class Metrics:
         sessions = router.sessions.values()
         gauges = [
             ("mqttgw_clients_connected", "clients connected",
-             sum(1 for s in sessions if s.connection is not None and not s.client_id.startswith("\x00"))),
+             sum(1 for s in sessions if s.connection is not None and not s.internal)),
             ("mqttgw_clients_maximum", "most clients connected at once", stats.clients_maximum),
             ("mqttgw_sessions", "sessions, persistent ones away included", len(router.sessions)),
             ("mqttgw_retained_messages", "retained messages", len(router.retained)),

@@ -104,9 +104,9 @@ class SysTopics:
         router = self.router
         stats = router.stats
         sessions = router.sessions.values()
-        connected = sum(1 for s in sessions if s.connection is not None and not _internal(s))
+        connected = sum(1 for s in sessions if s.connection is not None and not s.internal)
         persistent_away = sum(
-            1 for s in sessions if s.connection is None and not s.clean_session and not _internal(s)
+            1 for s in sessions if s.connection is None and not s.clean_session and not s.internal
         )
         stored, stored_bytes = stored_messages(router)
         broker = "$SYS/broker/"
@@ -174,8 +174,3 @@ class SysTopics:
             if self._last.get(topic) != payload:
                 self._last[topic] = payload
                 self.router.publish_sys(Publish(topic, payload, 0, True))
-
-
-def _internal(session):
-    """A bridge's own session: not a client for $SYS/broker/clients."""
-    return session.client_id.startswith("\x00")
