@@ -11,7 +11,6 @@ from collections import deque
 from twisted.internet.task import LoopingCall
 
 from mqttgw.broker.access import BRIDGE_STATE_PREFIX
-from mqttgw.web.systopics import stored_messages
 from mqttgw.wire import packets as P
 
 # Seconds between store probes; the store is unready once no commit has
@@ -184,18 +183,15 @@ class Gateway:
     def overview(self):
         router = self.router
         store = self.store
-        stored, stored_bytes = stored_messages(router)
         return {
             "uptime": round(time.time() - self.started, 1),
             "listeners": [listener.as_dict() for listener in self.listeners],
-            "clients": sum(
-                1 for s in router.sessions.values() if s.connection is not None and not s.internal
-            ),
+            "clients": router.stats.clients_connected,
             "sessions": len(router.sessions),
             "subscriptions": router.subscriptions.count,
             "retained": len(router.retained),
-            "stored_messages": stored,
-            "stored_bytes": stored_bytes,
+            "stored_messages": router.stats.stored_messages,
+            "stored_bytes": router.stats.queued_bytes,
             "stats": router.stats.as_dict(),
             "store": None
             if store is None
