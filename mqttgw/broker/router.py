@@ -24,8 +24,8 @@ class Router:
     max_retained_messages = 0
     # Seconds a persistent session may go unused, or None: for ever.
     persistent_client_expiration = None
-    # Sampling of messages for the delivery latency metric: trace(message)
-    # gives a timed copy, for one message in trace_every.
+    # Sampling of messages for the delivery latency metric (see
+    # trace_deliveries): off until something asks for it.
     trace = None
     trace_every = 0
     _until_trace = -1
@@ -206,6 +206,15 @@ class Router:
             session.restore(stored)
 
     # Publish
+
+    def trace_deliveries(self, trace, every):
+        """
+        From the next message on, route one message in ``every`` as
+        ``trace(message)`` returns it: a copy whose deliveries are timed.
+        """
+        self.trace = trace
+        self.trace_every = every
+        self._until_trace = 1
 
     def may_be_durable(self, message):
         """

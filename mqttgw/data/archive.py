@@ -98,6 +98,16 @@ class Archive:
 
     # The reactor side
 
+    def set_filters(self, include, exclude):
+        """
+        From now on, record the topics one of ``include`` matches and none
+        of ``exclude`` does.
+        """
+        self.include = list(include)
+        self.exclude = list(exclude)
+        # The answers cached under the old filters no longer hold.
+        self._wanted.clear()
+
     def _topic_wanted(self, topic):
         wanted = self._wanted.get(topic)
         if wanted is None:

@@ -82,9 +82,7 @@ class Metrics:
         self.registry.register(self)
         if store is not None:
             store.on_commit = self.commit_latency.observe
-        router.trace = self.trace
-        router.trace_every = TRACE_EVERY
-        router._until_trace = 1
+        router.trace_deliveries(self.trace, TRACE_EVERY)
 
     def trace(self, message):
         """A copy of ``message`` whose deliveries are timed."""
