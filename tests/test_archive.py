@@ -130,6 +130,18 @@ def test_filters_and_directions_choose_what_is_recorded(tmp_path):
     ]
 
 
+def test_new_filters_apply_to_topics_already_seen(tmp_path):
+    a = archive(tmp_path, include=["a"])
+    a.record("in", "c", P.Publish("a", b"1"))
+    a.record("in", "c", P.Publish("b", b"2"))
+    a.set_filters(["b"], [])
+    a.record("in", "c", P.Publish("a", b"3"))
+    a.record("in", "c", P.Publish("b", b"4"))
+    a.stop()
+    rows = read(tmp_path).sort_by("sequence").to_pylist()
+    assert [(r["topic"], r["payload"]) for r in rows] == [("a", b"1"), ("b", b"4")]
+
+
 def test_an_unwritable_directory_drops_and_counts_records_without_raising(tmp_path, logged):
     blocked = tmp_path / "a-file"
     blocked.write_text("not a directory")

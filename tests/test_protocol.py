@@ -432,6 +432,25 @@ def test_publish_on_dollar_topic_is_not_matched_by_leading_wildcard(broker):
     assert publishes(sys.received()) == [("$dev/x", b"1", 0)]
 
 
+def test_traced_deliveries_are_the_next_message_and_then_one_in_every(broker):
+    sub = subscribed(broker, "s", ("t", 0))
+    pub = connected(broker, "p")
+    pub.send(P.Publish("t", b"before"))
+    traced = []
+
+    def trace(message):
+        traced.append(message.payload)
+        return message
+
+    broker.router.trace_deliveries(trace, 3)
+    for i in range(7):
+        pub.send(P.Publish("t", b"%d" % i))
+    assert traced == [b"0", b"3", b"6"]
+    assert [payload for _, payload, _ in publishes(sub.received())] == [b"before"] + [
+        b"%d" % i for i in range(7)
+    ]
+
+
 def test_publisher_receives_its_own_message_when_subscribed(broker):
     client = subscribed(broker, "c", ("a", 0))
     client.send(P.Publish("a", b"echo"))

@@ -7,6 +7,7 @@ import sqlite3
 
 import pytest
 
+from mqttgw.broker.session import INTERNAL_PREFIX
 from mqttgw.broker.store import Store, StoreError
 from mqttgw.testing import FakeBroker
 from mqttgw.wire import packets as P
@@ -208,6 +209,18 @@ def test_a_clean_session_removes_the_stored_one(broker):
     connected(broker, "s", clean_session=True)
     broker.commit()
     assert "s" not in broker.restart().router.sessions
+
+
+def test_a_bridge_session_is_internal_after_a_restart_and_a_client_session_is_not(broker):
+    # A bridge holds its session through the router, as MQTTBridge does.
+    bridge, _ = broker.router.connect(INTERNAL_PREFIX + "bridge/up", clean_session=False)
+    persistent_subscriber(broker, "s", ("a", 1))
+    broker.commit()
+    assert bridge.internal
+    assert not broker.router.sessions["s"].internal
+    after = broker.restart().router.sessions
+    assert after[INTERNAL_PREFIX + "bridge/up"].internal
+    assert not after["s"].internal
 
 
 def test_unsubscribe_is_stored(broker):

@@ -20,7 +20,7 @@ from zope.interface import implementer
 
 from mqttgw.bridges.client import ConnectRefused, MQTTClientFactory
 from mqttgw.broker.access import BRIDGE_STATE_PREFIX, notification_topic
-from mqttgw.broker.session import SessionLimits
+from mqttgw.broker.session import INTERNAL_PREFIX, SessionLimits
 from mqttgw.broker.store import OrderedAcks
 from mqttgw.broker.topics import InvalidTopic, matches, validate_topic_filter
 from mqttgw.schema import REQUIRED, ConfigError, Key, check_table
@@ -381,7 +381,7 @@ class MQTTBridge(Service):
         self.settings = settings
         self.reactor = reactor
         self.name = f"bridge {settings.name}"
-        self.session_id = f"\x00bridge/{settings.name}"
+        self.session_id = f"{INTERNAL_PREFIX}bridge/{settings.name}"
         self.session = None
         self.upstream = None
         self._acks = None

@@ -10,56 +10,12 @@ from twisted.logger import Logger
 from mqttgw.broker.access import Access
 from mqttgw.broker.ratelimited import RateLimited
 from mqttgw.broker.session import Session, SessionLimits
+from mqttgw.broker.stats import Stats
 from mqttgw.broker.topics import RetainedTree, SubscriptionTrie, filter_size
 from mqttgw.wire.packets import Publish
 from mqttgw.wire.printable import printable
 
 log = Logger()
-
-
-class Stats:
-    """Counters an operator (and the health endpoint) can read."""
-
-    __slots__ = (
-        "connections",
-        # Connections to WebSocket ports that have not upgraded yet.
-        "handshakes",
-        "messages_received",
-        "messages_delivered",
-        "messages_dropped",
-        "protocol_errors",
-        "connections_refused",
-        # CONNECTs refused for their credentials (CONNACK 3, 4 or 5).
-        "logins_refused",
-        # PUBLISHes not routed: the client may not write the topic.
-        "messages_denied",
-        # For $SYS and /metrics, with mosquitto's meanings: all packets and
-        # bytes in and out, PUBLISH payload bytes, the most clients
-        # connected at once, persistent sessions expired.
-        "packets_received",
-        "packets_sent",
-        "bytes_received",
-        "bytes_sent",
-        "publish_bytes_received",
-        "publish_bytes_sent",
-        "clients_maximum",
-        "clients_expired",
-        "connections_accepted",
-        # New retained topics, or persistent sessions, refused at a limit.
-        "retained_refused",
-        "sessions_refused",
-        # QoS 1/2 publishes refused because the store could not commit.
-        "store_refused",
-        # Topic filters refused at a client's subscription bounds.
-        "subscriptions_refused",
-    )
-
-    def __init__(self):
-        for name in self.__slots__:
-            setattr(self, name, 0)
-
-    def as_dict(self):
-        return {name: getattr(self, name) for name in self.__slots__}
 
 
 class Router:
@@ -68,8 +24,8 @@ class Router:
     max_retained_messages = 0
     # Seconds a persistent session may go unused, or None: for ever.
     persistent_client_expiration = None
-    # Sampling of messages for the delivery latency metric: trace(message)
-    # gives a timed copy, for one message in trace_every.
+    # Sampling of messages for the delivery latency metric (see
+    # trace_deliveries): off until something asks for it.
     trace = None
     trace_every = 0
     _until_trace = -1
@@ -145,13 +101,10 @@ class Router:
         existing = self.sessions.get(client_id)
         if existing is not None and not existing.clean_session:
             return True
-        if self.persistent_sessions() < limit:
+        if self.stats.persistent_sessions < limit:
             return True
         self.stats.sessions_refused += 1
         return False
-
-    def persistent_sessions(self):
-        return sum(1 for s in self.sessions.values() if not s.clean_session)
 
     def expire_sessions(self):
         """
@@ -168,7 +121,7 @@ class Router:
             for s in self.sessions.values()
             if s.connection is None
             and not s.clean_session
-            and not s.client_id.startswith("\x00")
+            and not s.internal
             and s.last_seen is not None
             and s.last_seen < cutoff
         ]
@@ -212,6 +165,11 @@ class Router:
             client_id, clean_session, self.clock, self.limits, self.stats, self.store
         )
         self.sessions[client_id] = session
+        if not clean_session:
+            stats = self.stats
+            stats.persistent_sessions += 1
+            if not session.internal:
+                stats.clients_disconnected += 1
         return session
 
     def _discard(self, session):
@@ -223,6 +181,14 @@ class Router:
             session.store.delete_session(session.client_id)
         if self.sessions.get(session.client_id) is session:
             del self.sessions[session.client_id]
+            # What it held goes with it (a clean session's queue, say).
+            stats = self.stats
+            stats.stored_messages -= session.queued + len(session.inflight)
+            stats.queued_bytes -= session.queued_bytes
+            if not session.clean_session:
+                stats.persistent_sessions -= 1
+                if not session.internal and session.connection is None:
+                    stats.clients_disconnected -= 1
 
     def restore(self, retained, sessions):
         """Retained messages and persistent sessions loaded from the store."""
@@ -240,6 +206,15 @@ class Router:
             session.restore(stored)
 
     # Publish
+
+    def trace_deliveries(self, trace, every):
+        """
+        From the next message on, route one message in ``every`` as
+        ``trace(message)`` returns it: a copy whose deliveries are timed.
+        """
+        self.trace = trace
+        self.trace_every = every
+        self._until_trace = 1
 
     def may_be_durable(self, message):
         """

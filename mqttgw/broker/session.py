@@ -11,6 +11,7 @@ from types import MappingProxyType
 import attr
 from twisted.logger import Logger
 
+from mqttgw.broker.stats import Stats
 from mqttgw.wire.framing import ProtocolViolation
 from mqttgw.wire.packets import Publish, Pubrel
 from mqttgw.wire.printable import printable
@@ -22,6 +23,12 @@ log = Logger()
 _EMPTY = ()
 # No message in flight, shared (read-only) until there is one.
 _NO_FLIGHTS = MappingProxyType({})
+
+# The first character of the client id of a session the gateway keeps for
+# itself (a bridge's): no MQTT client can have it (CONNECT refuses a client
+# id with U+0000), and it is kept in the store with the rest of the id, so
+# the session is known for what it is after a restart too.
+INTERNAL_PREFIX = "\x00"
 
 # Outbound in-flight states.
 AWAITING_ACK = 1  # PUBLISH sent; waiting for PUBACK (QoS 1) or PUBREC (QoS 2)
@@ -76,7 +83,7 @@ class Session:
         "_queue0", "_queue", "queued_bytes", "dropped", "_stats", "_writable",
         "_last_mid", "_retry_call", "_retained", "_retained_call", "last_seen",
         "connected_since", "no_local", "retain_as_published", "may_read",
-        "_gated", "filter_bytes",
+        "_gated", "filter_bytes", "internal",
     )
 
     def __init__(
@@ -92,6 +99,9 @@ class Session:
         # Frames of this connection waiting for a commit before they go out.
         self._gated = 0
         self.client_id = client_id
+        # The gateway's own session, not a client's: not listed or counted
+        # as one, never expired, and its traffic is a bridge's.
+        self.internal = client_id.startswith(INTERNAL_PREFIX)
         self.clean_session = clean_session
         self.clock = clock
         self.limits = limits
@@ -113,8 +123,9 @@ class Session:
         self._queue = _EMPTY
         self.queued_bytes = 0
         self.dropped = 0
-        # The router's counters, where drops are totalled for operators.
-        self._stats = stats
+        # The router's counters, where drops, connected clients and stored
+        # messages are totalled for operators.
+        self._stats = stats if stats is not None else Stats()
         self._writable = False
         self._last_mid = 0
         self._retry_call = None
@@ -139,6 +150,11 @@ class Session:
         A connection takes this session.  Unacknowledged deliveries are sent
         again, with DUP set, in their original order; then the queue drains.
         """
+        if self.connection is None and not self.internal:
+            stats = self._stats
+            stats.clients_connected += 1
+            if not self.clean_session:
+                stats.clients_disconnected -= 1
         self.connection = connection
         self._writable = True
         self._gated = 0
@@ -151,6 +167,11 @@ class Session:
         self.pump()
 
     def detach(self):
+        if self.connection is not None and not self.internal:
+            stats = self._stats
+            stats.clients_connected -= 1
+            if not self.clean_session:
+                stats.clients_disconnected += 1
         self.connection = None
         self._writable = False
         if self._retry_call is not None:
@@ -163,8 +184,12 @@ class Session:
         if self.clean_session:
             self._retained = _EMPTY
         if not self.limits.queue_qos0_messages:
+            size = 0
             for message, _, _, _ in self._queue0:
-                self.queued_bytes -= len(message.payload)
+                size += len(message.payload)
+            self.queued_bytes -= size
+            self._stats.queued_bytes -= size
+            self._stats.stored_messages -= len(self._queue0)
             self._queue0 = _EMPTY
 
     def pause(self):
@@ -205,6 +230,9 @@ class Session:
             and not self._queue
             and len(self.inflight) < self.limits.max_inflight_messages
         ):
+            # Counted here rather than in _send: a message the queue moves
+            # in flight was counted when it was queued.
+            self._stats.stored_messages += 1
             self._send(message, qos, retain, seq, stored=False)
         else:
             if seq is not None:
@@ -223,8 +251,7 @@ class Session:
 
     def _drop(self, message, qos):
         self.dropped += 1
-        if self._stats is not None:
-            self._stats.messages_dropped += 1
+        self._stats.messages_dropped += 1
         if self.dropped == 1 or self.dropped % 1000 == 0:
             log.warn(
                 "client {client_id} queue full: dropped QoS {qos} message"
@@ -239,9 +266,13 @@ class Session:
         """With drop_oldest: evict queued messages until ``message`` fits."""
         if not self.limits.drop_oldest:
             return False
+        stats = self._stats
         while self._full(message) and (self._queue0 or self._queue):
             old, qos, _, seq = (self._queue0 or self._queue).popleft()
-            self.queued_bytes -= len(old.payload)
+            size = len(old.payload)
+            self.queued_bytes -= size
+            stats.queued_bytes -= size
+            stats.stored_messages -= 1
             if seq is not None:
                 self.store.delete_delivery(self.client_id, seq)
             self._drop(old, qos)
@@ -251,21 +282,32 @@ class Session:
         if seq is None and self._full(message) and not self._make_room(message):
             self._drop(message, qos)
             return
-        self.queued_bytes += len(message.payload)
+        size = len(message.payload)
+        self.queued_bytes += size
+        stats = self._stats
+        stats.queued_bytes += size
+        stats.stored_messages += 1
         queue.append((message, qos, retain, seq))
 
     def pump(self):
         """Move queued messages to the wire as the socket and window allow."""
+        stats = self._stats
         queue0 = self._queue0
         while queue0 and self._writable:
             message, _, retain, _ = queue0.popleft()
-            self.queued_bytes -= len(message.payload)
+            size = len(message.payload)
+            self.queued_bytes -= size
+            stats.queued_bytes -= size
+            stats.stored_messages -= 1
             self.connection.write(message.frame(0, None, retain))
         queue = self._queue
         window = self.limits.max_inflight_messages
         while queue and self._writable and len(self.inflight) < window:
             message, qos, retain, seq = queue.popleft()
-            self.queued_bytes -= len(message.payload)
+            # Still stored: from the queue to the in-flight window.
+            size = len(message.payload)
+            self.queued_bytes -= size
+            stats.queued_bytes -= size
             self._send(message, qos, retain, seq, stored=True)
         # Drained queues are let go, so an idle client holds no deque.
         if not queue0 and self._queue0 is queue0:
@@ -292,8 +334,7 @@ class Session:
             # a full queue drops messages.
             retained.popleft()
             self.dropped += 1
-            if self._stats is not None:
-                self._stats.messages_dropped += 1
+            self._stats.messages_dropped += 1
             log.warn(
                 "client {client_id}: {n} SUBSCRIBEs' retained messages not yet"
                 " taken; dropping the oldest",
@@ -446,6 +487,7 @@ class Session:
 
     def _complete(self, mid, flight):
         del self.inflight[mid]
+        self._stats.stored_messages -= 1
         if flight.seq is not None:
             self.store.delete_delivery(self.client_id, flight.seq)
         self.pump()
@@ -455,6 +497,9 @@ class Session:
     def restore(self, stored):
         """Queued and in-flight deliveries as the store had them, in order."""
         now = self.clock.seconds()
+        stats = self._stats
+        stored_before = self.queued + len(self.inflight)
+        queued_bytes_before = self.queued_bytes
         for d in stored.deliveries:
             message = Publish(d.topic, d.payload, d.qos, d.retain)
             self._seq = max(self._seq, d.seq)
@@ -470,6 +515,8 @@ class Session:
                     message, d.qos, d.retain, d.seq, now, d.state
                 )
                 self._last_mid = d.message_id
+        stats.stored_messages += self.queued + len(self.inflight) - stored_before
+        stats.queued_bytes += self.queued_bytes - queued_bytes_before
         self.awaiting_pubrel = set(stored.awaiting_pubrel)
 
     # Inbound QoS 2, from this session's client

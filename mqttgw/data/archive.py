@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 
+from mqttgw.broker.session import INTERNAL_PREFIX
 from mqttgw.broker.topics import matches
 
 log = Logger()
@@ -97,6 +98,16 @@ class Archive:
 
     # The reactor side
 
+    def set_filters(self, include, exclude):
+        """
+        From now on, record the topics one of ``include`` matches and none
+        of ``exclude`` does.
+        """
+        self.include = list(include)
+        self.exclude = list(exclude)
+        # The answers cached under the old filters no longer hold.
+        self._wanted.clear()
+
     def _topic_wanted(self, topic):
         wanted = self._wanted.get(topic)
         if wanted is None:
@@ -130,12 +141,12 @@ class Archive:
         if sender is None:
             direction, client_id = "in", ""
         else:
-            direction = "bridge_in" if sender.no_local else "in"
-            client_id = sender.client_id.lstrip("\x00")
+            direction = "bridge_in" if sender.internal else "in"
+            client_id = sender.client_id.removeprefix(INTERNAL_PREFIX)
         self.record(direction, client_id, message)
         if "out" in self.directions:
             for session, _ in subscribers:
-                if not session.no_local:
+                if not session.internal:
                     self.record("out", session.client_id, message)
 
     def _hand_off(self):

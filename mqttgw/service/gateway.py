@@ -14,7 +14,6 @@ from twisted.logger import Logger
 
 from mqttgw import __version__
 from mqttgw.broker.access import BRIDGE_STATE_PREFIX
-from mqttgw.web.systopics import stored_messages
 from mqttgw.wire import packets as P
 
 # Seconds between store probes; the store is unready once no commit has
@@ -28,10 +27,6 @@ HISTORY_POINTS = 180
 
 
 log = Logger()
-
-
-def _internal(session):
-    return session.client_id.startswith("\x00")
 
 
 class Gateway(MultiService):
@@ -167,7 +162,7 @@ class Gateway(MultiService):
         listed = []
         for session in self.router.sessions.values():
             connection = session.connection
-            if connection is None or _internal(session):
+            if connection is None or session.internal:
                 continue
             listed.append(
                 {
@@ -190,7 +185,7 @@ class Gateway(MultiService):
 
     def kick(self, client_id):
         session = self.router.sessions.get(client_id)
-        if session is None or session.connection is None or _internal(session):
+        if session is None or session.connection is None or session.internal:
             return False
         session.connection.kick()
         return True
@@ -198,7 +193,7 @@ class Gateway(MultiService):
     def sessions(self):
         listed = []
         for session in self.router.sessions.values():
-            if session.clean_session or _internal(session):
+            if session.clean_session or session.internal:
                 continue
             listed.append(
                 {
@@ -239,18 +234,15 @@ class Gateway(MultiService):
     def overview(self):
         router = self.router
         store = self.store
-        stored, stored_bytes = stored_messages(router)
         return {
             "uptime": round(time.time() - self.started, 1),
             "listeners": [listener.as_dict() for listener in self.listeners],
-            "clients": sum(
-                1 for s in router.sessions.values() if s.connection is not None and not _internal(s)
-            ),
+            "clients": router.stats.clients_connected,
             "sessions": len(router.sessions),
             "subscriptions": router.subscriptions.count,
             "retained": len(router.retained),
-            "stored_messages": stored,
-            "stored_bytes": stored_bytes,
+            "stored_messages": router.stats.stored_messages,
+            "stored_bytes": router.stats.queued_bytes,
             "stats": router.stats.as_dict(),
             "store": None
             if store is None

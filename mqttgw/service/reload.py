@@ -132,12 +132,10 @@ class ReloadService(Service):
         archive = gateway.archive
         if archive is not None:
             a = settings.section("archive")
-            archive.include = list(a["include"])
-            archive.exclude = list(a["exclude"])
+            archive.set_filters(a["include"], a["exclude"])
             archive.directions = frozenset(a["directions"])
             archive.roll_seconds = a["roll_seconds"]
             archive.roll_rows = a["roll_rows"]
-            archive._wanted.clear()
         table, acl, tokens = new["auth_files"]
         self._swap_auth(new["auth_files"])
         for listener, renewed in new["tls"]:

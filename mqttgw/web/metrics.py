@@ -10,7 +10,6 @@ import time
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from mqttgw.web.systopics import stored_messages
 from mqttgw.wire.packets import Publish
 
 # One PUBLISH in this many (the first among them) is traced from its
@@ -83,9 +82,7 @@ class Metrics:
         self.registry.register(self)
         if store is not None:
             store.on_commit = self.commit_latency.observe
-        router.trace = self.trace
-        router.trace_every = TRACE_EVERY
-        router._until_trace = 1
+        router.trace_deliveries(self.trace, TRACE_EVERY)
 
     def trace(self, message):
         """A copy of ``message`` whose deliveries are timed."""
@@ -111,16 +108,14 @@ class Metrics:
             counter = CounterMetricFamily(name, text)
             counter.add_metric([], getattr(stats, attribute))
             yield counter
-        sessions = router.sessions.values()
         gauges = [
-            ("mqttgw_clients_connected", "clients connected",
-             sum(1 for s in sessions if s.connection is not None and not s.client_id.startswith("\x00"))),
+            ("mqttgw_clients_connected", "clients connected", stats.clients_connected),
             ("mqttgw_clients_maximum", "most clients connected at once", stats.clients_maximum),
             ("mqttgw_sessions", "sessions, persistent ones away included", len(router.sessions)),
             ("mqttgw_retained_messages", "retained messages", len(router.retained)),
             ("mqttgw_subscriptions", "subscriptions", router.subscriptions.count),
             ("mqttgw_messages_stored", "messages queued or in flight for sessions",
-             stored_messages(router)[0]),
+             stats.stored_messages),
             ("mqttgw_websocket_handshakes", "WebSocket connections not yet upgraded",
              stats.handshakes),
         ]

@@ -59,15 +59,6 @@ SHARED = [
 ]
 
 
-def stored_messages(router):
-    """Messages held for sessions (queued and in flight), and their bytes."""
-    count = size = 0
-    for session in router.sessions.values():
-        count += session.queued + len(session.inflight)
-        size += session.queued_bytes
-    return count, size
-
-
 class SysTopics:
     """
     Publishes the ``$SYS`` tree through ``router.publish_sys`` every
@@ -103,12 +94,8 @@ class SysTopics:
         """``{topic: text}`` as of now."""
         router = self.router
         stats = router.stats
-        sessions = router.sessions.values()
-        connected = sum(1 for s in sessions if s.connection is not None and not _internal(s))
-        persistent_away = sum(
-            1 for s in sessions if s.connection is None and not s.clean_session and not _internal(s)
-        )
-        stored, stored_bytes = stored_messages(router)
+        connected = stats.clients_connected
+        persistent_away = stats.clients_disconnected
         broker = "$SYS/broker/"
         values = {
             broker + "version": f"mqttgw version {__version__}",
@@ -120,7 +107,7 @@ class SysTopics:
             broker + "clients/expired": stats.clients_expired,
             broker + "messages/received": stats.packets_received,
             broker + "messages/sent": stats.packets_sent,
-            broker + "messages/stored": stored,
+            broker + "messages/stored": stats.stored_messages,
             broker + "publish/messages/received": stats.messages_received,
             broker + "publish/messages/sent": stats.messages_delivered,
             broker + "publish/messages/dropped": stats.messages_dropped,
@@ -130,8 +117,8 @@ class SysTopics:
             broker + "bytes/sent": stats.bytes_sent,
             broker + "retained messages/count": len(router.retained),
             broker + "subscriptions/count": router.subscriptions.count,
-            broker + "store/messages/count": stored,
-            broker + "store/messages/bytes": stored_bytes,
+            broker + "store/messages/count": stats.stored_messages,
+            broker + "store/messages/bytes": stats.queued_bytes,
         }
         values.update(self._load_values(stats))
         store = self.store
@@ -174,8 +161,3 @@ class SysTopics:
             if self._last.get(topic) != payload:
                 self._last[topic] = payload
                 self.router.publish_sys(Publish(topic, payload, 0, True))
-
-
-def _internal(session):
-    """A bridge's own session: not a client for $SYS/broker/clients."""
-    return session.client_id.startswith("\x00")
