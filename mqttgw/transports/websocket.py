@@ -234,6 +234,9 @@ class MQTTWebSocketProtocol(WebSocketServerProtocol):
     # next one rather than handed to autobahn (whose parser then takes
     # every frame after it, at several times the cost).
     _partial = None
+    # The bytes that frame needs before it can be parsed (its header, or
+    # all of it).
+    _partial_need = 0
     _fragment = None
 
     def dataReceived(self, data):
@@ -242,8 +245,13 @@ class MQTTWebSocketProtocol(WebSocketServerProtocol):
             return
         partial = self._partial
         if partial is not None:
+            # Gathered until the frame it starts can be parsed, so a large
+            # frame over many reads is copied once, not once a read.
+            partial += data
+            if len(partial) < self._partial_need:
+                return
             self._partial = None
-            data = partial + data
+            data = bytes(partial)
         self._take(data, 0)
 
     def _take(self, data, at):
@@ -285,12 +293,10 @@ class MQTTWebSocketProtocol(WebSocketServerProtocol):
         frames = 0
         # Bytes so far of a fragmented message, or None outside one.
         fragment = self._fragment
-        while frames < FRAMES_PER_TURN:
-            if at + 6 > size:
-                if at < size and data[at] in _FAST_FRAMES:
-                    self._partial = bytes(view[at:])
-                    at = size
-                break
+        # A frame the read cut short, to complete with the next read: (its
+        # offset, the bytes it needs), or None.
+        cut = None
+        while frames < FRAMES_PER_TURN and at < size:
             first = data[at]
             if first == 0x82:
                 if fragment is not None:
@@ -303,27 +309,35 @@ class MQTTWebSocketProtocol(WebSocketServerProtocol):
                     # A continuation outside a message, or a new message
                     # inside one.
                     break
+            if at + 2 > size:
+                cut = (at, 6)
+                break
             length = data[at + 1] ^ 0x80
             header = 6
             if length >= 126:
                 if length == 126:
-                    length = int.from_bytes(view[at + 2 : at + 4], "big")
-                    header = 8
-                    minimum = 126
+                    header, minimum = 8, 126
                 elif length == 127:
-                    length = int.from_bytes(view[at + 2 : at + 10], "big")
-                    header = 14
-                    minimum = 65536
+                    header, minimum = 14, 65536
                 else:  # not masked
                     break
-                if length < minimum or first >= 0x89:
+                if first >= 0x89:
+                    break
+            if at + header > size:
+                cut = (at, header)
+                break
+            if header != 6:
+                length = int.from_bytes(view[at + 2 : at + header - 4], "big")
+                if length < minimum:
                     break
             if limit and (length > limit or (fragment is not None and fragment + length > limit)):
                 break
             if at + header + length > size:
-                if header + length <= _SMALL_FRAME:
-                    self._partial = bytes(view[at:])
-                    at = size
+                # A small frame, or a fragment of a message this path has
+                # begun (autobahn could not take it up halfway): kept whole.
+                # Larger frames are autobahn's, which streams them.
+                if header + length <= _SMALL_FRAME or fragment is not None:
+                    cut = (at, header + length)
                 break
             start = at + header
             payload = _unmask(view[start : start + length], data[start - 4 : start])
@@ -337,6 +351,10 @@ class MQTTWebSocketProtocol(WebSocketServerProtocol):
                 payloads.append(payload)
                 fragment = None if first & 0x80 else (fragment or 0) + length
         self._fragment = fragment
+        if cut is not None:
+            at, self._partial_need = cut
+            self._partial = bytearray(view[at:])
+            at = size
         if payloads:
             self._mqtt.dataReceived(payloads[0] if len(payloads) == 1 else b"".join(payloads))
             if self.transport is None:
