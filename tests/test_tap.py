@@ -155,6 +155,9 @@ def test_twistd_bad_config_exits_nonzero_with_the_key_named(tmp_path):
 
 def test_sigterm_shuts_down_cleanly(tmp_path):
     gw = Gateway(tmp_path)
+    # Running, so twistd's signal handlers are in place: the port is bound
+    # before the reactor runs, and a SIGTERM then would meet Python's own.
+    gw.wait_for_log("running: listeners")
     # twistd stops the reactor, then re-raises SIGTERM as its exit status.
     assert gw.stop(signal.SIGTERM) in (0, -signal.SIGTERM)
     assert "Server Shut Down." in gw.log()
