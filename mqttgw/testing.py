@@ -123,9 +123,14 @@ class FakeClient:
         self.protocol = broker.factory.buildProtocol(peer)
         self.protocol.makeConnection(self.transport)
         self._framer = Framer(P.MAX_REMAINING_LENGTH + 5)
+        self._framer.from_client = False
         self._lost = False
 
     def send(self, *packets):
+        for p in packets:
+            if isinstance(p, P.Connect) and p.protocol_level == P.MQTT_5:
+                # What the broker sends back is in 5.0's form.
+                self._framer.v5 = True
         self.send_bytes(b"".join(p.encode() for p in packets))
 
     def send_bytes(self, data):

@@ -44,7 +44,7 @@ def test_connect_is_answered_with_connack_accepted(broker, version):
 
 
 @pytest.mark.parametrize(
-    "name,level", [("MQIsdp", 4), ("MQTT", 3), ("MQTT", 5), ("MQIsdp", 1)]
+    "name,level", [("MQIsdp", 4), ("MQTT", 3), ("MQTT", 6), ("MQIsdp", 1)]
 )
 def test_unsupported_protocol_gets_connack_1_and_close(broker, name, level):
     client = broker.client(P.Connect(client_id="c", protocol_name=name, protocol_level=level))

@@ -75,7 +75,7 @@ def test_unknown_protocol_name_is_closed_without_connack(broker, split, name):
 
 
 @fed
-@pytest.mark.parametrize("name,level", [(b"MQTT", 3), (b"MQTT", 5), (b"MQIsdp", 4)])
+@pytest.mark.parametrize("name,level", [(b"MQTT", 3), (b"MQTT", 6), (b"MQIsdp", 4)])
 def test_known_name_with_unsupported_level_gets_connack_1(broker, split, name, level):
     client = broker.client()
     body = string(name) + bytes((level,)) + b"\x02\x00\x00" + string("c")

@@ -11,11 +11,21 @@ from mqttgw.broker.access import Access
 from mqttgw.broker.ratelimited import RateLimited
 from mqttgw.broker.session import Session, SessionLimits
 from mqttgw.broker.stats import Stats
+from mqttgw.broker.subscriptions import (
+    SharedGroup,
+    from_stored,
+    is_shared,
+    options_for,
+    shared_filter,
+)
 from mqttgw.broker.topics import RetainedTree, SubscriptionTrie, filter_size
 from mqttgw.wire.packets import Publish
 from mqttgw.wire.printable import printable
 
 log = Logger()
+
+# A 5.0 session expiry interval that means "never".
+NEVER_EXPIRES = 0xFFFFFFFF
 
 
 class Router:
@@ -40,6 +50,8 @@ class Router:
         self.recorder = None
         self.sessions = {}
         self.subscriptions = SubscriptionTrie()
+        # Shared subscriptions' groups by (share name, filter).
+        self.shared = {}
         self.retained = RetainedTree()
         # Who may write and read what (the ACL, reserved topics).
         self.access = Access()
@@ -57,13 +69,21 @@ class Router:
 
     # Sessions
 
-    def connect(self, client_id, clean_session, will=None):
+    def connect(self, client_id, clean_session, will=None, expiry_interval=None, will_delay=0):
         """
         Claim the session for ``client_id``, taking it over from any
         connection that holds it (that connection is closed, and its will
         published, before this returns).  Returns ``(session,
         session_present)``; the caller sends CONNACK, then attaches.
+
+        ``clean_session`` is 3.1.1's Clean Session, or with an
+        ``expiry_interval`` (5.0) its Clean Start: then the session
+        outlives the connection for that many seconds.
         """
+        if expiry_interval is not None:
+            clean_start, clean_session = clean_session, expiry_interval == 0
+        else:
+            clean_start = clean_session
         session = self.sessions.get(client_id)
         if session is not None and session.connection is not None:
             old = session.connection
@@ -74,21 +94,50 @@ class Router:
             # A persistent session resumed by its own client is a
             # reconnection, not a failure: its will is published only when
             # a clean session is involved on either side.
-            old.taken_over(publish_will=clean_session or session.clean_session)
+            old.taken_over(publish_will=clean_start or session.clean_session)
             session = self.sessions.get(client_id)
         present = False
         if session is not None:
-            if clean_session or session.clean_session:
-                self._discard(session)
+            if clean_start or session.clean_session:
+                # It ends: a will waiting for its delay goes now.
+                self._end_session(session)
                 session = None
             else:
+                # Back before its will's delay or its expiry: neither happens.
+                session.cancel_timers()
                 present = True
+                if clean_session:
+                    # Resumed by a 5.0 client that keeps it no longer.
+                    self._forget(session)
+                elif session.expiry_interval != expiry_interval and session.store is not None:
+                    session.store.set_session_expiry(client_id, expiry_interval)
         if session is None:
             session = self._new_session(client_id, clean_session)
             if session.store is not None:
-                session.store.add_session(client_id)
+                session.store.add_session(client_id, expiry_interval)
+        session.expiry_interval = expiry_interval
         session.will = will
+        session.will_delay = will_delay
         return session, present
+
+    def set_session_expiry(self, session, expiry_interval):
+        """A 5.0 DISCONNECT changed the session's expiry interval."""
+        if expiry_interval == 0 and not session.clean_session:
+            self._forget(session)
+        elif session.store is not None:
+            session.store.set_session_expiry(session.client_id, expiry_interval)
+        session.expiry_interval = expiry_interval
+
+    def _forget(self, session):
+        """A persistent session becomes one that ends with its connection."""
+        if session.store is not None:
+            session.store.delete_session(session.client_id)
+            session.store = None
+        session.clean_session = True
+        stats = self.stats
+        stats.persistent_sessions -= 1
+        if not session.internal and session.connection is None:
+            stats.clients_disconnected -= 1
 
     def may_start_session(self, client_id, clean_session):
         """
@@ -124,6 +173,7 @@ class Router:
             and not s.internal
             and s.last_seen is not None
             and s.last_seen < cutoff
+            and s.expiry_interval in (None, NEVER_EXPIRES)
         ]
         for session in expired:
             log.info(
@@ -131,9 +181,32 @@ class Router:
                 client_id=printable(session.client_id),
                 away=self.clock.seconds() - session.last_seen,
             )
-            self._discard(session)
+            self._end_session(session)
         self.stats.clients_expired += len(expired)
         return len(expired)
+
+    def _expired(self, session):
+        """A 5.0 session's expiry interval ran out."""
+        session.expiry_call = None
+        if self.sessions.get(session.client_id) is not session or session.connection is not None:
+            return
+        log.info(
+            "session of client {client_id} expired ({interval}s)",
+            client_id=printable(session.client_id),
+            interval=session.expiry_interval,
+        )
+        self.stats.clients_expired += 1
+        self._end_session(session)
+
+    def _end_session(self, session):
+        """The session ends: a will still waiting for its delay goes now."""
+        will = None
+        if session.will_call is not None:
+            will = session.will_call.args[1]
+        session.cancel_timers()
+        self._discard(session)
+        if will is not None:
+            self._publish_will(session, will)
 
     def delete_session(self, client_id):
         """The admin API's delete: a session not in use, and its store rows."""
@@ -152,13 +225,29 @@ class Router:
         will, session.will = session.will, None
         if session.clean_session:
             self._discard(session)
-        if publish_will and will is not None:
-            log.info(
-                "publishing will of {client_id} on {topic}",
-                client_id=printable(session.client_id),
-                topic=printable(will.topic),
+        elif session.expiry_interval not in (None, NEVER_EXPIRES):
+            session.expiry_call = self.clock.callLater(
+                session.expiry_interval, self._expired, session
             )
-            self.publish(will, sender=session)
+        if publish_will and will is not None:
+            if session.will_delay and not session.clean_session:
+                # Sent when the delay ends, or the session does if sooner.
+                session.will_call = self.clock.callLater(
+                    session.will_delay, self._publish_will, session, will
+                )
+            else:
+                self._publish_will(session, will)
+
+    def _publish_will(self, session, will):
+        session.will_call = None
+        log.info(
+            "publishing will of {client_id} on {topic}",
+            client_id=printable(session.client_id),
+            topic=printable(will.topic),
+        )
+        if will.properties and "message_expiry_interval" in will.properties:
+            will.expiry = self.clock.seconds() + will.properties["message_expiry_interval"]
+        self.publish(will, sender=session)
 
     def _new_session(self, client_id, clean_session):
         session = Session(
@@ -173,9 +262,11 @@ class Router:
         return session
 
     def _discard(self, session):
+        session.cancel_timers()
         for topic_filter in session.subscriptions:
-            self.subscriptions.remove(topic_filter, session)
+            self._unroute(session, topic_filter)
         session.subscriptions.clear()
+        session.options = None
         session.filter_bytes = 0
         if session.store is not None:
             session.store.delete_session(session.client_id)
@@ -192,18 +283,29 @@ class Router:
 
     def restore(self, retained, sessions):
         """Retained messages and persistent sessions loaded from the store."""
-        for topic, payload, qos in retained:
-            self.retained.set(topic, Publish(topic, payload, qos, True))
-        now = self.clock.seconds() if sessions else None
+        for topic, payload, qos, properties, expiry in retained:
+            self.retained.set(
+                topic, Publish(topic, payload, qos, True, properties=properties, expiry=expiry)
+            )
+        now = self.clock.seconds()
         for stored in sessions:
             session = self._new_session(stored.client_id, False)
             # Sessions stored before last_seen was recorded start counting now.
             session.last_seen = stored.last_seen if stored.last_seen is not None else now
-            for topic_filter, qos in stored.subscriptions.items():
+            session.expiry_interval = stored.expiry_interval
+            for topic_filter, value in stored.subscriptions.items():
+                qos, options = from_stored(topic_filter, value)
                 session.subscriptions[topic_filter] = qos
                 session.filter_bytes += filter_size(topic_filter)
-                self.subscriptions.add(topic_filter, session, qos)
+                if options is not None and not options.plain:
+                    if session.options is None:
+                        session.options = {}
+                    session.options[topic_filter] = options
+                self._route(session, topic_filter, qos)
             session.restore(stored)
+            if stored.expiry_interval not in (None, NEVER_EXPIRES):
+                left = session.last_seen + stored.expiry_interval - now
+                session.expiry_call = self.clock.callLater(max(0.0, left), self._expired, session)
 
     # Publish
 
@@ -260,10 +362,17 @@ class Router:
             may_read = session.may_read
             if may_read is not None and not may_read(topic):
                 continue
+            keep_retain = session.retain_as_published
+            if session.options:
+                # 5.0 subscription options: no local, retain as published.
+                granted, rap = options_for(session, topic, granted, session is sender, retain)
+                if granted < 0:
+                    continue
+                keep_retain = keep_retain or rap
             if session.deliver(
                 message,
                 qos if qos < granted else granted,
-                retain and session.retain_as_published,
+                retain and keep_retain,
             ):
                 durable = True
         stats = self.stats
@@ -299,7 +408,7 @@ class Router:
                 return False
             self.retained.set(message.topic, message)
             if store is not None:
-                store.set_retained(message.topic, message.payload, message.qos)
+                store.set_retained(message)
         else:
             # A zero-length retained publish clears the topic's value.
             self.retained.delete(message.topic)
@@ -311,20 +420,57 @@ class Router:
 
     def subscribe(self, session, requests):
         """
-        Add ``[(valid topic filter, requested QoS)]`` to ``session``;
+        Add ``[(valid topic filter, requested QoS)]`` to ``session``, each
+        perhaps with its 5.0 :class:`SubscriptionOptions` as a third item;
         returns the granted QoS for each.
         """
         granted = []
-        for topic_filter, qos in requests:
+        for request in requests:
+            topic_filter, qos = request[0], request[1]
+            options = request[2] if len(request) > 2 else None
             qos = min(qos, self.max_qos)
             if topic_filter not in session.subscriptions:
                 session.filter_bytes += filter_size(topic_filter)
             session.subscriptions[topic_filter] = qos
-            self.subscriptions.add(topic_filter, session, qos)
+            if options is not None and not options.plain:
+                if session.options is None:
+                    session.options = {}
+                session.options[topic_filter] = options
+            elif session.options:
+                session.options.pop(topic_filter, None)
+            self._route(session, topic_filter, qos)
             if session.store is not None:
-                session.store.subscribe(session.client_id, topic_filter, qos)
+                session.store.subscribe(
+                    session.client_id,
+                    topic_filter,
+                    options.stored(qos) if options is not None else qos,
+                )
             granted.append(qos)
         return granted
+
+    def _route(self, session, topic_filter, qos):
+        """Put one of ``session``'s filters in the trie (or in its group)."""
+        if is_shared(topic_filter):
+            name, inner = shared_filter(topic_filter)
+            group = self.shared.get((name, inner))
+            if group is None:
+                group = self.shared[(name, inner)] = SharedGroup(name, inner, self.store)
+                self.subscriptions.add(inner, group, 2)
+            group.add(session, qos)
+        else:
+            self.subscriptions.add(topic_filter, session, qos)
+
+    def _unroute(self, session, topic_filter):
+        if is_shared(topic_filter):
+            key = shared_filter(topic_filter)
+            group = self.shared.get(key)
+            if group is not None:
+                group.remove(session)
+                if not group.members:
+                    del self.shared[key]
+                    self.subscriptions.remove(key[1], group)
+        else:
+            self.subscriptions.remove(topic_filter, session)
 
     def send_retained(self, session, topic_filters):
         """
@@ -333,15 +479,42 @@ class Router:
         them from the tree as its connection takes them.
         """
         granted = session.subscriptions
-        filters = [(f, granted[f]) for f in topic_filters if f in granted]
+        # A shared subscription is sent no retained messages (as mosquitto).
+        filters = [
+            (f, granted[f]) for f in topic_filters if f in granted and not is_shared(f)
+        ]
         if filters and len(self.retained):
-            session.send_retained(self.retained.walk(filters))
+            session.send_retained(self._unexpired(self.retained.walk(filters)))
+
+    def _unexpired(self, walk):
+        """A walk of the retained tree without expired messages (removed)."""
+        for item in walk:
+            if item is not None:
+                message = item[0]
+                if message.expiry is not None and message.expiry <= self.clock.seconds():
+                    self._drop_retained(message)
+                    continue
+            yield item
+
+    def _drop_retained(self, message):
+        if self.retained.get(message.topic) is message:
+            self.retained.delete(message.topic)
+            self.stats.messages_expired += 1
+            if self.store is not None:
+                self.store.delete_retained(message.topic)
+
+    def expire_retained(self):
+        """Remove retained messages whose expiry interval has ended."""
+        now = self.clock.seconds()
+        expired = [m for m in self.retained if m.expiry is not None and m.expiry <= now]
+        for message in expired:
+            self._drop_retained(message)
+        return len(expired)
 
     def stop_routing(self, session):
         """Take ``session``'s filters out of the trie: nothing is routed to it."""
-        trie = self.subscriptions
         for topic_filter in session.subscriptions:
-            trie.remove(topic_filter, session)
+            self._unroute(session, topic_filter)
 
     def resume_routing(self, session):
         """
@@ -350,14 +523,15 @@ class Router:
         """
         if self.sessions.get(session.client_id) is not session:
             return
-        trie = self.subscriptions
         for topic_filter, qos in session.subscriptions.items():
-            trie.add(topic_filter, session, qos)
+            self._route(session, topic_filter, qos)
 
     def unsubscribe(self, session, topic_filters):
         for topic_filter in topic_filters:
             if session.subscriptions.pop(topic_filter, None) is not None:
                 session.filter_bytes -= filter_size(topic_filter)
-                self.subscriptions.remove(topic_filter, session)
+                if session.options:
+                    session.options.pop(topic_filter, None)
+                self._unroute(session, topic_filter)
                 if session.store is not None:
                     session.store.unsubscribe(session.client_id, topic_filter)

@@ -12,6 +12,8 @@ import attr
 from twisted.logger import Logger
 
 from mqttgw.broker.stats import Stats
+from mqttgw.broker.subscriptions import subscription_ids
+from mqttgw.wire import reasons as R
 from mqttgw.wire.framing import ProtocolViolation
 from mqttgw.wire.packets import Publish, Pubrel
 from mqttgw.wire.printable import printable
@@ -56,10 +58,12 @@ class SessionLimits:
 
 
 class _InFlight:
-    __slots__ = ("message", "qos", "retain", "seq", "state", "due", "attempts")
+    __slots__ = ("message", "qos", "retain", "seq", "state", "due", "attempts", "group")
 
-    def __init__(self, message, qos, retain, seq, due, state=AWAITING_ACK):
+    def __init__(self, message, qos, retain, seq, due, state=AWAITING_ACK, group=None):
         self.message = message
+        # The shared subscription it came by, if any.
+        self.group = group
         self.qos = qos
         self.retain = retain
         # The delivery's key in the store (persistent sessions only).
@@ -83,7 +87,8 @@ class Session:
         "_queue0", "_queue", "queued_bytes", "dropped", "_stats", "_writable",
         "_last_mid", "_retry_call", "_retained", "_retained_call", "last_seen",
         "connected_since", "no_local", "retain_as_published", "may_read",
-        "_gated", "filter_bytes", "internal",
+        "_gated", "filter_bytes", "internal", "encoder", "options", "window",
+        "expiry_interval", "expiry_call", "will_call", "will_delay",
     )
 
     def __init__(
@@ -135,6 +140,23 @@ class Session:
         # When its last connection ended (reactor time), for expiry.
         self.last_seen = None
         self.connected_since = None
+        # A 5.0 connection's framing of PUBLISH (see transports.mqtt5), or
+        # None: 3.1.1's.
+        self.encoder = None
+        # 5.0 subscription options, by filter, where any differs from
+        # 3.1.1's (None until then).
+        self.options = None
+        # How many QoS 1/2 messages may be in flight to the client: ours,
+        # or less if the client's receive maximum says so.
+        self.window = limits.max_inflight_messages
+        # 5.0's session expiry interval (s), or None: 3.1.1's persistent
+        # session, kept for persistent_client_expiration.
+        self.expiry_interval = None
+        # The session's own expiry, and its will's delay, while pending.
+        self.expiry_call = None
+        self.will_call = None
+        # 5.0's will delay interval (s).
+        self.will_delay = 0
 
     def __repr__(self):
         return f"<Session {self.client_id!r}>"
@@ -145,11 +167,18 @@ class Session:
 
     # Connection life
 
-    def attach(self, connection):
+    def attach(self, connection, encoder=None, receive_maximum=None):
         """
         A connection takes this session.  Unacknowledged deliveries are sent
         again, with DUP set, in their original order; then the queue drains.
+        A 5.0 connection gives its ``encoder`` and the client's
+        ``receive_maximum``.
         """
+        self.encoder = encoder
+        window = self.limits.max_inflight_messages
+        if receive_maximum is not None and receive_maximum < window:
+            window = receive_maximum
+        self.window = window
         if self.connection is None and not self.internal:
             stats = self._stats
             stats.clients_connected += 1
@@ -159,7 +188,7 @@ class Session:
         self._writable = True
         self._gated = 0
         now = self.connected_since = self.clock.seconds()
-        for mid, flight in self.inflight.items():
+        for mid, flight in list(self.inflight.items()):
             flight.due = now + self.limits.retry_interval
             flight.attempts = 0
             self._resend(mid, flight)
@@ -183,14 +212,65 @@ class Session:
             self._retained_call = None
         if self.clean_session:
             self._retained = _EMPTY
+        self._hand_over_shared()
         if not self.limits.queue_qos0_messages:
             size = 0
-            for message, _, _, _ in self._queue0:
+            for message, _, _, _, _ in self._queue0:
                 size += len(message.payload)
             self.queued_bytes -= size
             self._stats.queued_bytes -= size
             self._stats.stored_messages -= len(self._queue0)
             self._queue0 = _EMPTY
+
+    def cancel_timers(self):
+        """Its expiry and its will's delay stop (it is back, or it ends)."""
+        for name in ("expiry_call", "will_call"):
+            call = getattr(self, name)
+            if call is not None:
+                if call.active():
+                    call.cancel()
+                setattr(self, name, None)
+
+    def _hand_over_shared(self):
+        """
+        Messages that came by a shared subscription and were not yet
+        acknowledged go to another member of its group, if one is
+        connected: all of them when the session ends ([MQTT-4.8.2-5]),
+        only QoS 1 ones when it lasts, since a QoS 2 delivery is completed
+        with the same client when it comes back ([MQTT-4.8.2-4]).
+        """
+        stats = self._stats
+        top = 2 if self.clean_session else 1
+        for mid, flight in list(self.inflight.items()):
+            group = flight.group
+            if (
+                group is not None
+                and flight.state == AWAITING_ACK
+                and flight.qos <= top
+                and group.redeliver(flight.message, flight.qos, self)
+            ):
+                del self.inflight[mid]
+                stats.stored_messages -= 1
+                if flight.seq is not None:
+                    self.store.delete_delivery(self.client_id, flight.seq)
+        queue = self._queue
+        if queue and any(entry[4] is not None for entry in queue):
+            kept = deque()
+            for entry in queue:
+                message, qos, _, seq, group = entry
+                if group is not None and qos <= top and group.redeliver(message, qos, self):
+                    self._unqueue(message, seq)
+                else:
+                    kept.append(entry)
+            self._queue = kept
+
+    def _unqueue(self, message, seq):
+        size = len(message.payload)
+        self.queued_bytes -= size
+        self._stats.queued_bytes -= size
+        self._stats.stored_messages -= 1
+        if seq is not None:
+            self.store.delete_delivery(self.client_id, seq)
 
     def pause(self):
         """The connection's socket is full: hold further messages here."""
@@ -203,21 +283,28 @@ class Session:
 
     # Outbound delivery
 
-    def deliver(self, message, qos, retain=False):
+    def deliver(self, message, qos, retain=False, group=None):
         """
         Send ``message`` at ``qos`` now, or queue it within the limits.
         Returns True when the delivery was written to the store, so that
         its publisher is acknowledged only once that write is committed.
+        ``group``: the shared subscription it came by.
         """
+        if message.expiry is not None and message.expiry <= self.clock.seconds():
+            self._stats.messages_expired += 1
+            return False
         if qos == 0:
             if self._writable and not self._queue0:
-                self.connection.write(message.frame(0, None, retain))
+                if self.encoder is None:
+                    self.connection.write(message.frame(0, None, retain))
+                else:
+                    self._write5(message, 0, None, retain, False, group)
                 return False
             if self.connection is None and not self.limits.queue_qos0_messages:
                 return False
             if not self._queue0:
                 self._queue0 = deque()
-            self._enqueue(self._queue0, message, qos, retain, None)
+            self._enqueue(self._queue0, message, qos, retain, None, group)
             return False
         seq = None
         if self.store is not None:
@@ -225,22 +312,39 @@ class Session:
                 self._drop(message, qos)
                 return False
             self._seq = seq = self._seq + 1
-        if (
-            self._writable
-            and not self._queue
-            and len(self.inflight) < self.limits.max_inflight_messages
-        ):
+        if self._writable and not self._queue and len(self.inflight) < self.window:
             # Counted here rather than in _send: a message the queue moves
             # in flight was counted when it was queued.
             self._stats.stored_messages += 1
-            self._send(message, qos, retain, seq, stored=False)
+            self._send(message, qos, retain, seq, False, group)
         else:
             if seq is not None:
                 self.store.add_delivery(self.client_id, seq, message, qos, retain)
             if not self._queue:
                 self._queue = deque()
-            self._enqueue(self._queue, message, qos, retain, seq)
+            self._enqueue(self._queue, message, qos, retain, seq, group)
         return seq is not None
+
+    def _write5(self, message, qos, mid, retain, dup, group):
+        """
+        Write a PUBLISH to a 5.0 client; False when it is larger than the
+        client accepts, and so dropped ([MQTT-3.1.2-25]).
+        """
+        ids = subscription_ids(self, message.topic, group) if self.options else None
+        frame = self.encoder.frame(message, qos, mid, retain, dup, ids)
+        if frame is None:
+            self.dropped += 1
+            self._stats.messages_dropped += 1
+            self._stats.messages_too_large += 1
+            return False
+        self.connection.write(frame)
+        return True
+
+    def _expired(self, message):
+        if message.expiry is not None and message.expiry <= self.clock.seconds():
+            self._stats.messages_expired += 1
+            return True
+        return False
 
     def _full(self, message):
         limits = self.limits
@@ -268,7 +372,7 @@ class Session:
             return False
         stats = self._stats
         while self._full(message) and (self._queue0 or self._queue):
-            old, qos, _, seq = (self._queue0 or self._queue).popleft()
+            old, qos, _, seq, _ = (self._queue0 or self._queue).popleft()
             size = len(old.payload)
             self.queued_bytes -= size
             stats.queued_bytes -= size
@@ -278,7 +382,7 @@ class Session:
             self._drop(old, qos)
         return not self._full(message)
 
-    def _enqueue(self, queue, message, qos, retain, seq):
+    def _enqueue(self, queue, message, qos, retain, seq, group=None):
         if seq is None and self._full(message) and not self._make_room(message):
             self._drop(message, qos)
             return
@@ -287,28 +391,38 @@ class Session:
         stats = self._stats
         stats.queued_bytes += size
         stats.stored_messages += 1
-        queue.append((message, qos, retain, seq))
+        queue.append((message, qos, retain, seq, group))
 
     def pump(self):
         """Move queued messages to the wire as the socket and window allow."""
         stats = self._stats
         queue0 = self._queue0
         while queue0 and self._writable:
-            message, _, retain, _ = queue0.popleft()
+            message, _, retain, _, group = queue0.popleft()
             size = len(message.payload)
             self.queued_bytes -= size
             stats.queued_bytes -= size
             stats.stored_messages -= 1
-            self.connection.write(message.frame(0, None, retain))
+            if message.expiry is not None and self._expired(message):
+                continue
+            if self.encoder is None:
+                self.connection.write(message.frame(0, None, retain))
+            else:
+                self._write5(message, 0, None, retain, False, group)
         queue = self._queue
-        window = self.limits.max_inflight_messages
+        window = self.window
         while queue and self._writable and len(self.inflight) < window:
-            message, qos, retain, seq = queue.popleft()
+            message, qos, retain, seq, group = queue.popleft()
             # Still stored: from the queue to the in-flight window.
             size = len(message.payload)
             self.queued_bytes -= size
             stats.queued_bytes -= size
-            self._send(message, qos, retain, seq, stored=True)
+            if message.expiry is not None and self._expired(message):
+                stats.stored_messages -= 1
+                if seq is not None:
+                    self.store.delete_delivery(self.client_id, seq)
+                continue
+            self._send(message, qos, retain, seq, True, group)
         # Drained queues are let go, so an idle client holds no deque.
         if not queue0 and self._queue0 is queue0:
             self._queue0 = _EMPTY
@@ -389,15 +503,29 @@ class Session:
                 self._last_mid = mid
                 return mid
 
-    def _send(self, message, qos, retain, seq, stored):
+    def _send(self, message, qos, retain, seq, stored, group=None):
         """``stored``: the delivery is in the store already, without its id."""
         mid = self._next_message_id()
+        if self.encoder is None:
+            frame = message.frame(qos, mid, retain)
+        else:
+            ids = subscription_ids(self, message.topic, group) if self.options else None
+            frame = self.encoder.frame(message, qos, mid, retain, False, ids)
+            if frame is None:
+                # Larger than the client accepts: dropped ([MQTT-3.1.2-25]).
+                self.dropped += 1
+                self._stats.messages_dropped += 1
+                self._stats.messages_too_large += 1
+                self._stats.stored_messages -= 1
+                if seq is not None and stored:
+                    self.store.delete_delivery(self.client_id, seq)
+                return
         if self.inflight is _NO_FLIGHTS:
             self.inflight = {}
         self.inflight[mid] = _InFlight(
-            message, qos, retain, seq, self.clock.seconds() + self.limits.retry_interval
+            message, qos, retain, seq, self.clock.seconds() + self.limits.retry_interval,
+            AWAITING_ACK, group,
         )
-        frame = message.frame(qos, mid, retain)
         if seq is None:
             self.connection.write(frame)
         else:
@@ -433,7 +561,22 @@ class Session:
 
     def _resend(self, mid, flight):
         if flight.state == AWAITING_ACK:
-            frame = flight.message.frame(flight.qos, mid, flight.retain, dup=True)
+            message = flight.message
+            if flight.qos == 1 and message.expiry is not None and self._expired(message):
+                # Not sent again once expired: it leaves the window (a QoS 2
+                # flow, once begun, is finished whatever [MQTT-4.3.3-7]).
+                del self.inflight[mid]
+                self._stats.stored_messages -= 1
+                if flight.seq is not None:
+                    self.store.delete_delivery(self.client_id, flight.seq)
+                return
+            if self.encoder is None:
+                frame = message.frame(flight.qos, mid, flight.retain, dup=True)
+            else:
+                ids = subscription_ids(self, message.topic, flight.group) if self.options else None
+                frame = self.encoder.frame(message, flight.qos, mid, flight.retain, True, ids)
+                if frame is None:
+                    return
         else:
             frame = Pubrel(mid).encode()
         self.connection.write(frame)
@@ -452,14 +595,20 @@ class Session:
         if flight is None:
             return
         if flight.qos != 1:
-            raise ProtocolViolation(f"PUBACK for message {mid}, in flight at QoS 2")
+            raise ProtocolViolation(f"PUBACK for message {mid}, in flight at QoS 2", R.PROTOCOL_ERROR)
         self._complete(mid, flight)
 
-    def pubrec(self, mid):
-        pubrel = Pubrel(mid).encode()
+    def pubrec(self, mid, failed=False):
+        """PUBREC; ``failed``: its 5.0 reason code says the message is refused,
+        which ends its flow ([MQTT-4.3.3-4])."""
         flight = self.inflight.get(mid)
+        if failed:
+            if flight is not None and flight.state == AWAITING_ACK:
+                self._complete(mid, flight)
+            return
+        pubrel = Pubrel(mid).encode()
         if flight is not None and flight.qos == 1:
-            raise ProtocolViolation(f"PUBREC for message {mid}, in flight at QoS 1")
+            raise ProtocolViolation(f"PUBREC for message {mid}, in flight at QoS 1", R.PROTOCOL_ERROR)
         if flight is not None:
             flight.state = AWAITING_PUBCOMP
             flight.attempts = 0
@@ -481,7 +630,8 @@ class Session:
             raise ProtocolViolation(
                 f"PUBCOMP for message {mid} before its PUBREC"
                 if flight.qos == 2
-                else f"PUBCOMP for message {mid}, in flight at QoS 1"
+                else f"PUBCOMP for message {mid}, in flight at QoS 1",
+                R.PROTOCOL_ERROR,
             )
         self._complete(mid, flight)
 
@@ -501,13 +651,13 @@ class Session:
         stored_before = self.queued + len(self.inflight)
         queued_bytes_before = self.queued_bytes
         for d in stored.deliveries:
-            message = Publish(d.topic, d.payload, d.qos, d.retain)
+            message = Publish(d.topic, d.payload, d.qos, d.retain, properties=d.properties, expiry=d.expiry)
             self._seq = max(self._seq, d.seq)
             if d.message_id is None:
                 self.queued_bytes += len(d.payload)
                 if not self._queue:
                     self._queue = deque()
-                self._queue.append((message, d.qos, d.retain, d.seq))
+                self._queue.append((message, d.qos, d.retain, d.seq, None))
             else:
                 if self.inflight is _NO_FLIGHTS:
                     self.inflight = {}
@@ -570,7 +720,7 @@ class Session:
         now = self.clock.seconds()
         limits = self.limits
         for mid, flight in list(self.inflight.items()):
-            if flight.due <= now:
+            if flight.due <= now and mid in self.inflight:
                 flight.attempts += 1
                 flight.due = now + min(
                     limits.retry_interval * 2**flight.attempts,

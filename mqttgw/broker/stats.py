@@ -40,6 +40,10 @@ class Stats:
         "store_refused",
         # Topic filters refused at a client's subscription bounds.
         "subscriptions_refused",
+        # 5.0: messages whose expiry interval ran out before delivery, and
+        # messages larger than their subscriber's maximum packet size.
+        "messages_expired",
+        "messages_too_large",
         # Gauges of the sessions, kept where they change so that no reader
         # scans them: clients (not the gateway's own sessions) with a
         # connection, and persistent ones without; persistent sessions of

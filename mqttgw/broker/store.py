@@ -18,12 +18,15 @@ import attr
 from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 
+from mqttgw.wire.properties import PUBLISH, decode_properties, encode_properties
+
 log = Logger()
 
 DB_NAME = "mqttgw.db"
 LOCK_NAME = "mqttgw.lock"
-# 2: sessions.last_seen (version 1 stores are upgraded in place).
-SCHEMA_VERSION = 2
+# 2: sessions.last_seen; 3: MQTT 5.0's session expiry, and message
+# properties and expiry (older stores are upgraded in place).
+SCHEMA_VERSION = 3
 
 # --durability: what a commit survives, as SQLite's synchronous setting.
 DURABILITY = {
@@ -34,8 +37,10 @@ DURABILITY = {
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS retained (
-    topic TEXT PRIMARY KEY, payload BLOB NOT NULL, qos INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS sessions (client_id TEXT PRIMARY KEY, last_seen REAL);
+    topic TEXT PRIMARY KEY, payload BLOB NOT NULL, qos INTEGER NOT NULL,
+    properties BLOB, expiry REAL);
+CREATE TABLE IF NOT EXISTS sessions (
+    client_id TEXT PRIMARY KEY, last_seen REAL, expiry_interval INTEGER);
 CREATE TABLE IF NOT EXISTS subscriptions (
     client_id TEXT NOT NULL, topic_filter TEXT NOT NULL, qos INTEGER NOT NULL,
     PRIMARY KEY (client_id, topic_filter));
@@ -43,11 +48,30 @@ CREATE TABLE IF NOT EXISTS deliveries (
     client_id TEXT NOT NULL, seq INTEGER NOT NULL,
     topic TEXT NOT NULL, payload BLOB NOT NULL, qos INTEGER NOT NULL,
     retain INTEGER NOT NULL, message_id INTEGER, state INTEGER NOT NULL,
+    properties BLOB, expiry REAL,
     PRIMARY KEY (client_id, seq));
 CREATE TABLE IF NOT EXISTS awaiting_pubrel (
     client_id TEXT NOT NULL, message_id INTEGER NOT NULL,
     PRIMARY KEY (client_id, message_id));
 """
+
+
+# Columns added since version 1 (a table made new already has them).
+_ADDED_COLUMNS = [
+    ("sessions", "last_seen", "REAL"),
+    ("sessions", "expiry_interval", "INTEGER"),
+    ("retained", "properties", "BLOB"),
+    ("retained", "expiry", "REAL"),
+    ("deliveries", "properties", "BLOB"),
+    ("deliveries", "expiry", "REAL"),
+]
+
+
+def _upgrade(db):
+    for table, column, type_ in _ADDED_COLUMNS:
+        columns = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
+        if column not in columns:
+            db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {type_}")
 
 
 class StoreError(Exception):
@@ -63,12 +87,16 @@ class StoredDelivery:
     retain = attr.ib()
     message_id = attr.ib()
     state = attr.ib()
+    properties = attr.ib(default=None)
+    expiry = attr.ib(default=None)
 
 
 @attr.s(slots=True)
 class StoredSession:
     client_id = attr.ib()
     last_seen = attr.ib(default=None)
+    # MQTT 5.0's session expiry interval, or None (3.1.1).
+    expiry_interval = attr.ib(default=None)
     subscriptions = attr.ib(factory=dict)
     deliveries = attr.ib(factory=list)
     awaiting_pubrel = attr.ib(factory=set)
@@ -163,8 +191,8 @@ class Store:
             row = db.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
             if row is None:
                 db.execute("INSERT INTO meta VALUES ('schema', ?)", (SCHEMA_VERSION,))
-            elif row[0] == 1:
-                db.execute("ALTER TABLE sessions ADD COLUMN last_seen REAL")
+            elif row[0] < SCHEMA_VERSION:
+                _upgrade(db)
                 db.execute("UPDATE meta SET value = ? WHERE key = 'schema'", (SCHEMA_VERSION,))
             elif row[0] != SCHEMA_VERSION:
                 raise sqlite3.DatabaseError(f"schema version {row[0]} is not {SCHEMA_VERSION}")
@@ -178,27 +206,37 @@ class Store:
         """Everything stored: ``(retained [(topic, payload, qos)], sessions)``."""
         try:
             db = self._db
-            retained = db.execute("SELECT topic, payload, qos FROM retained").fetchall()
+            retained = db.execute(
+                "SELECT topic, payload, qos, properties, expiry FROM retained"
+            ).fetchall()
             sessions = {
-                cid: StoredSession(cid, last_seen)
-                for (cid, last_seen) in db.execute("SELECT client_id, last_seen FROM sessions")
+                cid: StoredSession(cid, last_seen, expiry_interval)
+                for (cid, last_seen, expiry_interval) in db.execute(
+                    "SELECT client_id, last_seen, expiry_interval FROM sessions"
+                )
             }
             for cid, topic_filter, qos in db.execute(
                 "SELECT client_id, topic_filter, qos FROM subscriptions"
             ):
                 sessions[cid].subscriptions[topic_filter] = qos
             for row in db.execute(
-                "SELECT client_id, seq, topic, payload, qos, retain, message_id, state"
-                " FROM deliveries ORDER BY client_id, seq"
+                "SELECT client_id, seq, topic, payload, qos, retain, message_id, state,"
+                " properties, expiry FROM deliveries ORDER BY client_id, seq"
             ):
                 sessions[row[0]].deliveries.append(
-                    StoredDelivery(row[1], row[2], bytes(row[3]), row[4], bool(row[5]), row[6], row[7])
+                    StoredDelivery(
+                        row[1], row[2], bytes(row[3]), row[4], bool(row[5]), row[6], row[7],
+                        _properties(row[8]), row[9],
+                    )
                 )
             for cid, mid in db.execute("SELECT client_id, message_id FROM awaiting_pubrel"):
                 sessions[cid].awaiting_pubrel.add(mid)
         except (sqlite3.Error, KeyError) as e:
             raise StoreError(f"store {self.path}: cannot be read: {e!r}") from None
-        return [(t, bytes(p), q) for t, p, q in retained], list(sessions.values())
+        return (
+            [(t, bytes(p), q, _properties(props), e) for t, p, q, props, e in retained],
+            list(sessions.values()),
+        )
 
     def start(self):
         self._thread = threading.Thread(target=self._write_loop, name="mqttgw-store", daemon=True)
@@ -251,14 +289,25 @@ class Store:
         waiting, self._after_commit = self._after_commit, []
         self.barrier().addCallbacks(_run_all, _fail_all, (waiting,), None, (waiting,))
 
-    def set_retained(self, topic, payload, qos):
-        self.write("INSERT OR REPLACE INTO retained VALUES (?, ?, ?)", (topic, payload, qos))
+    def set_retained(self, message):
+        self.write(
+            "INSERT OR REPLACE INTO retained VALUES (?, ?, ?, ?, ?)",
+            (message.topic, message.payload, message.qos, *_message_columns(message)),
+        )
 
     def delete_retained(self, topic):
         self.write("DELETE FROM retained WHERE topic = ?", (topic,))
 
-    def add_session(self, client_id):
-        self.write("INSERT OR IGNORE INTO sessions VALUES (?, NULL)", (client_id,))
+    def add_session(self, client_id, expiry_interval=None):
+        self.write(
+            "INSERT OR REPLACE INTO sessions VALUES (?, NULL, ?)", (client_id, expiry_interval)
+        )
+
+    def set_session_expiry(self, client_id, expiry_interval):
+        self.write(
+            "UPDATE sessions SET expiry_interval = ? WHERE client_id = ?",
+            (expiry_interval, client_id),
+        )
 
     def touch_session(self, client_id, last_seen):
         self.write("UPDATE sessions SET last_seen = ? WHERE client_id = ?", (last_seen, client_id))
@@ -281,8 +330,11 @@ class Store:
 
     def add_delivery(self, client_id, seq, message, qos, retain, message_id=None, state=0):
         self.write(
-            "INSERT INTO deliveries VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (client_id, seq, message.topic, message.payload, qos, int(retain), message_id, state),
+            "INSERT INTO deliveries VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                client_id, seq, message.topic, message.payload, qos, int(retain),
+                message_id, state, *_message_columns(message),
+            ),
         )
 
     def update_delivery(self, client_id, seq, message_id, state):
@@ -435,12 +487,30 @@ class OrderedAcks:
         self._waiting += 1
         self._store.after_commit(self._release, ack)
 
+    @property
+    def waiting(self):
+        """Acks held back for a commit."""
+        return self._waiting
+
     def _release(self, ack):
         self._waiting -= 1
         self._write(ack)
 
     # Called instead of _release when the commit failed.
     on_failure = None
+
+
+def _message_columns(message):
+    """A message's 5.0 properties (encoded) and expiry, as stored."""
+    props = message.properties
+    return (encode_properties(props) if props else None), message.expiry
+
+
+def _properties(blob):
+    if blob is None:
+        return None
+    blob = bytes(blob)
+    return decode_properties(blob, 0, len(blob), PUBLISH)[0]
 
 
 def _run_all(_, callbacks):

@@ -230,6 +230,13 @@ def connection_limits(settings):
         reject_control_characters=settings["mqtt.reject_control_characters"],
         allow_long_client_ids=settings["mqtt.allow_long_client_ids"],
         connection_messages=settings["log.connection_messages"],
+        max_topic_alias=settings["mqtt.max_topic_alias"],
+        max_keepalive=settings["mqtt.max_keepalive"],
+        retain_available=settings["mqtt.retain_available"],
+        wildcard_subscription_available=settings["mqtt.wildcard_subscription_available"],
+        subscription_identifier_available=settings["mqtt.subscription_identifier_available"],
+        shared_subscription_available=settings["mqtt.shared_subscription_available"],
+        response_information=settings["mqtt.response_information"],
     )
 
 

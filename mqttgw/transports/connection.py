@@ -158,7 +158,7 @@ class MQTTConnection(Protocol):
                 self._last_received = self.clock.seconds()
                 self.stats.packets_received += self.PACKETS_PER_TURN - budget
         except ProtocolViolation as e:
-            self.protocol_error(str(e))
+            self.protocol_error(str(e), e.reason_code)
         except Exception:
             log.failure(
                 "internal error handling data from {client_id} at {peer}",
@@ -257,8 +257,12 @@ class MQTTConnection(Protocol):
         self._close(publish_will=True)
 
 
-    def protocol_error(self, reason):
-        """Log, count and close: the peer broke the protocol."""
+    def protocol_error(self, reason, reason_code=None):
+        """
+        Log, count and close: the peer broke the protocol.  ``reason_code``
+        is the 5.0 reason (see :mod:`mqttgw.wire.reasons`), for a subclass
+        that tells the peer.
+        """
         # Under a flood of broken clients: some lines, then a count.
         self.router.limited("protocol errors", log).warn(
             "closing connection of client {client_id} from {peer}: {reason}",

@@ -18,9 +18,16 @@ from twisted.logger import Logger
 from mqttgw.broker.access import BRIDGE_STATE_PREFIX, READ, WRITE
 from mqttgw.broker.delivery_budget import DeliveryBudget
 from mqttgw.broker.store import OrderedAcks
+from mqttgw.broker.subscriptions import (
+    SEND_RETAINED_IF_NEW,
+    SubscriptionOptions,
+    is_shared,
+    shared_filter,
+)
 from mqttgw.broker.topics import (
     InvalidTopic,
     filter_size,
+    is_wildcard,
     validate_topic_filter,
     validate_topic_name,
 )
@@ -33,11 +40,14 @@ from mqttgw.transports.connection import (
     CONNECTED,
     MQTTConnection,
 )
+from mqttgw.transports.mqtt5 import Connection5, TopicAliasError
 from mqttgw.transports.schedulers import Flusher
 from mqttgw.transports.tls import peer_identity
 from mqttgw.wire import packets as P
+from mqttgw.wire import reasons as R
 from mqttgw.wire.framing import LAX, STRICT, STRICT_TEXT, Framer
 from mqttgw.wire.printable import printable
+from mqttgw.wire.properties import MESSAGE_PROPERTIES
 
 log = Logger()
 
@@ -63,6 +73,14 @@ class ConnectionLimits:
     # Log each client's connect and disconnect (mosquitto's
     # connection_messages).
     connection_messages = attr.ib(default=True)
+    # What the server tells a 5.0 client in CONNACK (see [mqtt]).
+    max_topic_alias = attr.ib(default=10)
+    max_keepalive = attr.ib(default=65535)
+    retain_available = attr.ib(default=True)
+    wildcard_subscription_available = attr.ib(default=True)
+    subscription_identifier_available = attr.ib(default=True)
+    shared_subscription_available = attr.ib(default=True)
+    response_information = attr.ib(default="")
 
 
 def _tls_reason(error):
@@ -80,6 +98,10 @@ _PUBACK = P.Puback
 _PUBREC = P.Pubrec
 _PUBCOMP = P.Pubcomp
 
+# Enhanced authentication methods by name (5.0 AUTH): none are built in;
+# a plugin adds one here (see mqttgw.security.enhanced).
+AUTHENTICATION_METHODS = {}
+
 
 
 class MQTTServerProtocol(MQTTConnection):
@@ -88,6 +110,9 @@ class MQTTServerProtocol(MQTTConnection):
     __slots__ = (
         "session", "client_id", "protocol_level", "keepalive", "username",
         "identity", "_expiry", "_acks", "_denied_topics", "_may_write", "_reserved",
+        # A 5.0 connection's own state (Connection5), or None; and its
+        # session expiry interval.
+        "v5", "session_expiry",
         # From the listener.
         "identity_as_username", "listener_kind", "portal", "factory_throttle",
         # Messages a second it is sent at most (0: no bound): a dashboard page.
@@ -128,6 +153,8 @@ class MQTTServerProtocol(MQTTConnection):
         # only the reserved topics are checked (see _write_allowed).
         self._may_write = None
         self._reserved = frozenset()
+        self.v5 = None
+        self.session_expiry = 0
 
     # Connection life
 
@@ -169,17 +196,41 @@ class MQTTServerProtocol(MQTTConnection):
     def kick(self):
         """The admin API disconnects the client (its will is published)."""
         log.info("client {client_id} disconnected by the admin API", client_id=self.log_id)
+        self.disconnect5(R.ADMINISTRATIVE_ACTION)
         self._close(publish_will=True, graceful=True)
 
     def taken_over(self, publish_will=True):
         """Another connection claims our client id: make way for it now."""
-        self._close(publish_will)
+        # A 5.0 client reads why before the connection ends.
+        self._close(publish_will, graceful=self.disconnect5(R.SESSION_TAKEN_OVER))
+
+    def shutting_down(self):
+        """The gateway stops: a 5.0 client is told so ([MQTT-4.13.2-1])."""
+        self.disconnect5(R.SERVER_SHUTTING_DOWN)
+        self._close(publish_will=True, graceful=True)
+
+    def disconnect5(self, reason_code, reason=None):
+        """
+        A 5.0 client, connected, is sent DISCONNECT with ``reason_code``
+        before the server closes ([MQTT-3.14.0-1]: not before CONNACK).
+        True when it was.
+        """
+        if self.v5 is None or self.state is not CONNECTED:
+            return False
+        props = {"reason_string": reason[:200]} if reason else None
+        self.write(self.v5.fit(P.Disconnect, reason_code, properties=props, exempt=True))
+        return True
+
+    def protocol_error(self, reason, reason_code=None):
+        self.disconnect5(R.PROTOCOL_ERROR if reason_code is None else reason_code, reason)
+        super().protocol_error(reason, reason_code)
 
     def _end_session(self, publish_will):
         session, self.session = self.session, None
         self.router.disconnect(session, publish_will)
 
-    def _refuse(self, return_code, reason):
+    def _refuse(self, reason_code, reason):
+        """CONNACK with a refusal: ``reason_code`` in 5.0's terms."""
         log.info(
             "refusing CONNECT from {peer} (client {client_id}): {reason}",
             peer=self.peer,
@@ -187,7 +238,14 @@ class MQTTServerProtocol(MQTTConnection):
             reason=reason,
         )
         self.router.stats.connections_refused += 1
-        self.write(P.Connack(return_code).encode())
+        if self.protocol_level == P.MQTT_5:
+            props = {"reason_string": reason[:200]}
+            if self.v5 is not None:
+                self.write(self.v5.fit(P.Connack, reason_code, False, properties=props, exempt=True))
+            else:
+                self.write(P.Connack(reason_code, False, props).encode())
+        else:
+            self.write(P.Connack(R.CONNACK_V3.get(reason_code, P.CONNACK_NOT_AUTHORIZED)).encode())
         self._close(publish_will=False, graceful=True)
 
     # Timers
@@ -221,7 +279,7 @@ class MQTTServerProtocol(MQTTConnection):
                 client_id=self.log_id,
                 idle=idle,
             )
-            self._close(publish_will=True)
+            self._close(publish_will=True, graceful=self.disconnect5(R.KEEP_ALIVE_TIMEOUT))
             return None
         return self._last_received + limit
 
@@ -233,50 +291,83 @@ class MQTTServerProtocol(MQTTConnection):
         if (packet.protocol_name, level) not in (
             ("MQIsdp", P.MQTT_31),
             ("MQTT", P.MQTT_311),
+            ("MQTT", P.MQTT_5),
         ):
             return self._refuse(
-                P.CONNACK_UNACCEPTABLE_PROTOCOL,
+                R.UNSUPPORTED_PROTOCOL_VERSION,
                 f"unsupported protocol {packet.protocol_name!r} level {level}",
             )
         self.protocol_level = level
-        self.framer.strict = self.framer.strict_for_311 if level == P.MQTT_311 else LAX
+        self.framer.strict = self.framer.strict_for_311 if level != P.MQTT_31 else LAX
+        limits = self.limits
+        props = packet.properties
+        if level == P.MQTT_5:
+            self.framer.v5 = True
+            self.v5 = Connection5(
+                self.clock,
+                props,
+                limits.max_topic_alias,
+                self.router.limits.max_inflight_messages or 65535,
+            )
+            self.session_expiry = props.get("session_expiry_interval", 0)
         client_id = self.client_id = packet.client_id
         self.log_id = printable(client_id)
         if "\x00" in client_id:
             # The router keeps such ids for bridges.
-            return self._refuse(P.CONNACK_IDENTIFIER_REJECTED, "client id contains U+0000")
+            return self._refuse(R.CLIENT_IDENTIFIER_NOT_VALID, "client id contains U+0000")
         if level == P.MQTT_31:
-            if not client_id or (len(client_id) > 23 and not self.limits.allow_long_client_ids):
+            if not client_id or (len(client_id) > 23 and not limits.allow_long_client_ids):
                 return self._refuse(
-                    P.CONNACK_IDENTIFIER_REJECTED,
+                    R.CLIENT_IDENTIFIER_NOT_VALID,
                     "MQTT 3.1 client id must be 1 to 23 characters",
                 )
         elif not client_id:
-            if not packet.clean_session:
+            # 5.0 assigns one whatever Clean Start says ([MQTT-3.1.3-6]).
+            if not packet.clean_session and level == P.MQTT_311:
                 return self._refuse(
-                    P.CONNACK_IDENTIFIER_REJECTED,
+                    R.CLIENT_IDENTIFIER_NOT_VALID,
                     "empty client id needs clean session",
                 )
             client_id = self.client_id = self.log_id = f"mqttgw-{uuid.uuid4().hex}"
+        if props and "authentication_method" in props:
+            method = AUTHENTICATION_METHODS.get(props["authentication_method"])
+            if method is None:
+                # No method is offered that the client could go on with.
+                return self._refuse(
+                    R.BAD_AUTHENTICATION_METHOD,
+                    f"authentication method {printable(props['authentication_method'])!r}"
+                    " is not offered",
+                )
         self.username = packet.username
         will = None
         if packet.will_topic is not None:
             try:
                 validate_topic_name(packet.will_topic)
             except InvalidTopic as e:
+                if self.v5 is not None:
+                    return self._refuse(R.TOPIC_NAME_INVALID, f"invalid will topic: {e}")
                 return self.protocol_error(f"invalid will topic: {e}")
+            if self.v5 is not None:
+                if packet.will_qos > self.router.max_qos:
+                    return self._refuse(
+                        R.QOS_NOT_SUPPORTED, f"will QoS {packet.will_qos} exceeds max_qos"
+                    )
+                if packet.will_retain and not limits.retain_available:
+                    return self._refuse(R.RETAIN_NOT_SUPPORTED, "retained will: retain_available is off")
+            will_props = packet.will_properties
             will = P.Publish(
                 packet.will_topic,
                 packet.will_message,
                 packet.will_qos,
                 packet.will_retain,
+                properties={k: v for k, v in will_props.items() if k in MESSAGE_PROPERTIES} or None
+                if will_props
+                else None,
             )
         if self.identity_as_username:
             identity = peer_identity(self.transport)
             if identity is None:
-                return self._refuse(
-                    P.CONNACK_NOT_AUTHORIZED, "no client certificate identity"
-                )
+                return self._refuse(R.NOT_AUTHORIZED, "no client certificate identity")
             # The certificate, checked by TLS, is the credential.
             self.username = identity
             self.identity = Identity(identity)
@@ -312,14 +403,14 @@ class MQTTServerProtocol(MQTTConnection):
             # Closed meanwhile.
             return
         if reason.check(Busy):
-            code, why = P.CONNACK_SERVER_UNAVAILABLE, "too many logins waiting"
+            code, why = R.SERVER_BUSY, "too many logins waiting"
         elif packet.username is None:
-            code, why = P.CONNACK_NOT_AUTHORIZED, "anonymous clients are not allowed"
+            code, why = R.NOT_AUTHORIZED, "anonymous clients are not allowed"
         elif reason.check(UnauthorizedLogin, UnhandledCredentials):
-            code, why = P.CONNACK_BAD_CREDENTIALS, f"bad user name or password for {printable(packet.username)!r}"
+            code, why = R.BAD_USER_NAME_OR_PASSWORD, f"bad user name or password for {printable(packet.username)!r}"
         else:
             log.failure("login of {client_id} failed", reason, client_id=self.log_id)
-            code, why = P.CONNACK_SERVER_UNAVAILABLE, "authentication failed"
+            code, why = R.SERVER_UNAVAILABLE, "authentication failed"
         self.router.stats.logins_refused += 1
         delay = self.factory_throttle.failed(self._host)
         # The answer waits, longer for each failure from the same address.
@@ -335,20 +426,32 @@ class MQTTServerProtocol(MQTTConnection):
         self._reserved = access.reserved_topics
         if will is not None and not self._write_allowed(will.topic):
             return self._refuse(
-                P.CONNACK_NOT_AUTHORIZED, f"may not publish its will on {printable(will.topic)!r}"
+                R.NOT_AUTHORIZED, f"may not publish its will on {printable(will.topic)!r}"
             )
         router = self.router
-        if not packet.clean_session:
+        v5 = self.v5
+        persistent = self.session_expiry != 0 if v5 is not None else not packet.clean_session
+        if persistent:
             if router.store is not None and router.store.failed is not None:
                 return self._refuse(
-                    P.CONNACK_SERVER_UNAVAILABLE, "the store cannot be written: no persistent sessions"
+                    R.SERVER_UNAVAILABLE, "the store cannot be written: no persistent sessions"
                 )
             if not router.may_start_session(client_id, False):
                 return self._refuse(
-                    P.CONNACK_SERVER_UNAVAILABLE,
+                    R.QUOTA_EXCEEDED if v5 is not None else R.SERVER_UNAVAILABLE,
                     f"max_persistent_sessions ({router.max_persistent_sessions}) reached",
                 )
-        session, present = router.connect(client_id, packet.clean_session, will)
+        if v5 is None:
+            session, present = router.connect(client_id, packet.clean_session, will)
+        else:
+            will_props = packet.will_properties or {}
+            session, present = router.connect(
+                client_id,
+                packet.clean_session,
+                will,
+                self.session_expiry,
+                will_props.get("will_delay_interval", 0),
+            )
         self.session = session
         session.may_read = access.checker(self.username, client_id, READ, identity.subscribe)
         if self.max_delivery_rate:
@@ -356,21 +459,63 @@ class MQTTServerProtocol(MQTTConnection):
                 session.may_read, self.max_delivery_rate, router, session, self.clock
             )
         self.state = CONNECTED
-        self.write(
-            P.Connack(
-                P.CONNACK_ACCEPTED, present and level == P.MQTT_311
-            ).encode()
-        )
+        keepalive = packet.keepalive
+        if v5 is None:
+            self.write(P.Connack(P.CONNACK_ACCEPTED, present and level == P.MQTT_311).encode())
+        else:
+            connack, keepalive = self._connack_properties(packet)
+            self.write(P.Connack(R.SUCCESS, present, connack).encode())
+            if session.store is not None:
+                # Frames behind a store commit: aliases only on QoS 0 ones.
+                v5.assign_aliases_at = 1
         if self.limits.connection_messages:
             self._log_connected(packet)
-        session.attach(self)
-        self.keepalive = packet.keepalive
+        if v5 is None:
+            session.attach(self)
+        else:
+            session.attach(self, v5, (packet.properties or {}).get("receive_maximum"))
+        self.keepalive = keepalive
         if self.keepalive:
             self._flusher.keepalives.add(self, self.clock.seconds() + self.keepalive * 1.5)
         if identity.expires is not None:
             self._expiry = self.clock.callLater(
                 max(0.0, identity.expires - self.clock.seconds()), self._token_expired
             )
+
+    def _connack_properties(self, packet):
+        """A 5.0 CONNACK's properties, and the keep alive the server takes."""
+        limits = self.limits
+        router = self.router
+        props = {}
+        if self.session_expiry and packet.properties.get("session_expiry_interval") is None:
+            props["session_expiry_interval"] = self.session_expiry
+        if not packet.client_id:
+            props["assigned_client_identifier"] = self.client_id
+        receive_maximum = self.v5.receive_maximum
+        if receive_maximum < 65535:
+            props["receive_maximum"] = receive_maximum
+        if router.max_qos < 2:
+            props["maximum_qos"] = router.max_qos
+        if not limits.retain_available:
+            props["retain_available"] = 0
+        props["maximum_packet_size"] = limits.max_packet_size
+        if limits.max_topic_alias:
+            props["topic_alias_maximum"] = limits.max_topic_alias
+        if not limits.wildcard_subscription_available:
+            props["wildcard_subscription_available"] = 0
+        if not limits.subscription_identifier_available:
+            props["subscription_identifier_available"] = 0
+        if not limits.shared_subscription_available:
+            props["shared_subscription_available"] = 0
+        keepalive = packet.keepalive
+        if limits.max_keepalive < 65535 and (keepalive == 0 or keepalive > limits.max_keepalive):
+            # [MQTT-3.2.2-21]: the client uses the server's value.
+            keepalive = props["server_keep_alive"] = limits.max_keepalive
+        if packet.properties.get("request_response_information") and limits.response_information:
+            props["response_information"] = limits.response_information.replace(
+                "%c", self.client_id
+            )
+        return props, keepalive
 
     def _log_connected(self, packet):
         level = self.protocol_level
@@ -380,7 +525,7 @@ class MQTTServerProtocol(MQTTConnection):
             client_id=self.log_id,
             peer=self.peer,
             username=printable(self.username),
-            version="3.1.1" if level == P.MQTT_311 else "3.1",
+            version=P.VERSION_NAMES[level],
             clean=packet.clean_session,
             keepalive=packet.keepalive,
         )
@@ -388,12 +533,17 @@ class MQTTServerProtocol(MQTTConnection):
     def _token_expired(self):
         self._expiry = None
         log.info("client {client_id}: its token expired: closing", client_id=self.log_id)
+        self.disconnect5(R.NOT_AUTHORIZED, "token expired")
         self._close(publish_will=True, graceful=True)
 
     def handle_PUBLISH(self, packet):
+        if self.v5 is not None and not self._publish5(packet):
+            return
         topic = packet.topic
         if not topic or "+" in topic or "#" in topic or "\x00" in topic:
-            return self.protocol_error(f"invalid topic name {topic!r} in PUBLISH")
+            return self.protocol_error(
+                f"invalid topic name {topic!r} in PUBLISH", R.TOPIC_NAME_INVALID
+            )
         qos = packet.qos
         router = self.router
         stats = self.stats
@@ -438,6 +588,42 @@ class MQTTServerProtocol(MQTTConnection):
         else:
             self._acknowledge(ack, router.publish(packet, session) or session.store is not None)
 
+    def _publish5(self, packet):
+        """
+        What a 5.0 PUBLISH must pass first: its topic alias, the server's
+        maximum QoS, retain available and receive maximum.  False when the
+        connection was closed for it.
+        """
+        v5 = self.v5
+        try:
+            v5.inbound_topic(packet)
+        except TopicAliasError as e:
+            self.protocol_error(str(e), e.reason_code)
+            return False
+        qos = packet.qos
+        if qos > self.router.max_qos:
+            self.protocol_error(f"PUBLISH at QoS {qos} exceeds max_qos", R.QOS_NOT_SUPPORTED)
+            return False
+        if packet.retain and not self.limits.retain_available:
+            self.protocol_error("retained PUBLISH: retain_available is off", R.RETAIN_NOT_SUPPORTED)
+            return False
+        if qos:
+            session = self.session
+            waiting = len(session.awaiting_pubrel) + (self._acks.waiting if self._acks else 0)
+            if waiting >= v5.receive_maximum and packet.message_id not in session.awaiting_pubrel:
+                # [MQTT-3.3.4-9]
+                self.protocol_error(
+                    f"more than {v5.receive_maximum} QoS 1/2 publishes unacknowledged",
+                    R.RECEIVE_MAXIMUM_EXCEEDED,
+                )
+                return False
+        return True
+
+    def _ack5(self, packet_class, mid, reason_code, reason=None):
+        """A 5.0 acknowledgement with a reason code (and why, if asked)."""
+        props = {"reason_string": reason} if reason else None
+        return self.v5.fit(packet_class, mid, reason_code, properties=props)
+
     def _store_failed(self, reason=None):
         """
         A QoS 1/2 publish needs the store and the store cannot commit:
@@ -452,6 +638,7 @@ class MQTTServerProtocol(MQTTConnection):
             " the store, which cannot be written",
             client_id=self.log_id,
         )
+        self.disconnect5(R.UNSPECIFIED_ERROR, "the store cannot be written")
         self._close(publish_will=True, graceful=True)
 
     def _write_allowed(self, topic):
@@ -478,7 +665,14 @@ class MQTTServerProtocol(MQTTConnection):
                 username=printable(self.username),
                 topic=printable(packet.topic),
             )
-        if packet.qos == 1:
+        if self.v5 is not None:
+            # 5.0 says why; a refused QoS 2 flow ends at its PUBREC.
+            if packet.qos:
+                cls = _PUBACK if packet.qos == 1 else _PUBREC
+                self._acknowledge(
+                    self._ack5(cls, packet.message_id, R.NOT_AUTHORIZED, "not authorized"), False
+                )
+        elif packet.qos == 1:
             self._acknowledge(_PUBACK(packet.message_id).encode(), False)
         elif packet.qos == 2:
             self.session.qos2_received(packet.message_id)
@@ -498,10 +692,15 @@ class MQTTServerProtocol(MQTTConnection):
         self.session.puback(packet.message_id)
 
     def handle_PUBREC(self, packet):
-        self.session.pubrec(packet.message_id)
+        self.session.pubrec(packet.message_id, packet.reason_code >= 0x80)
 
     def handle_PUBREL(self, packet):
         mid = packet.message_id
+        if self.v5 is not None and mid not in self.session.awaiting_pubrel:
+            self._acknowledge(
+                self._ack5(_PUBCOMP, mid, R.PACKET_IDENTIFIER_NOT_FOUND), False
+            )
+            return
         self._acknowledge(_PUBCOMP(mid).encode(), self.session.qos2_released(mid))
 
     def handle_PUBCOMP(self, packet):
@@ -528,6 +727,17 @@ class MQTTServerProtocol(MQTTConnection):
         access = self.router.access
         session = self.session
         limits = session.limits
+        v5 = self.v5
+        level = self.protocol_level
+        identifier = None
+        if v5 is not None:
+            identifier = packet.properties.get("subscription_identifier")
+            if identifier is not None and not self.limits.subscription_identifier_available:
+                self.protocol_error(
+                    "SUBSCRIBE with a subscription identifier: not available",
+                    R.SUBSCRIPTION_IDENTIFIERS_NOT_SUPPORTED,
+                )
+                return
         suback = []
         accepted = []
         refused = 0
@@ -541,54 +751,58 @@ class MQTTServerProtocol(MQTTConnection):
             # What this step adds to the session's filters, for its bounds.
             adding = set()
             adding_bytes = 0
-            for topic_filter, qos in topics[start : start + self.FILTERS_PER_STEP]:
-                try:
-                    validate_topic_filter(topic_filter)
-                except InvalidTopic as e:
-                    if self.protocol_level == P.MQTT_31:
-                        self.protocol_error(f"SUBSCRIBE: {e}")
+            for topic_filter, requested in topics[start : start + self.FILTERS_PER_STEP]:
+                failure, why = self._check_filter(topic_filter, requested, access)
+                if failure is None and (
+                    topic_filter not in session.subscriptions and topic_filter not in adding
+                ):
+                    size = filter_size(topic_filter)
+                    if len(session.subscriptions) + len(adding) >= limits.max_subscriptions:
+                        why = f"max_subscriptions ({limits.max_subscriptions}) reached"
+                    elif session.filter_bytes + adding_bytes + size > limits.max_subscription_bytes:
+                        why = f"max_subscription_bytes ({limits.max_subscription_bytes}) reached"
+                    if why is not None:
+                        failure = R.QUOTA_EXCEEDED
+                        self.router.stats.subscriptions_refused += 1
+                    else:
+                        adding.add(topic_filter)
+                        adding_bytes += size
+                if failure is not None:
+                    if failure < 0:
+                        # Closed: a protocol error.
+                        return
+                    if level == P.MQTT_31:
+                        # No failure code to refuse one filter with.
+                        self.protocol_error(f"SUBSCRIBE: {why}")
                         return
                     refused += 1
                     if first_reason is None:
-                        first_reason = str(e)
-                    codes.append(False)
+                        first_reason = why
+                    codes.append(failure if v5 is not None else P.SUBACK_FAILURE)
                     continue
-                # 3.1 has no failure code: a filter that can match nothing
-                # readable is granted, and nothing is delivered on it.
-                if self.protocol_level == P.MQTT_311 and not access.may_subscribe(
-                    self.username, self.client_id, topic_filter, self.identity.subscribe
-                ):
-                    refused += 1
-                    if first_reason is None:
-                        first_reason = f"not authorized for {topic_filter!r}"
-                    codes.append(False)
-                    continue
-                if topic_filter not in session.subscriptions and topic_filter not in adding:
-                    size = filter_size(topic_filter)
-                    over = None
-                    if len(session.subscriptions) + len(adding) >= limits.max_subscriptions:
-                        over = f"max_subscriptions ({limits.max_subscriptions}) reached"
-                    elif session.filter_bytes + adding_bytes + size > limits.max_subscription_bytes:
-                        over = f"max_subscription_bytes ({limits.max_subscription_bytes}) reached"
-                    if over is not None:
-                        if self.protocol_level == P.MQTT_31:
-                            # No failure code to refuse one filter with.
-                            self.router.stats.subscriptions_refused += 1
-                            self.protocol_error(f"SUBSCRIBE: {over}")
-                            return
-                        self.router.stats.subscriptions_refused += 1
-                        refused += 1
-                        if first_reason is None:
-                            first_reason = over
-                        codes.append(False)
-                        continue
-                    adding.add(topic_filter)
-                    adding_bytes += size
-                chunk.append((topic_filter, qos))
+                if v5 is None:
+                    chunk.append((topic_filter, requested))
+                    accepted.append(topic_filter)
+                else:
+                    handling = (requested >> 4) & 3
+                    shared = is_shared(topic_filter)
+                    if not shared and (
+                        handling == 0
+                        or handling == SEND_RETAINED_IF_NEW
+                        and topic_filter not in session.subscriptions
+                    ):
+                        accepted.append(topic_filter)
+                    options = SubscriptionOptions(
+                        shared_filter(topic_filter)[1] if shared else topic_filter,
+                        bool(requested & 4),
+                        bool(requested & 8),
+                        handling,
+                        identifier,
+                    )
+                    chunk.append((topic_filter, requested & 3, options))
                 codes.append(True)
             granted = iter(self.router.subscribe(session, chunk))
-            suback.extend(next(granted) if ok else P.SUBACK_FAILURE for ok in codes)
-            accepted.extend(f for f, _ in chunk)
+            suback.extend(next(granted) if ok is True else ok for ok in codes)
         if refused:
             # One line per packet, however many filters it refuses.
             log.info(
@@ -598,25 +812,96 @@ class MQTTServerProtocol(MQTTConnection):
                 n=len(topics),
                 reason=printable(first_reason),
             )
-        self.write(P.Suback(packet.message_id, suback).encode())
+        if v5 is None:
+            self.write(P.Suback(packet.message_id, suback).encode())
+        else:
+            props = {"reason_string": first_reason[:200]} if refused else None
+            self.write(v5.fit(P.Suback, packet.message_id, suback, properties=props))
         self.router.send_retained(session, accepted)
+
+    def _check_filter(self, topic_filter, requested, access):
+        """
+        ``(None, None)`` for a filter the client may subscribe to, else
+        ``(reason code, why)``; a reason code of -1 when the connection
+        was closed for it.
+        """
+        v5 = self.v5
+        try:
+            if is_shared(topic_filter):
+                inner = shared_filter(topic_filter)[1]
+                if v5 is not None:
+                    if requested & 4:
+                        self.protocol_error("SUBSCRIBE: no local on a shared subscription")
+                        return -1, None
+                    if not self.limits.shared_subscription_available:
+                        return R.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED, "shared subscriptions are off"
+            else:
+                validate_topic_filter(topic_filter)
+                inner = topic_filter
+        except InvalidTopic as e:
+            return R.TOPIC_FILTER_INVALID, str(e)
+        if v5 is not None and not self.limits.wildcard_subscription_available and is_wildcard(inner):
+            return R.WILDCARD_SUBSCRIPTIONS_NOT_SUPPORTED, "wildcard subscriptions are off"
+        # 3.1 has no failure code: a filter that can match nothing
+        # readable is granted, and nothing is delivered on it.
+        if self.protocol_level != P.MQTT_31 and not access.may_subscribe(
+            self.username, self.client_id, inner, self.identity.subscribe
+        ):
+            return R.NOT_AUTHORIZED, f"not authorized for {topic_filter!r}"
+        return None, None
 
     def _unsubscribe(self, packet):
         topics = packet.topics
+        v5 = self.v5
+        codes = []
         for start in range(0, len(topics), self.FILTERS_PER_STEP):
             if start:
                 yield
-            self.router.unsubscribe(self.session, topics[start : start + self.FILTERS_PER_STEP])
-        self.write(P.Unsuback(packet.message_id).encode())
+            step = topics[start : start + self.FILTERS_PER_STEP]
+            if v5 is not None:
+                held = self.session.subscriptions
+                codes.extend(
+                    R.SUCCESS if f in held else R.NO_SUBSCRIPTION_EXISTED for f in step
+                )
+            self.router.unsubscribe(self.session, step)
+        if v5 is None:
+            self.write(P.Unsuback(packet.message_id).encode())
+        else:
+            self.write(v5.fit(P.Unsuback, packet.message_id, codes))
 
     def handle_PINGREQ(self, packet):
         self.write(P.PINGRESP_WIRE)
 
     def handle_DISCONNECT(self, packet):
+        publish_will = False
+        if self.v5 is not None:
+            expiry = (packet.properties or {}).get("session_expiry_interval")
+            if expiry is not None and expiry != self.session_expiry:
+                if self.session_expiry == 0:
+                    # [MQTT-3.14.2-2]
+                    return self.protocol_error(
+                        "DISCONNECT sets a session expiry where CONNECT set none"
+                    )
+                self.session_expiry = expiry
+                self.router.set_session_expiry(self.session, expiry)
+            # 0x04: the client asks for its will all the same.
+            publish_will = packet.reason_code == R.DISCONNECT_WITH_WILL_MESSAGE
         if self.limits.connection_messages:
-            log.info("client {client_id} disconnected", client_id=self.log_id)
+            if packet.reason_code:
+                log.info(
+                    "client {client_id} disconnected: {reason}",
+                    client_id=self.log_id,
+                    reason=R.name(packet.reason_code),
+                )
+            else:
+                log.info("client {client_id} disconnected", client_id=self.log_id)
         # A clean DISCONNECT discards the will; anything after it is ignored.
-        self._close(publish_will=False, graceful=True)
+        self._close(publish_will=publish_will, graceful=True)
+
+    def handle_AUTH(self, packet):
+        # No enhanced authentication is under way: CONNECT named no method
+        # the gateway offers (it was refused with 0x8C if it named one).
+        self.protocol_error("AUTH without an authentication method", R.PROTOCOL_ERROR)
 
     def _second_connect(self, packet):
         self.protocol_error("second CONNECT")
@@ -642,6 +927,8 @@ MQTTServerProtocol._before_connect = {
     t: MQTTServerProtocol.handle_CONNECT if t == P.CONNECT else MQTTServerProtocol._not_connected
     for t in P.PACKET_NAMES
 }
+# Packets that may come before CONNACK ([MQTT-3.1.2-30]): none, while no
+# enhanced authentication method is offered.
 
 
 class MQTTServerFactory(Factory):

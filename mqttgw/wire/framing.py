@@ -8,13 +8,23 @@ import re
 import struct
 
 from mqttgw.wire import packets as P
+from mqttgw.wire import reasons as R
 from mqttgw.wire.packets import Publish
+from mqttgw.wire.properties import PropertyError, decode_properties
 
 _unpack_u16 = struct.Struct(">H").unpack_from
 
 
 class ProtocolViolation(Exception):
-    """The peer sent bytes that are not a valid MQTT packet stream."""
+    """
+    The peer sent bytes that are not a valid MQTT packet stream;
+    ``reason_code`` is what a 5.0 DISCONNECT tells it (Malformed Packet
+    unless the standard names another).
+    """
+
+    def __init__(self, message, reason_code=R.MALFORMED_PACKET):
+        super().__init__(message)
+        self.reason_code = reason_code
 
 
 # How strictly strings and reserved bits are checked: MQTT 3.1 as written;
@@ -73,7 +83,7 @@ def _message_id(data, offset, end):
 
 
 def _decode_connect(flags, data, start, end, strict):
-    """``strict``: the checks a 3.1.1 connection is held to (STRICT or STRICT_TEXT)."""
+    """``strict``: the checks a 3.1.1 or 5.0 connection is held to (STRICT or STRICT_TEXT)."""
     name, o = _string(data, start, end, LAX)
     if name == "MQTT" and flags:
         raise ProtocolViolation(f"CONNECT fixed header flags {flags:#x} are reserved")
@@ -93,30 +103,48 @@ def _decode_connect(flags, data, start, end, strict):
         keepalive=keepalive,
         flags=cflags,
     )
-    if (name, level) not in (("MQIsdp", P.MQTT_31), ("MQTT", P.MQTT_311)):
+    if (name, level) not in (("MQIsdp", P.MQTT_31), ("MQTT", P.MQTT_311), ("MQTT", P.MQTT_5)):
         # The caller answers CONNACK 1; the rest of the packet may not parse.
         return connect
-    strict = (strict or STRICT) if level == P.MQTT_311 else LAX
+    v5 = level == P.MQTT_5
+    strict = (strict or STRICT) if level != P.MQTT_31 else LAX
     if strict and cflags & 0x01:
         raise ProtocolViolation("CONNECT reserved flag is set")
+    if v5:
+        connect.properties, o = _properties(data, o, end, P.CONNECT, strict)
     connect.client_id, o = _string(data, o, end, strict)
     if cflags & 0x04:
         connect.will_qos = (cflags >> 3) & 0x03
         if connect.will_qos == 3:
             raise ProtocolViolation("will QoS 3 is reserved")
         connect.will_retain = bool(cflags & 0x20)
+        if v5:
+            connect.will_properties, o = _properties(data, o, end, _WILL, strict)
         connect.will_topic, o = _string(data, o, end, strict)
         connect.will_message, o = _bytes_field(data, o, end)
     elif strict and cflags & 0x38:
         raise ProtocolViolation("will QoS or retain set without will flag")
-    if strict and cflags & 0x40 and not cflags & 0x80:
+    # 5.0 allows a password without a user name ([MQTT-3.1.2-18]).
+    if strict and not v5 and cflags & 0x40 and not cflags & 0x80:
         raise ProtocolViolation("password flag set without user name flag")
     # MQTT 3.1 tolerates a set flag with its string missing: treat as absent.
     if cflags & 0x80 and (strict or o < end):
         connect.username, o = _string(data, o, end, strict)
     if cflags & 0x40 and (strict or o < end):
         connect.password, o = _bytes_field(data, o, end)
+    if v5 and o != end:
+        raise ProtocolViolation("CONNECT has bytes after its payload")
     return connect
+
+
+_WILL = 16
+
+
+def _properties(data, offset, end, packet_type, strict):
+    try:
+        return decode_properties(data, offset, end, packet_type, lambda s: check_text(s, strict))
+    except PropertyError as e:
+        raise ProtocolViolation(str(e), e.reason_code) from None
 
 
 def _decode_connack(flags, data, start, end, strict):
@@ -213,8 +241,135 @@ _DECODERS = {
     P.DISCONNECT: _empty(P.Disconnect),
 }
 
+# MQTT 5.0: reason codes and properties after the message id.
+
+
+def _decode_connack5(flags, data, start, end, strict):
+    if end - start < 2:
+        raise ProtocolViolation("CONNACK truncated")
+    if data[start] & 0xFE:
+        raise ProtocolViolation("CONNACK reserved flags are set")
+    props, o = _properties(data, start + 2, end, P.CONNACK, strict)
+    return P.Connack(data[start + 1], bool(data[start] & 1), props)
+
+
+def _ack5(cls):
+    def decode(flags, data, start, end, strict):
+        mid = _message_id(data, start, end)
+        if end - start == 2:
+            return cls(mid, 0, {})
+        code = data[start + 2]
+        if end - start == 3:
+            return cls(mid, code, {})
+        props, o = _properties(data, start + 3, end, cls.packet_type, strict)
+        if o != end:
+            raise ProtocolViolation(f"{cls.__name__.upper()} has bytes after its properties")
+        return cls(mid, code, props)
+
+    return decode
+
+
+def _decode_subscribe5(flags, data, start, end, strict):
+    mid = _message_id(data, start, end)
+    props, o = _properties(data, start + 2, end, P.SUBSCRIBE, strict)
+    topics = []
+    while o < end:
+        topic, o = _string(data, o, end, strict)
+        if o >= end:
+            raise ProtocolViolation("SUBSCRIBE topic without subscription options")
+        options = data[o]
+        o += 1
+        if options & 0xC0:
+            raise ProtocolViolation("SUBSCRIBE options reserved bits are set")
+        if options & 0x03 == 3:
+            raise ProtocolViolation("SUBSCRIBE requested QoS is invalid")
+        if options & 0x30 == 0x30:
+            raise ProtocolViolation("SUBSCRIBE retain handling 3 is reserved", R.PROTOCOL_ERROR)
+        topics.append((topic, options))
+    if not topics:
+        raise ProtocolViolation("SUBSCRIBE with no topics", R.PROTOCOL_ERROR)
+    return P.Subscribe(mid, topics, props)
+
+
+def _decode_suback5(flags, data, start, end, strict):
+    mid = _message_id(data, start, end)
+    props, o = _properties(data, start + 2, end, P.SUBACK, strict)
+    return P.Suback(mid, list(data[o:end]), props)
+
+
+def _decode_unsubscribe5(flags, data, start, end, strict):
+    mid = _message_id(data, start, end)
+    props, o = _properties(data, start + 2, end, P.UNSUBSCRIBE, strict)
+    topics = []
+    while o < end:
+        topic, o = _string(data, o, end, strict)
+        topics.append(topic)
+    if not topics:
+        raise ProtocolViolation("UNSUBSCRIBE with no topics", R.PROTOCOL_ERROR)
+    return P.Unsubscribe(mid, topics, props)
+
+
+def _decode_unsuback5(flags, data, start, end, strict):
+    mid = _message_id(data, start, end)
+    props, o = _properties(data, start + 2, end, P.UNSUBACK, strict)
+    return P.Unsuback(mid, list(data[o:end]), props)
+
+
+def _reason5(cls):
+    def decode(flags, data, start, end, strict):
+        if end == start:
+            return cls(0, {})
+        code = data[start]
+        if end - start == 1:
+            return cls(code, {})
+        props, o = _properties(data, start + 1, end, cls.packet_type, strict)
+        if o != end:
+            raise ProtocolViolation(f"{cls.__name__.upper()} has bytes after its properties")
+        return cls(code, props)
+
+    return decode
+
+
+def decode_publish5(flags, data, offset, start, end, strict, from_client=True):
+    """A 5.0 PUBLISH; its topic may be empty when it names a topic alias."""
+    qos = (flags >> 1) & 3
+    if qos == 3:
+        raise ProtocolViolation("PUBLISH with QoS 3")
+    if qos == 0 and flags & 8:
+        raise ProtocolViolation("DUP set on a QoS 0 PUBLISH")
+    topic, o = _string(data, start, end, strict)
+    mid = None
+    if qos:
+        mid = _message_id(data, o, end)
+        o += 2
+    props, o = _properties(data, o, end, P.PUBLISH, strict)
+    if from_client and "subscription_identifier" in props:
+        # [MQTT-3.3.4-6]
+        raise ProtocolViolation("PUBLISH from a client holds a subscription identifier", R.PROTOCOL_ERROR)
+    return Publish(topic, data[o:end], qos, flags & 1 == 1, flags & 8 == 8, mid, props)
+
+
+_DECODERS5 = {
+    P.CONNECT: _decode_connect,
+    P.CONNACK: _decode_connack5,
+    P.PUBLISH: None,
+    P.PUBACK: _ack5(P.Puback),
+    P.PUBREC: _ack5(P.Pubrec),
+    P.PUBREL: _ack5(P.Pubrel),
+    P.PUBCOMP: _ack5(P.Pubcomp),
+    P.SUBSCRIBE: _decode_subscribe5,
+    P.SUBACK: _decode_suback5,
+    P.UNSUBSCRIBE: _decode_unsubscribe5,
+    P.UNSUBACK: _decode_unsuback5,
+    P.PINGREQ: _empty(P.Pingreq),
+    P.PINGRESP: _empty(P.Pingresp),
+    P.DISCONNECT: _reason5(P.Disconnect),
+    P.AUTH: _reason5(P.Auth),
+}
+
+
 # MQTT 3.1.1 fixes the low four bits of every fixed header but PUBLISH's.
-_REQUIRED_FLAGS = {t: 0 for t in _DECODERS}
+_REQUIRED_FLAGS = {t: 0 for t in _DECODERS5}
 _REQUIRED_FLAGS.update({P.PUBREL: 2, P.SUBSCRIBE: 2, P.UNSUBSCRIBE: 2})
 del _REQUIRED_FLAGS[P.PUBLISH]
 
@@ -235,7 +390,7 @@ class Framer:
     # Slots: one per connection.
     __slots__ = (
         "max_packet_size", "strict", "strict_for_311", "_first", "_first_size",
-        "_buffer", "_chunks", "_have", "_need",
+        "_buffer", "_chunks", "_have", "_need", "v5", "from_client",
     )
 
     def __init__(
@@ -253,6 +408,10 @@ class Framer:
         # What a CONNECT of MQTT 3.1.1 is held to (a CONNECT is decoded
         # before the connection's version is known).
         self.strict_for_311 = strict_for_311
+        # The packets after CONNECT are 5.0's (set by whoever reads the CONNECT).
+        self.v5 = False
+        # Whether the peer is a client (a server's framer), not a server.
+        self.from_client = True
         self._first = first_packet
         self._first_size = first_packet_size or max_packet_size
         self._buffer = b""
@@ -285,7 +444,7 @@ class Framer:
         data = self._buffer
         offset = 0
         size = len(data)
-        decoders = _DECODERS
+        decoders = _DECODERS5 if self.v5 else _DECODERS
         need = 0
         max_packet_size = self.max_packet_size
         try:
@@ -323,7 +482,8 @@ class Framer:
                     raise ProtocolViolation(
                         f"packet of {pos - offset + length} bytes exceeds"
                         f" maximum {'CONNECT' if self._first else 'packet'}"
-                        f" size {max_packet_size}"
+                        f" size {max_packet_size}",
+                        R.PACKET_TOO_LARGE,
                     )
                 end = pos + length
                 if end > size:
@@ -342,7 +502,11 @@ class Framer:
                             f"{P.PACKET_NAMES[packet_type]} fixed header flags"
                             f" {flags:#x} are reserved"
                         )
-                if packet_type == 3:
+                if packet_type == 3 and self.v5:
+                    packet = decode_publish5(
+                        flags, data, offset, pos, end, self.strict, self.from_client
+                    )
+                elif packet_type == 3:
                     # PUBLISH, the hot path, decoded inline.
                     qos = (flags >> 1) & 3
                     tend = pos + 2 + ((data[pos] << 8) | data[pos + 1])

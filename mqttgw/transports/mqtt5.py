@@ -1,0 +1,125 @@
+"""
+What a 5.0 connection keeps beyond a 3.1.1 one: the client's limits
+(maximum packet size, topic alias maximum, problem information), topic
+aliases in both directions, and the framing of PUBLISH to the client that
+the session calls as its encoder.
+"""
+
+from mqttgw.wire import reasons as R
+from mqttgw.wire.properties import MESSAGE_PROPERTIES, problem_properties
+
+
+class TopicAliasError(Exception):
+    """A PUBLISH's topic alias breaks the rules; ``reason_code`` says how."""
+
+    def __init__(self, message, reason_code):
+        super().__init__(message)
+        self.reason_code = reason_code
+
+
+class Connection5:
+    __slots__ = (
+        "clock", "problem_information", "max_packet_size", "alias_maximum_in",
+        "aliases_in", "alias_maximum_out", "aliases_out", "assign_aliases_at",
+        "receive_maximum",
+    )
+
+    def __init__(self, clock, connect_properties, alias_maximum_in, receive_maximum):
+        self.clock = clock
+        props = connect_properties or {}
+        # Reason strings and user properties only on PUBLISH, CONNACK and
+        # DISCONNECT unless asked for ([MQTT-3.1.2-29]).
+        self.problem_information = props.get("request_problem_information", 1) == 1
+        self.max_packet_size = props.get("maximum_packet_size")
+        self.alias_maximum_in = alias_maximum_in
+        self.aliases_in = None
+        self.alias_maximum_out = props.get("topic_alias_maximum", 0)
+        self.aliases_out = None
+        # Outbound aliases are made only on frames written at once (QoS 0,
+        # or any QoS without the store), so a frame using an alias never
+        # overtakes the one that set it up.  3: for every QoS.
+        self.assign_aliases_at = 3
+        # The server's receive maximum: QoS 1/2 publishes of the client
+        # not yet completed may number at most this.
+        self.receive_maximum = receive_maximum
+
+    # Inbound
+
+    def inbound_topic(self, packet):
+        """
+        The topic of an inbound PUBLISH after its alias; the alias and
+        whatever is not a message property leave ``packet.properties``,
+        and an expiry interval becomes ``packet.expiry``.
+        """
+        props = packet.properties
+        topic = packet.topic
+        alias = props.pop("topic_alias", None) if props else None
+        if alias is not None:
+            if alias > self.alias_maximum_in:
+                raise TopicAliasError(
+                    f"topic alias {alias} exceeds the maximum {self.alias_maximum_in}",
+                    R.TOPIC_ALIAS_INVALID,
+                )
+            if topic:
+                if self.aliases_in is None:
+                    self.aliases_in = {}
+                self.aliases_in[alias] = topic
+            else:
+                topic = (self.aliases_in or {}).get(alias)
+                if topic is None:
+                    raise TopicAliasError(f"topic alias {alias} is not set", R.PROTOCOL_ERROR)
+                packet.topic = topic
+        elif not topic:
+            raise TopicAliasError("PUBLISH with neither topic nor topic alias", R.PROTOCOL_ERROR)
+        if props:
+            interval = props.get("message_expiry_interval")
+            if interval is not None:
+                packet.expiry = self.clock.seconds() + interval
+            if any(name not in MESSAGE_PROPERTIES for name in props):
+                props = {k: v for k, v in props.items() if k in MESSAGE_PROPERTIES}
+            packet.properties = props or None
+        else:
+            packet.properties = None
+        return topic
+
+    # Outbound
+
+    def frame(self, message, qos, mid, retain, dup, subscription_ids):
+        """A PUBLISH for the client, or None when larger than it accepts."""
+        alias = None
+        new_alias = False
+        if self.alias_maximum_out:
+            aliases = self.aliases_out
+            if aliases is None:
+                aliases = self.aliases_out = {}
+            number = aliases.get(message.topic)
+            if number is not None:
+                alias = (number, False)
+            elif qos < self.assign_aliases_at and len(aliases) < self.alias_maximum_out:
+                number = aliases[message.topic] = len(aliases) + 1
+                alias = (number, True)
+                new_alias = True
+        frame = message.frame5(
+            qos, mid, retain, dup, self.clock.seconds(), subscription_ids, alias
+        )
+        limit = self.max_packet_size
+        if limit is not None and len(frame) > limit:
+            if new_alias:
+                del self.aliases_out[message.topic]
+            return None
+        return frame
+
+    def fit(self, packet_class, *args, properties=None, exempt=False):
+        """
+        A packet of ``packet_class`` with ``properties`` the client may be
+        sent: reason string and user properties left out when it did not
+        ask for them (``exempt``: CONNACK and DISCONNECT may have them
+        anyway) or when they would make the packet too large
+        ([MQTT-3.2.2-19], [MQTT-3.4.2-2], ...).
+        """
+        if properties and not exempt and not self.problem_information:
+            properties = problem_properties(properties)
+        wire = packet_class(*args, properties=properties or {}).encode()
+        if self.max_packet_size is not None and len(wire) > self.max_packet_size:
+            wire = packet_class(*args, properties=problem_properties(properties) or {}).encode()
+        return wire
