@@ -39,6 +39,8 @@ class Router:
     trace = None
     trace_every = 0
     _until_trace = -1
+    # Whether any retained message has ever had an expiry (5.0).
+    expiring_retained = False
 
     def __init__(self, clock, limits=SessionLimits(), max_qos=2, store=None):
         self.clock = clock
@@ -287,6 +289,8 @@ class Router:
             self.retained.set(
                 topic, Publish(topic, payload, qos, True, properties=properties, expiry=expiry)
             )
+            if expiry is not None:
+                self.expiring_retained = True
         now = self.clock.seconds()
         for stored in sessions:
             session = self._new_session(stored.client_id, False)
@@ -407,6 +411,9 @@ class Router:
                 )
                 return False
             self.retained.set(message.topic, message)
+            if message.expiry is not None:
+                # A sweep is worth its walk only once some message expires.
+                self.expiring_retained = True
             if store is not None:
                 store.set_retained(message)
         else:
@@ -505,6 +512,8 @@ class Router:
 
     def expire_retained(self):
         """Remove retained messages whose expiry interval has ended."""
+        if not self.expiring_retained:
+            return 0
         now = self.clock.seconds()
         expired = [m for m in self.retained if m.expiry is not None and m.expiry <= now]
         for message in expired:

@@ -44,6 +44,10 @@ class Stats:
         # messages larger than their subscriber's maximum packet size.
         "messages_expired",
         "messages_too_large",
+        # Clients connected by protocol version: 3.1, 3.1.1 and 5.0.
+        "clients_v31",
+        "clients_v311",
+        "clients_v5",
         # Gauges of the sessions, kept where they change so that no reader
         # scans them: clients (not the gateway's own sessions) with a
         # connection, and persistent ones without; persistent sessions of

@@ -24,6 +24,7 @@ STALE_AFTER = 15.0
 # seconds over the last 15 minutes.
 HISTORY_INTERVAL = 5.0
 HISTORY_POINTS = 180
+RETAINED_SWEEP_INTERVAL = 60.0
 
 
 log = Logger()
@@ -54,6 +55,8 @@ class Gateway(MultiService):
         if store is not None:
             self._every(PROBE_INTERVAL, store.probe)
         self._every(HISTORY_INTERVAL, self.sample)
+        # Retained messages whose 5.0 expiry interval ended leave storage.
+        self._every(RETAINED_SWEEP_INTERVAL, router.expire_retained)
         self._sweep = None
         self.schedule_sweep()
 
@@ -77,6 +80,11 @@ class Gateway(MultiService):
     def stopService(self):
         if self.sys_topics is not None:
             self.sys_topics.stop()
+        # 5.0 clients are told why the connection ends ([MQTT-4.13.2-1]).
+        for session in list(self.router.sessions.values()):
+            connection = session.connection
+            if getattr(connection, "v5", None) is not None:
+                connection.shutting_down()
         return super().stopService()
 
     def sample(self):
@@ -169,7 +177,7 @@ class Gateway(MultiService):
                     "client_id": session.client_id,
                     "address": connection.peer,
                     "listener": getattr(connection, "listener_kind", None),
-                    "protocol": "3.1.1" if connection.protocol_level == P.MQTT_311 else "3.1",
+                    "protocol": P.VERSION_NAMES[connection.protocol_level],
                     "username": connection.username,
                     "keepalive": connection.keepalive,
                     "clean_session": session.clean_session,

@@ -182,6 +182,7 @@ class MQTTServerProtocol(MQTTConnection):
             self._flusher.keepalives.closed()
         self._cancel_expiry()
         if self.session is not None:
+            self._count_version(-1)
             self._end_session(publish_will)
 
     def _output_paused(self):
@@ -470,6 +471,7 @@ class MQTTServerProtocol(MQTTConnection):
                 v5.assign_aliases_at = 1
         if self.limits.connection_messages:
             self._log_connected(packet)
+        self._count_version(1)
         if v5 is None:
             session.attach(self)
         else:
@@ -516,6 +518,12 @@ class MQTTServerProtocol(MQTTConnection):
                 "%c", self.client_id
             )
         return props, keepalive
+
+    _VERSION_COUNTERS = {P.MQTT_31: "clients_v31", P.MQTT_311: "clients_v311", P.MQTT_5: "clients_v5"}
+
+    def _count_version(self, change):
+        name = self._VERSION_COUNTERS[self.protocol_level]
+        setattr(self.stats, name, getattr(self.stats, name) + change)
 
     def _log_connected(self, packet):
         level = self.protocol_level

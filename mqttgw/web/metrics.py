@@ -38,6 +38,12 @@ COUNTERS = [
     ("mqttgw_retained_refused", "retained_refused", "retained messages not kept at the limit"),
     ("mqttgw_sessions_refused", "sessions_refused", "persistent sessions refused at the limit"),
     ("mqttgw_store_refused", "store_refused", "publishes refused while the store failed"),
+    ("mqttgw_messages_expired", "messages_expired", "5.0 messages whose expiry interval ended before delivery"),
+    (
+        "mqttgw_messages_too_large",
+        "messages_too_large",
+        "messages not sent: larger than the 5.0 client's maximum packet size",
+    ),
     (
         "mqttgw_subscriptions_refused",
         "subscriptions_refused",
@@ -123,6 +129,12 @@ class Metrics:
             gauge = GaugeMetricFamily(name, text)
             gauge.add_metric([], value)
             yield gauge
+        by_protocol = GaugeMetricFamily(
+            "mqttgw_clients_by_protocol", "clients connected, by MQTT version", labels=["protocol"]
+        )
+        for version, attribute in (("3.1", "clients_v31"), ("3.1.1", "clients_v311"), ("5.0", "clients_v5")):
+            by_protocol.add_metric([version], getattr(stats, attribute))
+        yield by_protocol
         per_listener = GaugeMetricFamily(
             "mqttgw_listener_up", "whether a listener is bound", labels=["kind", "address"]
         )

@@ -120,6 +120,15 @@ class SysTopics:
             broker + "store/messages/count": stats.stored_messages,
             broker + "store/messages/bytes": stats.queued_bytes,
         }
+        # mqttgw's own topics, once they have something to tell (as the
+        # store's and the bridges' when those are configured): clients by
+        # protocol version when any is not 3.1.1, expired 5.0 messages.
+        if stats.clients_v31 or stats.clients_v5 or broker + "clients/protocol/5.0" in self._last:
+            values[broker + "clients/protocol/3.1"] = stats.clients_v31
+            values[broker + "clients/protocol/3.1.1"] = stats.clients_v311
+            values[broker + "clients/protocol/5.0"] = stats.clients_v5
+        if stats.messages_expired or broker + "publish/messages/expired" in self._last:
+            values[broker + "publish/messages/expired"] = stats.messages_expired
         values.update(self._load_values(stats))
         store = self.store
         if store is not None:
