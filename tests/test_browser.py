@@ -5,10 +5,17 @@ test reads what the page got.
 """
 
 import contextlib
+import json
+import queue
+import re
 import shutil
 import subprocess
+import threading
 
+import paho.mqtt.client as mqtt
 import pytest
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 
 from tests.conftest import require_program
 from tests.gateway import REPO
@@ -205,3 +212,31 @@ def check_the_dashboard_page(gw, watcher):
     assert not [t for t, _ in seen if t == "dashboard/forged"]
     gw.wait_for_log("may not publish on dashboard/forged")
     gw.wait_for_log("client dash: its token expired: closing")
+
+
+class Paho5(PahoClient):
+    """PahoClient speaking MQTT 5.0 (which has no clean_session), publishing with properties."""
+
+    def __init__(self, port, client_id):
+        self.client = mqtt.Client(
+            mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5
+        )
+        self.messages = queue.Queue()
+        self.connack = queue.Queue()
+        self.subacks = queue.Queue()
+        self.disconnected = threading.Event()
+        c = self.client
+        c.on_connect = lambda c_, u, flags, rc, p: self.connack.put((flags, rc))
+        c.on_message = lambda c_, u, m: self.messages.put(m)
+        c.on_subscribe = lambda c_, u, mid, codes, p: self.subacks.put((mid, codes))
+        c.on_disconnect = lambda c_, u, f, rc, p: self.disconnected.set()
+        self.port = port
+
+    def publish5(self, topic, payload, qos, user_properties, content_type):
+        props = Properties(PacketTypes.PUBLISH)
+        props.UserProperty = user_properties
+        props.ContentType = content_type
+        info = self.client.publish(topic, payload, qos, properties=props)
+        info.wait_for_publish(10)
+        assert info.is_published()
+
