@@ -5,10 +5,17 @@ test reads what the page got.
 """
 
 import contextlib
+import json
+import queue
+import re
 import shutil
 import subprocess
+import threading
 
+import paho.mqtt.client as mqtt
 import pytest
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 
 from tests.conftest import require_program
 from tests.gateway import REPO
@@ -205,3 +212,142 @@ def check_the_dashboard_page(gw, watcher):
     assert not [t for t, _ in seen if t == "dashboard/forged"]
     gw.wait_for_log("may not publish on dashboard/forged")
     gw.wait_for_log("client dash: its token expired: closing")
+
+
+PAGE5 = """<!doctype html>
+<html><body>
+<script src="mqtt.min.js"></script>
+<script>
+const client = mqtt.connect("ws://127.0.0.1:%(port)d/mqtt", {
+  clientId: "%(client_id)s", protocolVersion: 5, reconnectPeriod: 0,
+  properties: {sessionExpiryInterval: 300, receiveMaximum: 20, topicAliasMaximum: 5},
+});
+const report = (what, value) => client.publish("browser5/" + what, JSON.stringify(value), {qos: 1});
+client.on("connect", (connack) => {
+  const options = {qos: 1, properties: {subscriptionIdentifier: 42}};
+  client.subscribe("browser5/in/#", options, (err, granted) => {
+    report("ready", {error: err ? String(err) : null, granted, connack: connack.properties || null});
+  });
+});
+const aliasesIn = [];  // the topic alias of each message the page got, if any
+client.on("message", (topic, payload, packet) => {
+  const p = packet.properties || {};
+  const got = {
+    topic, payload: payload.toString(), qos: packet.qos, userProperties: p.userProperties,
+    contentType: p.contentType, subscriptionIdentifier: p.subscriptionIdentifier,
+  };
+  aliasesIn.push(p.topicAlias === undefined ? null : p.topicAlias);
+  // The echo twice: first setting topic alias 1, then on the alias alone.
+  const echo = (to, n) => client.publish(
+    to, JSON.stringify({...got, echo: n}),
+    {qos: 1, properties: {topicAlias: 1, userProperties: {from: "page"}}},
+    (err) => { if (err) report("error", String(err)); },
+  );
+  echo("browser5/out", 1);
+  echo("", 2);
+});
+client.on("error", (e) => report("error", String(e)));
+// What went on the wire for the echoes, after MQTT.js's alias handling.
+const sent = [];
+client.on("packetsend", (packet) => {
+  if (packet.cmd === "publish" && packet.properties && packet.properties.userProperties) {
+    sent.push({topic: packet.topic, topicAlias: packet.properties.topicAlias});
+    if (sent.length === %(echoes)d) report("sent", {sent, aliasesIn});
+  }
+});
+</script></body></html>
+"""
+
+
+class Paho5(PahoClient):
+    """PahoClient speaking MQTT 5.0 (which has no clean_session), publishing with properties."""
+
+    def __init__(self, port, client_id):
+        self.client = mqtt.Client(
+            mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5
+        )
+        self.messages = queue.Queue()
+        self.connack = queue.Queue()
+        self.subacks = queue.Queue()
+        self.disconnected = threading.Event()
+        c = self.client
+        c.on_connect = lambda c_, u, flags, rc, p: self.connack.put((flags, rc))
+        c.on_message = lambda c_, u, m: self.messages.put(m)
+        c.on_subscribe = lambda c_, u, mid, codes, p: self.subacks.put((mid, codes))
+        c.on_disconnect = lambda c_, u, f, rc, p: self.disconnected.set()
+        self.port = port
+
+    def publish5(self, topic, payload, qos, user_properties, content_type):
+        props = Properties(PacketTypes.PUBLISH)
+        props.UserProperty = user_properties
+        props.ContentType = content_type
+        info = self.client.publish(topic, payload, qos, properties=props)
+        info.wait_for_publish(10)
+        assert info.is_published()
+
+
+def test_mqttjs_v5_in_chromium_carries_properties_over_websocket(gateway_with, mqttjs, tmp_path):
+    chromium = require_program("chromium")
+    ws = free_port()
+    gw = gateway_with("--ws", endpoint(ws), "--allowed-origin", "null")
+    watcher = Paho5(gw.port, "watcher5")
+    watcher.connect()
+    assert watcher.subscribe("browser5/+", 1) == [1]
+    sender = Paho5(gw.port, "sender5")
+    sender.connect()
+
+    page_dir = tmp_path / "page"
+    page_dir.mkdir()
+    shutil.copy(mqttjs, page_dir / "mqtt.min.js")
+    page = page_dir / "index.html"
+    page.write_text(PAGE5 % {"port": ws, "client_id": "browser5", "echoes": 6})
+    try:
+        with open_in_chromium(chromium, tmp_path / "profile", page.as_uri()):
+            [ready] = watcher.receive(1, timeout=60)
+            assert ready.topic == "browser5/ready", (ready.topic, ready.payload)
+            report = json.loads(ready.payload)
+            assert report["error"] is None
+            assert [(g["topic"], g["qos"]) for g in report["granted"]] == [("browser5/in/#", 1)]
+            # The gateway lets the page use topic aliases (else MQTT.js refuses them).
+            assert report["connack"]["topicAliasMaximum"] > 0
+            gw.wait_for_log("client browser5 connected from 127.0.0.1")
+            assert re.search(r"client browser5 connected from 127\.0\.0\.1:\d+ \(MQTT 5\.0,", gw.log())
+
+            user_properties = [("source", "paho"), ("unit", "°C"), ("unit", "K")]
+            # The same topic thrice, so the gateway may put it under an alias the
+            # page asked for (topicAliasMaximum 5): MQTT.js gives the topic back.
+            sender.publish5("browser5/in/temp", b"21.5", 1, user_properties, "text/plain")
+            sender.publish5("browser5/in/temp", b"22.0", 0, user_properties, "text/plain")
+            sender.publish5("browser5/in/temp", b"22.5", 0, user_properties, "text/plain")
+            # Six echoes, and the page's report of the frames it sent for them.
+            received = watcher.receive(7, timeout=30)
+            [sent] = [json.loads(m.payload) for m in received if m.topic == "browser5/sent"]
+            echoes = [m for m in received if m.topic != "browser5/sent"]
+    finally:
+        watcher.disconnect()
+        sender.disconnect()
+
+    got = [
+        (m.topic, json.loads(m.payload), getattr(m.properties, "UserProperty", None))
+        for m in echoes
+    ]
+    expected = [
+        (
+            "browser5/out",
+            {
+                "topic": "browser5/in/temp", "payload": payload, "qos": qos,
+                "userProperties": {"source": "paho", "unit": ["°C", "K"]},
+                "contentType": "text/plain", "subscriptionIdentifier": 42, "echo": n,
+            },
+            [("from", "page")],
+        )
+        for payload, qos in (("21.5", 1), ("22.0", 0), ("22.5", 0))
+        for n in (1, 2)
+    ]
+    assert got == expected
+    # The page sent each second echo on its alias alone, with an empty topic.
+    assert sent["sent"] == [
+        {"topic": "browser5/out", "topicAlias": 1}, {"topic": "", "topicAlias": 1},
+    ] * 3
+    # Any alias the gateway used towards the page is within its topicAliasMaximum [MQTT-3.3.2-10].
+    assert all(a is None or 1 <= a <= 5 for a in sent["aliasesIn"]), sent["aliasesIn"]
