@@ -1,0 +1,398 @@
+"""
+MQTT 5.0 wire layer, property-based: properties and every 5.0 packet
+round-trip (whole and split); malformed properties and packets are refused
+with the reason code the standard names; arbitrary and mutated bytes make
+the decoder raise nothing but ProtocolViolation, and make the server close
+only with a DISCONNECT that says why, never with an internal error.
+"""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from twisted.logger import eventAsText, globalLogPublisher
+
+from mqttgw.testing import FakeBroker
+from mqttgw.transports.protocol import ConnectionLimits
+from mqttgw.wire import packets as P
+from mqttgw.wire import reasons as R
+from mqttgw.wire.framing import STRICT_TEXT, Framer, ProtocolViolation
+from mqttgw.wire.properties import (
+    BINARY,
+    BYTE,
+    MAX_USER_PROPERTIES,
+    MAX_VARINT,
+    PAIR,
+    PROPERTIES,
+    U16,
+    U32,
+    UTF8,
+    VARINT,
+    WILL,
+    PropertyError,
+    decode_properties,
+    encode_properties,
+    encode_varint,
+)
+
+# Where properties may appear: the packet types, and WILL for a CONNECT's
+# will properties.
+CONTEXTS = sorted({ctx for _, _, packets in PROPERTIES.values() for ctx in packets})
+CONTEXT_NAMES = {**P.PACKET_NAMES, WILL: "WILL"}
+NAMES = {name: ident for ident, (name, _, _) in PROPERTIES.items()}
+TYPES = {name: type_ for name, type_, _ in PROPERTIES.values()}
+# Every byte-valued property of 5.0 may only be 0 or 1.
+BOOLEAN = sorted(name for name, type_, _ in PROPERTIES.values() if type_ == BYTE)
+NOT_ZERO = ("receive_maximum", "maximum_packet_size", "topic_alias", "subscription_identifier")
+
+ANY_SIZE = P.MAX_REMAINING_LENGTH + 5
+
+
+def allowed(ctx):
+    return [name for name, _, packets in PROPERTIES.values() if ctx in packets]
+
+
+# Strategies
+
+# Text a 5.0 connection (held to STRICT_TEXT) may send: no surrogates,
+# control characters or non-characters (Cn covers those and unassigned).
+text = st.text(st.characters(blacklist_categories=("Cs", "Cc", "Cn")), max_size=12)
+topic_text = text.filter(lambda s: len(s.encode()) < 200)
+nonempty_text = topic_text.filter(bool)
+mid = st.integers(1, 0xFFFF)
+reason_code = st.integers(0, 0xFF)
+qos = st.integers(0, 2)
+
+VARINT_EDGES = [1, 127, 128, 16_383, 16_384, 2_097_151, 2_097_152, MAX_VARINT]
+
+
+def value_of(name, ctx):
+    """Valid values of property ``name`` in ``ctx``."""
+    type_ = TYPES[name]
+    low = 1 if name in NOT_ZERO else 0
+    if type_ == BYTE:
+        return st.integers(0, 1)
+    if type_ == U16:
+        return st.integers(low, 0xFFFF)
+    if type_ == U32:
+        return st.integers(low, 0xFFFF_FFFF)
+    if type_ == VARINT:
+        one = st.sampled_from(VARINT_EDGES) | st.integers(low, MAX_VARINT)
+        # A PUBLISH (to a client) may carry several: a list.
+        return st.lists(one, min_size=1, max_size=4) if ctx == P.PUBLISH else one
+    if type_ == UTF8:
+        return text
+    if type_ == BINARY:
+        return st.binary(max_size=24)
+    assert type_ == PAIR
+    return st.lists(st.tuples(text, text), min_size=1, max_size=5)
+
+
+def properties_of(ctx, without=()):
+    """Valid property dicts for ``ctx``: any subset of what it allows."""
+    return st.fixed_dictionaries(
+        {}, optional={name: value_of(name, ctx) for name in allowed(ctx) if name not in without}
+    )
+
+
+# Encoding by hand (to say exactly which bytes are wrong)
+
+
+def s(value):
+    """A length-prefixed string or binary field."""
+    if isinstance(value, str):
+        value = value.encode()
+    return len(value).to_bytes(2, "big") + value
+
+
+SAMPLE_VALUE = {
+    BYTE: b"\x01",
+    U16: b"\x00\x01",
+    U32: b"\x00\x00\x00\x01",
+    VARINT: b"\x01",
+    UTF8: s("x"),
+    BINARY: s(b"x"),
+    PAIR: s("k") + s("v"),
+}
+
+
+def prop(name, value=None):
+    """One property's wire form: identifier, then ``value`` (bytes)."""
+    return encode_varint(NAMES[name]) + (SAMPLE_VALUE[TYPES[name]] if value is None else value)
+
+
+def props(*items, length=None):
+    """A properties field: its length (``length`` if given), then ``items``."""
+    body = b"".join(items)
+    return encode_varint(len(body) if length is None else length) + body
+
+
+def frame(first, body):
+    return bytes((first,)) + P.encode_remaining_length(len(body)) + body
+
+
+_ACK_FIRST = {P.PUBACK: 0x40, P.PUBREC: 0x50, P.PUBREL: 0x62, P.PUBCOMP: 0x70}
+
+
+def with_props(ctx, raw):
+    """A valid packet of ``ctx`` but that ``raw`` is its properties field."""
+    if ctx == P.CONNECT:
+        return frame(0x10, s("MQTT") + b"\x05\x02\x00\x3c" + raw + s("c"))
+    if ctx == WILL:
+        return frame(0x10, s("MQTT") + b"\x05\x06\x00\x3c" + b"\x00" + s("c") + raw + s("w") + s(b"m"))
+    if ctx == P.CONNACK:
+        return frame(0x20, b"\x00\x00" + raw)
+    if ctx == P.PUBLISH:
+        return frame(0x30, s("t") + raw + b"payload")
+    if ctx in _ACK_FIRST:
+        return frame(_ACK_FIRST[ctx], b"\x00\x01\x00" + raw)
+    if ctx == P.SUBSCRIBE:
+        return frame(0x82, b"\x00\x01" + raw + s("t") + b"\x00")
+    if ctx == P.SUBACK:
+        return frame(0x90, b"\x00\x01" + raw + b"\x00")
+    if ctx == P.UNSUBSCRIBE:
+        return frame(0xA2, b"\x00\x01" + raw + s("t"))
+    if ctx == P.UNSUBACK:
+        return frame(0xB0, b"\x00\x01" + raw + b"\x00")
+    if ctx == P.DISCONNECT:
+        return frame(0xE0, b"\x00" + raw)
+    assert ctx == P.AUTH
+    return frame(0xF0, b"\x00" + raw)
+
+
+def framer5(from_client=True):
+    """A framer as the server has it after a 5.0 CONNECT."""
+    framer = Framer(ANY_SIZE, strict=STRICT_TEXT)
+    framer.v5 = True
+    framer.from_client = from_client
+    return framer
+
+
+def decode(wire, from_client=True, chunks=None):
+    framer = framer5(from_client)
+    out = []
+    for chunk in chunks if chunks is not None else [wire]:
+        out.extend(framer.feed(chunk))
+    return out
+
+
+def decoded_props(wire, ctx, from_client=True):
+    [packet] = decode(wire, from_client)
+    return packet.will_properties if ctx == WILL else packet.properties
+
+
+def refusal(wire, from_client=True):
+    """The reason code the v5 framer refuses ``wire`` with."""
+    with pytest.raises(ProtocolViolation) as e:
+        decode(wire, from_client)
+    return e.value.reason_code
+
+
+def code_of(wire, from_client=True):
+    """As refusal(), but None for bytes that decode."""
+    try:
+        decode(wire, from_client)
+    except ProtocolViolation as e:
+        return e.reason_code
+    return None
+
+
+def sender(ctx):
+    """Whether a packet of ``ctx`` comes from a client (for the framer)."""
+    return ctx not in (P.CONNACK, P.SUBACK, P.UNSUBACK)
+
+
+# 1. Round trips: properties
+
+
+@pytest.mark.parametrize(
+    "name, ctx",
+    [(name, ctx) for name, _, packets in PROPERTIES.values() for ctx in packets],
+    ids=lambda v: CONTEXT_NAMES.get(v, v) if isinstance(v, int) else v,
+)
+@settings(max_examples=25, deadline=None)
+@given(data=st.data())
+def test_every_property_round_trips_in_every_packet_it_is_allowed_in(name, ctx, data):
+    value = data.draw(value_of(name, ctx))
+    wire = encode_properties({name: value})
+    assert decode_properties(wire, 0, len(wire), ctx) == ({name: value}, len(wire))
+    # And through the framer, inside a packet of its kind.
+    from_client = sender(ctx) and name != "subscription_identifier"
+    assert decoded_props(with_props(ctx, wire), ctx, from_client) == {name: value}
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.sampled_from(CONTEXTS).flatmap(lambda ctx: st.tuples(st.just(ctx), properties_of(ctx))),
+    st.binary(max_size=8),
+    st.binary(max_size=8),
+)
+def test_any_set_of_allowed_properties_round_trips(ctx_props, before, after):
+    ctx, properties = ctx_props
+    wire = encode_properties(properties)
+    data = before + wire + after
+    # The packet ends after ``after``: decoding stops at the properties' own end.
+    assert decode_properties(data, len(before), len(data), ctx) == (
+        properties,
+        len(before) + len(wire),
+    )
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(text, text), min_size=1, max_size=12), st.data())
+def test_user_properties_keep_their_order_and_duplicates(pairs, data):
+    # Some pairs again, some names again with other values.
+    again = data.draw(st.lists(st.sampled_from(pairs), max_size=6))
+    renamed = [(k, v + "'") for k, v in data.draw(st.lists(st.sampled_from(pairs), max_size=3))]
+    pairs = data.draw(st.permutations(pairs + again + renamed))
+    wire = encode_properties({"user_property": pairs})
+    for ctx in (P.CONNECT, WILL, P.PUBLISH, P.PUBACK, P.SUBSCRIBE, P.DISCONNECT, P.AUTH):
+        assert decode_properties(wire, 0, len(wire), ctx)[0] == {"user_property": pairs}
+        assert decoded_props(with_props(ctx, wire), ctx, sender(ctx))["user_property"] == pairs
+
+
+def test_exactly_max_user_properties_are_accepted():
+    pairs = [(f"k{i}", "v") for i in range(MAX_USER_PROPERTIES)]
+    wire = with_props(P.PUBLISH, encode_properties({"user_property": pairs}))
+    assert decoded_props(wire, P.PUBLISH) == {"user_property": pairs}
+
+
+# 1. Round trips: packets
+
+subscription_options = st.builds(
+    lambda q, no_local, rap, handling: q | no_local << 2 | rap << 3 | handling << 4,
+    qos,
+    st.integers(0, 1),
+    st.integers(0, 1),
+    st.integers(0, 2),
+)
+
+
+def _connect5(client_id, clean, keepalive, properties, will, username, password):
+    connect = P.Connect(
+        client_id=client_id,
+        protocol_level=P.MQTT_5,
+        protocol_name="MQTT",
+        clean_session=clean,
+        keepalive=keepalive,
+        username=username,
+        password=password,
+        properties=properties,
+    )
+    if will is not None:
+        (
+            connect.will_topic,
+            connect.will_message,
+            connect.will_qos,
+            connect.will_retain,
+            connect.will_properties,
+        ) = will
+    return connect
+
+
+connect5 = st.builds(
+    _connect5,
+    text,
+    st.booleans(),
+    st.integers(0, 0xFFFF),
+    properties_of(P.CONNECT),
+    st.none() | st.tuples(nonempty_text, st.binary(max_size=20), qos, st.booleans(), properties_of(WILL)),
+    # 5.0 allows a password without a user name.
+    st.none() | text,
+    st.none() | st.binary(max_size=20),
+)
+
+
+def publish5(from_client):
+    return st.builds(
+        lambda t, payload, q, retain, dup, m, properties: P.Publish(
+            t, payload, q, retain, dup and q > 0, m if q else None, properties
+        ),
+        topic_text,
+        st.binary(max_size=100),
+        qos,
+        st.booleans(),
+        st.booleans(),
+        mid,
+        # [MQTT-3.3.4-6]: subscription identifiers only to a client.
+        properties_of(P.PUBLISH, without=("subscription_identifier",) if from_client else ()),
+    )
+
+
+acks5 = st.one_of(
+    *(
+        st.builds(cls, mid, reason_code, properties_of(cls.packet_type))
+        for cls in (P.Puback, P.Pubrec, P.Pubrel, P.Pubcomp)
+    )
+)
+disconnect5 = st.builds(P.Disconnect, reason_code, properties_of(P.DISCONNECT))
+auth5 = st.builds(P.Auth, reason_code, properties_of(P.AUTH))
+
+client_packets5 = st.one_of(
+    connect5,
+    publish5(from_client=True),
+    acks5,
+    st.builds(
+        P.Subscribe,
+        mid,
+        st.lists(st.tuples(nonempty_text, subscription_options), min_size=1, max_size=4),
+        properties_of(P.SUBSCRIBE),
+    ),
+    st.builds(
+        P.Unsubscribe, mid, st.lists(nonempty_text, min_size=1, max_size=4), properties_of(P.UNSUBSCRIBE)
+    ),
+    st.just(P.Pingreq()),
+    disconnect5,
+    auth5,
+)
+
+server_packets5 = st.one_of(
+    st.builds(P.Connack, reason_code, st.booleans(), properties_of(P.CONNACK)),
+    publish5(from_client=False),
+    acks5,
+    st.builds(P.Suback, mid, st.lists(reason_code, min_size=1, max_size=4), properties_of(P.SUBACK)),
+    st.builds(P.Unsuback, mid, st.lists(reason_code, min_size=1, max_size=4), properties_of(P.UNSUBACK)),
+    st.just(P.Pingresp()),
+    disconnect5,
+    auth5,
+)
+
+
+def check_round_trip(packets, from_client):
+    wire = b"".join(p.encode() for p in packets)
+    assert decode(wire, from_client) == packets
+    # One byte at a time.
+    assert decode(wire, from_client, [wire[i : i + 1] for i in range(len(wire))]) == packets
+    # In two pieces, split at every byte.
+    for i in range(len(wire) + 1):
+        assert decode(wire, from_client, [wire[:i], wire[i:]]) == packets, i
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(client_packets5, min_size=1, max_size=4))
+def test_every_client_packet_round_trips_whole_and_split(packets):
+    check_round_trip(packets, from_client=True)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(server_packets5, min_size=1, max_size=4))
+def test_every_server_packet_round_trips_whole_and_split(packets):
+    check_round_trip(packets, from_client=False)
+
+
+def test_a_server_publish_may_carry_several_subscription_identifiers():
+    wire = with_props(
+        P.PUBLISH,
+        props(prop("subscription_identifier", b"\x01"), prop("subscription_identifier", b"\x80\x01")),
+    )
+    assert decoded_props(wire, P.PUBLISH, from_client=False) == {"subscription_identifier": [1, 128]}
+
+
+@pytest.mark.parametrize("ctx", CONTEXTS, ids=CONTEXT_NAMES.get)
+def test_hand_built_packets_decode(ctx):
+    # The builder the refusal tests below rely on makes valid packets.
+    assert decoded_props(with_props(ctx, b"\x00"), ctx, sender(ctx)) == {}
+    for name in allowed(ctx):
+        if name == "subscription_identifier" and ctx == P.PUBLISH:
+            continue
+        value = decoded_props(with_props(ctx, props(prop(name))), ctx, sender(ctx))
+        assert list(value) == [name]
