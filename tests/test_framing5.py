@@ -396,3 +396,269 @@ def test_hand_built_packets_decode(ctx):
             continue
         value = decoded_props(with_props(ctx, props(prop(name))), ctx, sender(ctx))
         assert list(value) == [name]
+
+
+# 2. Refusals, with the reason code the standard names
+
+
+@pytest.mark.parametrize("ctx", CONTEXTS, ids=CONTEXT_NAMES.get)
+def test_a_property_not_allowed_in_the_packet_is_malformed(ctx):
+    wrong = {}
+    for name, _, packets in PROPERTIES.values():
+        if ctx not in packets:
+            code = code_of(with_props(ctx, props(prop(name))), sender(ctx))
+            if code != R.MALFORMED_PACKET:
+                wrong[name] = code
+    assert wrong == {}
+
+
+@pytest.mark.parametrize("ctx", CONTEXTS, ids=CONTEXT_NAMES.get)
+def test_a_property_twice_is_a_protocol_error(ctx):
+    wrong = {}
+    for name in allowed(ctx):
+        if TYPES[name] == PAIR or (name == "subscription_identifier" and ctx == P.PUBLISH):
+            continue
+        code = code_of(with_props(ctx, props(prop(name), prop(name))), sender(ctx))
+        if code != R.PROTOCOL_ERROR:
+            wrong[name] = code
+    assert wrong == {}
+
+
+UNKNOWN_IDS = [i for i in range(0x80) if i not in PROPERTIES] + [0x80, 0x126, 0x3FFF, MAX_VARINT]
+
+
+@pytest.mark.parametrize("ctx", CONTEXTS, ids=CONTEXT_NAMES.get)
+def test_an_unknown_property_identifier_is_malformed(ctx):
+    wrong = {}
+    for ident in UNKNOWN_IDS:
+        wire = with_props(ctx, props(encode_varint(ident) + b"\x00\x01x"))
+        code = code_of(wire, sender(ctx))
+        if code != R.MALFORMED_PACKET:
+            wrong[hex(ident)] = code
+    assert wrong == {}
+
+
+def _body(field):
+    """A properties field without its length."""
+    return field[P.decode_remaining_length(field, 0)[0] :]
+
+
+@pytest.mark.parametrize("ctx", CONTEXTS, ids=CONTEXT_NAMES.get)
+@settings(max_examples=20, deadline=None)
+@given(data=st.data())
+def test_a_property_length_past_the_end_of_the_packet_is_malformed(ctx, data):
+    properties = data.draw(properties_of(ctx, without=("subscription_identifier",)))
+    field = encode_properties(properties)
+    # The properties' body, without the length before it.
+    inner = _body(field)
+    wire = with_props(ctx, props(inner, length=len(inner) + data.draw(st.integers(100, 100_000))))
+    assert refusal(wire, sender(ctx)) == R.MALFORMED_PACKET
+
+
+@pytest.mark.parametrize("name", sorted(NAMES))
+def test_a_property_cut_by_the_property_length_is_malformed(name):
+    # Each property's value cut short by the properties length, though the
+    # packet goes on (payload, topic filters, ...) past it.
+    ident, type_ = NAMES[name], TYPES[name]
+    value = {VARINT: b"\xc8\x01", U32: b"\x00\x01\x00\x01"}.get(type_, SAMPLE_VALUE[type_])
+    ctx = PROPERTIES[ident][2][0]
+    item = prop(name, value)
+    wrong = {}
+    for cut in range(1, len(value) + 1):
+        for tail in (b"", b"\x00\x01t\x00"):
+            # The length says where the properties end; the bytes after are
+            # the rest of the packet, not the rest of the property.
+            wire = with_props(ctx, encode_varint(len(item) - cut) + item + tail)
+            code = code_of(wire, sender(ctx))
+            if code != R.MALFORMED_PACKET:
+                wrong[(cut, tail)] = code
+    assert wrong == {}
+
+
+def varint_in(n, size):
+    """``n`` as a Variable Byte Integer of ``size`` bytes (minimal or not)."""
+    out = bytearray()
+    for i in range(size):
+        out.append((n >> 7 * i) & 0x7F | (0x80 if i < size - 1 else 0))
+    assert n < 128**size
+    return bytes(out)
+
+
+def minimal_size(n):
+    return len(encode_varint(n))
+
+
+def padded(n):
+    """Non-minimal encodings of ``n``."""
+    return st.integers(minimal_size(n) + 1, 4).map(lambda size: varint_in(n, size))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.booleans(), st.integers(2, 4), st.sampled_from(CONTEXTS))
+def test_a_non_minimal_property_length_is_malformed(empty, size, ctx):
+    # The length of no properties, or of one, in two to four bytes.
+    item = b"" if empty else prop("user_property")
+    length = varint_in(len(item), size)
+    assert refusal(with_props(ctx, length + item), sender(ctx)) == R.MALFORMED_PACKET
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.sampled_from(sorted(NAMES)).flatmap(lambda name: st.tuples(st.just(name), padded(NAMES[name]))))
+def test_a_non_minimal_property_identifier_is_malformed(name_ident):
+    name, ident = name_ident
+    ctx = PROPERTIES[NAMES[name]][2][0]
+    item = ident + SAMPLE_VALUE[TYPES[name]]
+    assert refusal(with_props(ctx, props(item)), sender(ctx)) == R.MALFORMED_PACKET
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(1, 128**3 - 1).flatmap(padded), st.booleans())
+def test_a_non_minimal_subscription_identifier_is_malformed(value, in_publish):
+    item = prop("subscription_identifier", value)
+    if in_publish:
+        code = refusal(with_props(P.PUBLISH, props(item)), from_client=False)
+    else:
+        code = refusal(with_props(P.SUBSCRIBE, props(item)))
+    assert code == R.MALFORMED_PACKET
+
+
+@pytest.mark.parametrize(
+    "wire",
+    [
+        b"\xc0\x80\x00",  # PINGREQ, remaining length 0 in two bytes
+        b"\xe0\x80\x80\x00",  # DISCONNECT, in three
+        b"\x30\x87\x00" + s("t") + b"\x00pay",  # PUBLISH, 7 in two bytes
+    ],
+    ids=["pingreq", "disconnect", "publish"],
+)
+def test_a_non_minimal_remaining_length_is_malformed(wire):
+    # [MQTT-1.5.5-1] holds for every Variable Byte Integer, Remaining
+    # Length among them.
+    assert refusal(wire) == R.MALFORMED_PACKET
+
+
+BOOLEAN_PLACES = [(name, ctx) for name in BOOLEAN for ctx in PROPERTIES[NAMES[name]][2]]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.sampled_from(BOOLEAN_PLACES), st.integers(2, 0xFF))
+def test_a_boolean_property_above_1_is_a_protocol_error(place, value):
+    name, ctx = place
+    wire = with_props(ctx, props(prop(name, bytes((value,)))))
+    assert refusal(wire, sender(ctx)) == R.PROTOCOL_ERROR
+
+
+ZERO_PLACES = [
+    (name, ctx, from_client)
+    for name in NOT_ZERO
+    for ctx in PROPERTIES[NAMES[name]][2]
+    for from_client in ((True, False) if ctx == P.PUBLISH else (sender(ctx),))
+]
+
+
+@pytest.mark.parametrize(
+    "name, ctx, from_client",
+    ZERO_PLACES,
+    ids=[f"{n}-{CONTEXT_NAMES[c]}-{'client' if f else 'server'}" for n, c, f in ZERO_PLACES],
+)
+def test_a_zero_that_may_not_be_zero_is_a_protocol_error(name, ctx, from_client):
+    zero = {U16: b"\x00\x00", U32: b"\x00\x00\x00\x00", VARINT: b"\x00"}[TYPES[name]]
+    assert refusal(with_props(ctx, props(prop(name, zero))), from_client) == R.PROTOCOL_ERROR
+
+
+def subscribe(*options, properties=b"\x00"):
+    body = b"".join(s(f"t{i}") + bytes((o,)) for i, o in enumerate(options))
+    return frame(0x82, b"\x00\x01" + properties + body)
+
+
+@settings(max_examples=150, deadline=None)
+@given(subscription_options, st.integers(1, 3), st.booleans())
+def test_subscribe_options_with_reserved_bits_are_malformed(options, reserved, second):
+    bad = options | reserved << 6
+    wire = subscribe(0, bad) if second else subscribe(bad)
+    assert refusal(wire) == R.MALFORMED_PACKET
+
+
+@settings(max_examples=50, deadline=None)
+@given(qos, st.integers(0, 3), st.booleans())
+def test_subscribe_retain_handling_3_is_a_protocol_error(q, flags, second):
+    bad = q | flags << 2 | 0x30
+    wire = subscribe(0, bad) if second else subscribe(bad)
+    assert refusal(wire) == R.PROTOCOL_ERROR
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(0, 3), st.integers(0, 2), st.booleans())
+def test_subscribe_maximum_qos_3_is_a_protocol_error(flags, handling, second):
+    # MQTT 5.0 section 3.8.3.1: "It is a Protocol Error if the Maximum QoS
+    # field has the value 3."
+    bad = 3 | flags << 2 | handling << 4
+    wire = subscribe(0, bad) if second else subscribe(bad)
+    assert refusal(wire) == R.PROTOCOL_ERROR
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(1, MAX_VARINT), min_size=1, max_size=3), qos)
+def test_a_client_publish_with_a_subscription_identifier_is_a_protocol_error(ids, q):
+    # [MQTT-3.3.4-6]
+    publish = P.Publish("t", b"x", q, message_id=1 if q else None, properties={"subscription_identifier": ids})
+    wire = publish.encode()
+    assert refusal(wire, from_client=True) == R.PROTOCOL_ERROR
+    assert decode(wire, from_client=False) == [publish]
+
+
+STRING_PLACES = [
+    (name, part)
+    for name, type_, _ in PROPERTIES.values()
+    if type_ in (UTF8, PAIR)
+    for part in ((0, 1) if type_ == PAIR else (0,))
+]
+# Byte sequences Python's (and the standard's) UTF-8 refuses: a stray
+# continuation byte, overlong forms (of U+0000 among them), a surrogate, a
+# code point past U+10FFFF, a sequence cut short, bytes never in UTF-8.
+INVALID_UTF8 = [
+    b"\x80", b"\xbf", b"\xc0\x80", b"\xc1\xbf", b"\xe0\x80\x80", b"\xed\xa0\x80",
+    b"\xed\xbf\xbf", b"\xf4\x90\x80\x80", b"\xe2\x82", b"\xf0\x9f\x98", b"\xfe", b"\xff",
+]
+
+
+def string_property(name, part, raw):
+    if TYPES[name] == PAIR:
+        return prop(name, s(raw) + s("v") if part == 0 else s("k") + s(raw))
+    return prop(name, s(raw))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(STRING_PLACES), text, st.sampled_from(INVALID_UTF8), text)
+def test_invalid_utf8_in_a_string_property_is_malformed(place, before, bad, after):
+    name, part = place
+    raw = before.encode() + bad + after.encode()
+    wrong = {}
+    for ctx in PROPERTIES[NAMES[name]][2]:
+        code = refusal(with_props(ctx, props(string_property(name, part, raw))), sender(ctx))
+        if code != R.MALFORMED_PACKET:
+            wrong[CONTEXT_NAMES[ctx]] = code
+    assert wrong == {}
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.sampled_from(STRING_PLACES), text, text)
+def test_u0000_in_a_string_property_is_malformed(place, before, after):
+    name, part = place
+    raw = (before + "\x00" + after).encode()
+    ctx = PROPERTIES[NAMES[name]][2][0]
+    assert refusal(with_props(ctx, props(string_property(name, part, raw))), sender(ctx)) == (
+        R.MALFORMED_PACKET
+    )
+    # decode_properties, whatever else it is told about text, refuses it too.
+    field = props(string_property(name, part, raw))
+    with pytest.raises(PropertyError) as e:
+        decode_properties(field, 0, len(field), ctx)
+    assert e.value.reason_code == R.MALFORMED_PACKET
+
+
+@pytest.mark.parametrize("ctx", [P.CONNECT, WILL, P.PUBLISH, P.SUBSCRIBE, P.DISCONNECT])
+def test_more_than_max_user_properties_are_refused(ctx):
+    pairs = [(f"k{i}", "v") for i in range(MAX_USER_PROPERTIES + 1)]
+    wire = with_props(ctx, encode_properties({"user_property": pairs}))
+    assert refusal(wire, sender(ctx)) >= 0x80
