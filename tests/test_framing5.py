@@ -662,3 +662,84 @@ def test_more_than_max_user_properties_are_refused(ctx):
     pairs = [(f"k{i}", "v") for i in range(MAX_USER_PROPERTIES + 1)]
     wire = with_props(ctx, encode_properties({"user_property": pairs}))
     assert refusal(wire, sender(ctx)) >= 0x80
+
+
+# 3. The decoder, fuzzed
+
+
+def outcome(data, from_client, chunks):
+    """The packets decoded, and the reason code of the violation if any."""
+    framer = framer5(from_client)
+    framer.max_packet_size = 4096
+    out = []
+    try:
+        for chunk in chunks:
+            out.extend(framer.feed(chunk))
+    except ProtocolViolation as e:
+        assert e.reason_code >= 0x80, e
+        return out, e.reason_code
+    return out, None
+
+
+def split(data, cuts):
+    cuts = sorted({c % (len(data) + 1) for c in cuts})
+    return [data[a:b] for a, b in zip([0] + cuts, cuts + [len(data)])]
+
+
+# Random bytes, and random bodies behind a fixed header that fits them (so
+# that they reach the decoder of each packet type).
+framed_garbage = st.builds(frame, st.integers(0, 0xFF), st.binary(max_size=60))
+garbage = st.lists(st.binary(min_size=1, max_size=80) | framed_garbage, min_size=1, max_size=4)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=300), st.lists(st.integers(0, 300), max_size=8), st.booleans())
+def test_random_bytes_raise_nothing_but_protocol_violation(data, cuts, from_client):
+    whole = outcome(data, from_client, [data])
+    # However the bytes are split, the same packets and the same refusal.
+    assert outcome(data, from_client, split(data, cuts)) == whole
+
+
+@settings(max_examples=300, deadline=None)
+@given(garbage, st.lists(st.integers(0, 300), max_size=8), st.booleans())
+def test_random_packet_bodies_raise_nothing_but_protocol_violation(pieces, cuts, from_client):
+    data = b"".join(pieces)
+    whole = outcome(data, from_client, [data])
+    assert outcome(data, from_client, split(data, cuts)) == whole
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(CONTEXTS), st.binary(max_size=200), st.binary(max_size=4))
+def test_random_properties_raise_nothing_but_property_error(ctx, data, length):
+    # With and without a plausible length first.
+    for field in (data, encode_varint(len(data)) + data, length + data):
+        try:
+            decode_properties(field, 0, len(field), ctx)
+        except PropertyError as e:
+            assert e.reason_code >= 0x80
+
+
+mutation = st.tuples(st.integers(0, 10**6), st.integers(0, 0xFF))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.booleans().flatmap(
+        lambda from_client: st.tuples(
+            st.just(from_client),
+            st.lists(client_packets5 if from_client else server_packets5, min_size=1, max_size=3),
+        )
+    ),
+    st.lists(mutation, min_size=1, max_size=3),
+    st.integers(0, 10**6),
+    st.lists(st.integers(0, 10**6), max_size=4),
+)
+def test_mutated_valid_packets_raise_nothing_but_protocol_violation(sent, mutations, cut, cuts):
+    from_client, packets = sent
+    data = bytearray(b"".join(p.encode() for p in packets))
+    for position, value in mutations:
+        data[position % len(data)] = value
+    # Sometimes cut short too.
+    data = bytes(data[: len(data) - cut % 4]) if cut % 3 == 0 else bytes(data)
+    whole = outcome(data, from_client, [data])
+    assert outcome(data, from_client, split(data, cuts)) == whole
