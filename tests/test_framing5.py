@@ -743,3 +743,118 @@ def test_mutated_valid_packets_raise_nothing_but_protocol_violation(sent, mutati
     data = bytes(data[: len(data) - cut % 4]) if cut % 3 == 0 else bytes(data)
     whole = outcome(data, from_client, [data])
     assert outcome(data, from_client, split(data, cuts)) == whole
+
+
+# 4. The server, fuzzed
+
+CLIENT_SAMPLES = [
+    P.Subscribe(1, [("a/#", 0x01), ("$share/g/b/+", 0x22)], {"subscription_identifier": 7}),
+    P.Subscribe(2, [("a/b", 0x2E)], {"user_property": [("k", "v"), ("k", "w")]}),
+    P.Publish("a/b", b"hello", 0, properties={
+        "message_expiry_interval": 10, "content_type": "text/plain", "user_property": [("x", "y")],
+    }),
+    P.Publish("a/c", b"x", 1, message_id=2, properties={"topic_alias": 3, "payload_format_indicator": 1}),
+    P.Publish("", b"y", 0, properties={"topic_alias": 3}),
+    P.Publish("a/d", b"z", 2, message_id=3, properties={"response_topic": "r/s", "correlation_data": b"c"}),
+    P.Pubrel(3, 0, {}),
+    P.Puback(9, 0x10, {"reason_string": "why"}),
+    P.Pubrec(9, 0x80, {}),
+    P.Pubcomp(9, 0, {}),
+    P.Unsubscribe(4, ["a/#", "x"], {"user_property": [("k", "v")]}),
+    P.Pingreq(),
+    P.Disconnect(0, {"session_expiry_interval": 0, "reason_string": "bye"}),
+    P.Auth(0x18, {"authentication_method": "m", "authentication_data": b"d"}),
+]
+
+
+def client_disconnected(data):
+    """Whether the server, reading ``data``, comes to a client DISCONNECT
+    before anything it cannot decode."""
+    framer = Framer(ConnectionLimits().max_packet_size, strict=STRICT_TEXT)
+    framer.v5 = True
+    seen = []
+    try:
+        for packet in framer.feed(data):
+            seen.append(packet)
+    except ProtocolViolation:
+        pass
+    return any(isinstance(p, P.Disconnect) for p in seen)
+
+
+def check_server(chunks):
+    events = []
+    globalLogPublisher.addObserver(events.append)
+    try:
+        broker = FakeBroker()
+        client = broker.client(P.Connect("c", protocol_level=5, properties={}))
+        [connack] = client.received()
+        assert isinstance(connack, P.Connack) and connack.return_code == 0
+        received = []
+        sent = b""
+        for chunk in chunks:
+            if client.closed:
+                break
+            client.send_bytes(chunk)
+            sent += chunk
+            received.extend(client.received())
+        closed = client.closed
+        client.finish_close()
+    finally:
+        globalLogPublisher.removeObserver(events.append)
+    lines = [eventAsText(e, includeTimestamp=False) for e in events]
+    bad = [line for line in lines if "Traceback" in line or "internal error" in line]
+    assert bad == [], bad
+    if closed and not client_disconnected(sent):
+        assert received, "closed without a DISCONNECT"
+        last = received[-1]
+        assert isinstance(last, P.Disconnect), received
+        assert last.reason_code >= 0x80, last
+
+
+@settings(max_examples=300, deadline=None)
+@given(garbage)
+def test_the_server_survives_random_bytes_after_connect(chunks):
+    check_server(chunks)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.sampled_from(CLIENT_SAMPLES), min_size=1, max_size=6),
+    mutation,
+    st.lists(st.integers(0, 10**6), max_size=3),
+)
+def test_the_server_survives_valid_packets_with_one_byte_mutated(packets, change, cuts):
+    data = bytearray(b"".join(p.encode() for p in packets))
+    position, value = change
+    data[position % len(data)] = value
+    check_server(split(bytes(data), cuts))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(client_packets5.filter(lambda p: not isinstance(p, P.Connect)), min_size=1, max_size=4))
+def test_the_server_survives_generated_valid_packets(packets):
+    check_server([b"".join(p.encode() for p in packets)])
+
+
+@pytest.mark.parametrize(
+    "wire, code",
+    [
+        (with_props(P.PUBLISH, props(prop("topic_alias"), prop("topic_alias"))), R.PROTOCOL_ERROR),
+        (with_props(P.PUBLISH, props(prop("session_expiry_interval"))), R.MALFORMED_PACKET),
+        (with_props(P.PUBLISH, props(prop("subscription_identifier"))), R.PROTOCOL_ERROR),
+        (with_props(P.PUBLISH, props(prop("topic_alias", b"\x00\x00"))), R.PROTOCOL_ERROR),
+        (subscribe(0x30), R.PROTOCOL_ERROR),
+        (subscribe(0x40), R.MALFORMED_PACKET),
+        (with_props(P.PUBLISH, props(prop("content_type", s(b"\xc0\x80")))), R.MALFORMED_PACKET),
+    ],
+    ids=["duplicate", "not-allowed", "subscription-id", "alias-0", "retain-handling-3",
+         "reserved-bits", "overlong-nul"],
+)
+def test_the_server_disconnects_with_the_framers_reason_code(wire, code):
+    broker = FakeBroker()
+    client = broker.client(P.Connect("c", protocol_level=5, properties={}))
+    client.received()
+    client.send_bytes(wire)
+    received = client.received()
+    assert client.closed
+    assert isinstance(received[-1], P.Disconnect) and received[-1].reason_code == code, received
