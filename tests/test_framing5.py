@@ -475,6 +475,20 @@ def test_a_property_cut_by_the_property_length_is_malformed(name):
     assert wrong == {}
 
 
+NO_PAYLOAD = [P.CONNACK, P.PUBACK, P.PUBREC, P.PUBREL, P.PUBCOMP, P.DISCONNECT, P.AUTH]
+
+
+@pytest.mark.parametrize("ctx", NO_PAYLOAD, ids=CONTEXT_NAMES.get)
+@settings(max_examples=20, deadline=None)
+@given(data=st.data())
+def test_bytes_after_the_properties_of_a_packet_without_payload_are_malformed(ctx, data):
+    # These packets end with their properties (MQTT 5.0 sections 3.2.3,
+    # 3.4.3, 3.5.3, 3.6.3, 3.7.3, 3.14.3, 3.15.3: "no Payload").
+    field = encode_properties(data.draw(properties_of(ctx)))
+    extra = data.draw(st.binary(min_size=1, max_size=8))
+    assert refusal(with_props(ctx, field + extra), sender(ctx)) == R.MALFORMED_PACKET
+
+
 def varint_in(n, size):
     """``n`` as a Variable Byte Integer of ``size`` bytes (minimal or not)."""
     out = bytearray()
