@@ -1108,6 +1108,7 @@ def test_MQTT_4_4_0_1_unacknowledged_publish_is_not_resent_on_a_live_connection(
     client = connected(broker, "c")
     client.send(publish("t", b"1", 1, 1), publish("t", b"2", 2, 2), P.Pubrel(2))
     first, second = publishes(watcher.received())
+    assert (first.qos, second.qos) == (1, 2)
     watcher.send(P.Pubrec(second.message_id))
     assert watcher.received() == [P.Pubrel(second.message_id, 0, {})]
     broker.clock.advance(600)
@@ -1566,6 +1567,7 @@ def test_shared_qos1_message_in_flight_goes_to_another_member_when_the_connectio
     client = connected(broker, "c")
     client.send(publish("t", b"x", 1, 1))
     [got] = publishes(first.received())
+    assert got.qos == 1
     assert publishes(second.received()) == []
     first.lose_connection()
     [handed] = publishes(second.received())
@@ -1581,6 +1583,7 @@ def test_MQTT_4_8_2_4_shared_qos2_delivery_is_completed_with_the_same_member(bro
     client = connected(broker, "c")
     client.send(publish("t", b"x", 2, 1))
     [got] = publishes(first.received())
+    assert got.qos == 2
     first.lose_connection()
     assert publishes(second.received()) == []
     back = broker.client(connect5("a", clean_start=False))
@@ -1596,6 +1599,7 @@ def test_MQTT_4_8_2_5_shared_qos2_message_goes_to_no_other_member_when_the_sessi
     client = connected(broker, "c")
     client.send(publish("t", b"x", 2, 1))
     [got] = publishes(first.received())
+    assert got.qos == 2
     first.lose_connection()
     assert publishes(second.received()) == []
 
@@ -1609,6 +1613,7 @@ def test_MQTT_4_8_2_5_shared_qos2_message_goes_to_no_other_member_after_expiry(b
     client = connected(broker, "c")
     client.send(publish("t", b"x", 2, 1))
     [got] = publishes(first.received())
+    assert got.qos == 2
     first.lose_connection()
     broker.clock.advance(11)
     assert publishes(second.received()) == []
@@ -1878,3 +1883,180 @@ def test_MQTT_3_14_0_1_no_disconnect_before_connack(broker):
     client.send_bytes(b"TT\x05")
     assert client.closed
     assert not any(isinstance(p, P.Disconnect) for p in decode5(raw(client)))
+
+
+# Data representation and CONNECT validation
+
+
+def _connect_with_flags(set_bits=0, clear_bits=0, **fields):
+    """A 5.0 CONNECT's wire bytes with Connect Flags bits changed."""
+    wire = bytearray(connect5("c", **fields).encode())
+    assert wire[1] < 128 and wire[2:9] == b"\x00\x04MQTT\x05"
+    wire[9] = (wire[9] | set_bits) & ~clear_bits
+    return bytes(wire)
+
+
+_BAD_CONNECTS = {
+    # Will Flag 1 with no Will Properties, Topic or Payload.
+    "3.1.2-9": _connect_with_flags(0x04),
+    # Will QoS or Will Retain without the Will Flag.
+    "3.1.2-11": _connect_with_flags(0x08),
+    "3.1.2-13": _connect_with_flags(0x20),
+    # User Name Flag 0 with a User Name; 1 without one.
+    "3.1.2-16": _connect_with_flags(clear_bits=0x80, username="u"),
+    "3.1.2-17": _connect_with_flags(0x80),
+    # The same for the password.
+    "3.1.2-18": _connect_with_flags(clear_bits=0x40, password=b"p"),
+    "3.1.2-19": _connect_with_flags(0x40),
+    # Ill-formed UTF-8: the Client Identifier, Will Topic, User Name.
+    "3.1.3-4": connect5(b"\xc3\x28").encode(),
+    "3.1.3-11": connect5("c", will_topic=b"\xed\xa0\x80", will_message=b"m").encode(),
+    "3.1.3-12": connect5("c", username=b"\xff").encode(),
+    # U+0000 in the Client Identifier.
+    "1.5.4-2": connect5("a\x00b").encode(),
+    # A Property Length not minimally encoded.
+    "1.5.5-1": b"\x10\x0f\x00\x04MQTT\x05\x02\x00\x00\x80\x00\x00\x01c",
+}
+# (The last: a well-formed CONNECT is the same with a Property Length of
+# one byte, 0x00.)
+
+
+@pytest.mark.parametrize("statement", sorted(_BAD_CONNECTS))
+def test_MQTT_3_1_4_1_connect_breaking_section_3_1_is_closed(broker, statement):
+    """MQTT-3.1.4-1 and the CONNECT rules named by each case: MQTT-3.1.2-9,
+    MQTT-3.1.2-11, MQTT-3.1.2-13, MQTT-3.1.2-16 to 19, MQTT-3.1.3-4, MQTT-3.1.3-11,
+    MQTT-3.1.3-12, MQTT-1.5.4-1, MQTT-1.5.4-2, MQTT-1.5.5-1."""
+    wire = _BAD_CONNECTS[statement]
+    client = broker.client()
+    client.send_bytes(wire)
+    assert client.closed
+    packets = decode5(raw(client))
+    assert all(isinstance(p, P.Connack) and p.return_code >= 0x80 for p in packets), packets
+    assert "c" not in broker.router.sessions
+
+
+def test_MQTT_3_1_4_1_well_formed_variants_are_accepted(broker):
+    """The CONNECT cases above, made well-formed, are accepted (5.0 allows a
+    password without a user name)."""
+    connected(broker, "w", will_topic="w", will_message=b"m", will_qos=2, will_retain=True)
+    connected(broker, "u", username="u", password=b"p")
+    connected(broker, "p", password=b"p")
+
+
+@pytest.mark.parametrize(
+    "wire",
+    [
+        # Ill-formed UTF-8 in the topic.
+        P.Publish(b"a/\xc3", b"x", properties={}).encode(),
+        # A surrogate code point, as UTF-8 would spell it.
+        P.Publish(b"a/\xed\xb0\x80", b"x", properties={}).encode(),
+        # U+0000 in the topic.
+        P.Publish("a/\x00", b"x", properties={}).encode(),
+        # A user property whose value is ill-formed UTF-8.
+        P.Publish("a", b"x", properties={"user_property": [("k", b"\xff")]}).encode(),
+        # A user property name holding U+0000.
+        P.Publish("a", b"x", properties={"user_property": [("k\x00", "v")]}).encode(),
+    ],
+    ids=["utf8", "surrogate", "nul", "pair-value", "pair-name-nul"],
+)
+def test_MQTT_1_5_4_1_bad_strings_are_malformed(broker, wire):
+    """MQTT-1.5.4-1, MQTT-1.5.4-2, MQTT-1.5.7-1, MQTT-3.3.2-1, MQTT-4.7.3-2:
+    DISCONNECT 0x81, nothing routed."""
+    watcher = subscribed(broker, "w", ("#", 0))
+    client = connected(broker, "c")
+    client.send_bytes(wire)
+    assert disconnect_of(client).reason_code == R.MALFORMED_PACKET
+    assert publishes(watcher.received()) == []
+
+
+def test_MQTT_1_5_4_3_byte_order_mark_is_kept(broker):
+    """MQTT-1.5.4-3, MQTT-4.7.3-4: U+FEFF is part of the topic; nothing is
+    stripped or normalised in matching."""
+    bom = subscribed(broker, "bom", ("\ufeffa/b", 0))
+    plain = subscribed(broker, "plain", ("a/b", 0))
+    client = connected(broker, "c")
+    client.send(publish("\ufeffa/b", b"1"), publish("a/b", b"2"))
+    assert [(p.topic, p.payload) for p in publishes(bom.received())] == [("\ufeffa/b", b"1")]
+    assert [(p.topic, p.payload) for p in publishes(plain.received())] == [("a/b", b"2")]
+
+
+def test_MQTT_4_7_3_4_topics_are_matched_without_normalisation(broker):
+    """MQTT-4.7.3-4, MQTT-3.3.2-3."""
+    watcher = subscribed(broker, "w", ("a/b", 0), ("Caf\u00e9", 0))
+    client = connected(broker, "c")
+    for topic in ("A/b", "a//b", "a/b/", "/a/b", "Cafe\u0301", "a/b", "Caf\u00e9"):
+        client.send(publish(topic, topic.encode()))
+    assert [p.topic for p in publishes(watcher.received())] == ["a/b", "Caf\u00e9"]
+
+
+@pytest.mark.parametrize("topic_filter", ["", "a#", "a/#/b", "a/b+", "+a/b", "#/"])
+def test_MQTT_4_7_1_1_invalid_filters_get_suback_0x8F(broker, topic_filter):
+    """MQTT-4.7.1-1, MQTT-4.7.1-2, MQTT-4.7.3-1."""
+    client = connected(broker, "c")
+    suback = subscribe(client, (topic_filter, options(1)), ("ok/+/#", options(1)))
+    assert suback.granted_qos == [R.TOPIC_FILTER_INVALID, 1]
+
+
+def test_MQTT_4_7_3_1_empty_topic_without_an_alias_is_a_protocol_error(broker):
+    """MQTT-4.7.3-1."""
+    client = connected(broker, "c")
+    client.send(publish("", b"x"))
+    disconnect = disconnect_of(client)
+    assert disconnect.reason_code in (R.PROTOCOL_ERROR, R.TOPIC_NAME_INVALID)
+
+
+# Outbound flows and ordering
+
+
+def test_MQTT_2_2_1_4_server_packet_ids_are_nonzero_and_unused(broker):
+    """MQTT-2.2.1-4, MQTT-4.3.2-1, MQTT-4.3.2-2, MQTT-4.3.3-1, MQTT-4.3.3-2."""
+    watcher = subscribed(broker, "w", ("t", options(2)))
+    client = connected(broker, "c")
+    for i in range(1, 11):
+        client.send(publish("t", b"%d" % i, 1 + i % 2, i))
+        if i % 2:
+            client.send(P.Pubrel(i))
+    delivered = publishes(watcher.received())
+    ids = [p.message_id for p in delivered]
+    assert len(delivered) == 10
+    assert 0 not in ids and len(set(ids)) == 10
+    assert all(p.dup is False for p in delivered)
+    assert [p.qos for p in delivered] == [1 + i % 2 for i in range(1, 11)]
+
+
+def test_MQTT_4_3_3_4_outbound_qos2_flow(broker):
+    """MQTT-4.3.3-3, MQTT-4.3.3-4, MQTT-4.3.3-5, MQTT-2.2.1-5: PUBLISH, PUBREC,
+    PUBREL with the same id, PUBCOMP; the id is then free."""
+    watcher = subscribed(broker, "w", ("t", options(2)))
+    client = connected(broker, "c")
+    client.send(publish("t", b"x", 2, 1), P.Pubrel(1))
+    [delivered] = publishes(watcher.received())
+    mid = delivered.message_id
+    watcher.send(P.Pubrec(mid))
+    assert watcher.received() == [P.Pubrel(mid, 0, {})]
+    watcher.send(P.Pubcomp(mid))
+    assert watcher.received() == []
+    assert not broker.router.sessions["w"].inflight
+
+
+def test_MQTT_4_6_0_5_messages_keep_their_order_per_publisher():
+    """MQTT-4.6.0-5, MQTT-4.6.0-6."""
+    broker = FakeBroker(SessionLimits(max_inflight_messages=200))
+    watcher = subscribed(broker, "w", ("t/#", options(2)))
+    first = connected(broker, "p1")
+    second = connected(broker, "p2")
+    mid = 0
+    for i in range(20):
+        for qos in (0, 1, 2):
+            mid += 1
+            first.send(publish("t/a", b"1-%d-%d" % (qos, i), qos, mid if qos else None))
+            second.send(publish("t/a", b"2-%d-%d" % (qos, i), qos, mid if qos else None))
+            if qos == 2:
+                first.send(P.Pubrel(mid))
+                second.send(P.Pubrel(mid))
+    got = payloads(watcher.received())
+    assert len(got) == 120
+    for sender in (b"1", b"2"):
+        for qos in (b"0", b"1", b"2"):
+            seq = [p for p in got if p.startswith(sender + b"-" + qos + b"-")]
+            assert seq == [sender + b"-" + qos + b"-%d" % i for i in range(20)]
