@@ -1043,7 +1043,7 @@ def test_MQTT_3_1_2_29_disconnect_may_carry_a_reason_string_all_the_same(broker)
 
 
 def test_MQTT_3_4_2_2_puback_reason_string_left_out_beyond_the_clients_maximum():
-    """MQTT-3.4.2-2, MQTT-3.4.2-3, MQTT-3.5.2-2, MQTT-3.1.2-24."""
+    """MQTT-3.4.2-2, MQTT-3.4.2-3, MQTT-3.5.2-2, MQTT-3.5.2-3, MQTT-3.1.2-24."""
     broker = FakeBroker(acl=["topic readwrite open/#"])
     client = connected(broker, "c", properties={"maximum_packet_size": 8})
     client.send(publish("closed/x", b"x", 1, 1), publish("closed/y", b"y", 2, 2))
@@ -1116,8 +1116,8 @@ def test_MQTT_4_4_0_1_unacknowledged_publish_is_not_resent_on_a_live_connection(
 
 
 def test_MQTT_4_4_0_1_unacknowledged_publish_is_resent_on_resumption(broker):
-    """MQTT-4.4.0-1, MQTT-3.3.1-1: re-sent with DUP and the original id when the
-    session resumes."""
+    """MQTT-4.4.0-1, MQTT-3.3.1-1, MQTT-4.3.2-3: re-sent with DUP and the
+    original id when the session resumes, until its PUBACK comes."""
     watcher = subscribed(
         broker, "w", ("t", options(1)), properties={"session_expiry_interval": 60}
     )
@@ -1131,6 +1131,9 @@ def test_MQTT_4_4_0_1_unacknowledged_publish_is_resent_on_resumption(broker):
     assert again.dup is True
     assert again.message_id == first.message_id
     assert again.payload == b"x"
+    back.send(P.Puback(again.message_id), P.Disconnect())
+    last = broker.client(connect5("w", clean_start=False))
+    assert last.received()[1:] == []
 
 
 def test_MQTT_4_4_0_1_pubrel_is_resent_on_resumption(broker):
@@ -1912,6 +1915,8 @@ _BAD_CONNECTS = {
     "3.1.3-4": connect5(b"\xc3\x28").encode(),
     "3.1.3-11": connect5("c", will_topic=b"\xed\xa0\x80", will_message=b"m").encode(),
     "3.1.3-12": connect5("c", username=b"\xff").encode(),
+    # No Client Identifier at all: the payload is empty.
+    "3.1.3-3": b"\x10\x0b\x00\x04MQTT\x05\x02\x00\x00\x00",
     # U+0000 in the Client Identifier.
     "1.5.4-2": connect5("a\x00b").encode(),
     # A Property Length not minimally encoded.
@@ -1924,8 +1929,8 @@ _BAD_CONNECTS = {
 @pytest.mark.parametrize("statement", sorted(_BAD_CONNECTS))
 def test_MQTT_3_1_4_1_connect_breaking_section_3_1_is_closed(broker, statement):
     """MQTT-3.1.4-1 and the CONNECT rules named by each case: MQTT-3.1.2-9,
-    MQTT-3.1.2-11, MQTT-3.1.2-13, MQTT-3.1.2-16 to 19, MQTT-3.1.3-4, MQTT-3.1.3-11,
-    MQTT-3.1.3-12, MQTT-1.5.4-1, MQTT-1.5.4-2, MQTT-1.5.5-1."""
+    MQTT-3.1.2-11, MQTT-3.1.2-13, MQTT-3.1.2-16 to 19, MQTT-3.1.3-3, MQTT-3.1.3-4,
+    MQTT-3.1.3-11, MQTT-3.1.3-12, MQTT-1.5.4-1, MQTT-1.5.4-2, MQTT-1.5.5-1."""
     wire = _BAD_CONNECTS[statement]
     client = broker.client()
     client.send_bytes(wire)
@@ -1956,12 +1961,16 @@ def test_MQTT_3_1_4_1_well_formed_variants_are_accepted(broker):
         P.Publish("a", b"x", properties={"user_property": [("k", b"\xff")]}).encode(),
         # A user property name holding U+0000.
         P.Publish("a", b"x", properties={"user_property": [("k\x00", "v")]}).encode(),
+        # A Response Topic, a Content Type that are not UTF-8.
+        P.Publish("a", b"x", properties={"response_topic": b"r/\xff"}).encode(),
+        P.Publish("a", b"x", properties={"content_type": b"\xc0\xaf"}).encode(),
     ],
-    ids=["utf8", "surrogate", "nul", "pair-value", "pair-name-nul"],
+    ids=["utf8", "surrogate", "nul", "pair-value", "pair-name-nul", "response-topic",
+         "content-type"],
 )
 def test_MQTT_1_5_4_1_bad_strings_are_malformed(broker, wire):
-    """MQTT-1.5.4-1, MQTT-1.5.4-2, MQTT-1.5.7-1, MQTT-3.3.2-1, MQTT-4.7.3-2:
-    DISCONNECT 0x81, nothing routed."""
+    """MQTT-1.5.4-1, MQTT-1.5.4-2, MQTT-1.5.7-1, MQTT-3.3.2-1, MQTT-4.7.3-2,
+    MQTT-3.3.2-13, MQTT-3.3.2-19: DISCONNECT 0x81, nothing routed."""
     watcher = subscribed(broker, "w", ("#", 0))
     client = connected(broker, "c")
     client.send_bytes(wire)
@@ -2025,7 +2034,7 @@ def test_MQTT_2_2_1_4_server_packet_ids_are_nonzero_and_unused(broker):
 
 
 def test_MQTT_4_3_3_4_outbound_qos2_flow(broker):
-    """MQTT-4.3.3-3, MQTT-4.3.3-4, MQTT-4.3.3-5, MQTT-2.2.1-5: PUBLISH, PUBREC,
+    """MQTT-4.3.3-3, MQTT-4.3.3-4, MQTT-4.3.3-5, MQTT-2.2.1-5, MQTT-3.6.2-1: PUBLISH, PUBREC,
     PUBREL with the same id, PUBCOMP; the id is then free."""
     watcher = subscribed(broker, "w", ("t", options(2)))
     client = connected(broker, "c")
@@ -2060,3 +2069,31 @@ def test_MQTT_4_6_0_5_messages_keep_their_order_per_publisher():
         for qos in (b"0", b"1", b"2"):
             seq = [p for p in got if p.startswith(sender + b"-" + qos + b"-")]
             assert seq == [sender + b"-" + qos + b"-%d" % i for i in range(20)]
+
+
+def test_MQTT_4_3_3_13_qos2_exchange_is_finished_after_the_message_expired(broker):
+    """MQTT-4.3.3-13."""
+    client = connected(broker, "c")
+    client.send(publish("t", b"x", 2, 1, message_expiry_interval=1))
+    assert client.received() == [P.Pubrec(1, 0, {})]
+    broker.clock.advance(5)
+    client.send(P.Pubrel(1))
+    assert client.received() == [P.Pubcomp(1, 0, {})]
+
+
+@pytest.mark.parametrize(
+    "wire",
+    [
+        P.Subscribe(1, [(b"a/\xff", 0)], {}).encode(),
+        P.Subscribe(1, [("a/\x00", 0)], {}).encode(),
+        P.Unsubscribe(1, [b"a/\xed\xa0\x80"], {}).encode(),
+        # UNSUBSCRIBE with fixed-header flags 0000 rather than 0010.
+        b"\xa0" + P.Unsubscribe(1, ["a"], {}).encode()[1:],
+    ],
+    ids=["subscribe-utf8", "subscribe-nul", "unsubscribe-utf8", "unsubscribe-flags"],
+)
+def test_MQTT_3_8_3_1_bad_subscribe_and_unsubscribe_are_malformed(broker, wire):
+    """MQTT-3.8.3-1, MQTT-3.10.3-1, MQTT-3.10.1-1: DISCONNECT 0x81."""
+    client = subscribed(broker, "c", ("a/#", 0))
+    client.send_bytes(wire)
+    assert disconnect_of(client).reason_code == R.MALFORMED_PACKET
