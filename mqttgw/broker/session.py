@@ -235,12 +235,12 @@ class Session:
         """
         Messages that came by a shared subscription and were not yet
         acknowledged go to another member of its group, if one is
-        connected: all of them when the session ends ([MQTT-4.8.2-5]),
-        only QoS 1 ones when it lasts, since a QoS 2 delivery is completed
-        with the same client when it comes back ([MQTT-4.8.2-4]).
+        connected: QoS 1 ones only, since a QoS 2 delivery is completed
+        with the same client when it comes back, and goes to no other
+        client if its session ends ([MQTT-4.8.2-4], [MQTT-4.8.2-5]).
         """
         stats = self._stats
-        top = 2 if self.clean_session else 1
+        top = 1
         for mid, flight in list(self.inflight.items()):
             group = flight.group
             if (
@@ -706,6 +706,8 @@ class Session:
             not self.inflight
             or self.connection is None
             or self.limits.retry_interval <= 0
+            # 5.0 re-sends only when a session resumes ([MQTT-4.4.0-1]).
+            or self.encoder is not None
         ):
             self._retry_call = None
             return

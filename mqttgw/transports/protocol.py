@@ -867,10 +867,12 @@ class MQTTServerProtocol(MQTTConnection):
                 yield
             step = topics[start : start + self.FILTERS_PER_STEP]
             if v5 is not None:
+                # As a sequence of single UNSUBSCRIBEs ([MQTT-3.10.4-6]).
                 held = self.session.subscriptions
-                codes.extend(
-                    R.SUCCESS if f in held else R.NO_SUBSCRIPTION_EXISTED for f in step
-                )
+                gone = set()
+                for f in step:
+                    codes.append(R.SUCCESS if f in held and f not in gone else R.NO_SUBSCRIPTION_EXISTED)
+                    gone.add(f)
             self.router.unsubscribe(self.session, step)
         if v5 is None:
             self.write(P.Unsuback(packet.message_id).encode())

@@ -250,6 +250,8 @@ def _decode_connack5(flags, data, start, end, strict):
     if data[start] & 0xFE:
         raise ProtocolViolation("CONNACK reserved flags are set")
     props, o = _properties(data, start + 2, end, P.CONNACK, strict)
+    if o != end:
+        raise ProtocolViolation("CONNACK has bytes after its properties")
     return P.Connack(data[start + 1], bool(data[start] & 1), props)
 
 
@@ -282,7 +284,7 @@ def _decode_subscribe5(flags, data, start, end, strict):
         if options & 0xC0:
             raise ProtocolViolation("SUBSCRIBE options reserved bits are set")
         if options & 0x03 == 3:
-            raise ProtocolViolation("SUBSCRIBE requested QoS is invalid")
+            raise ProtocolViolation("SUBSCRIBE requested QoS is invalid", R.PROTOCOL_ERROR)
         if options & 0x30 == 0x30:
             raise ProtocolViolation("SUBSCRIBE retain handling 3 is reserved", R.PROTOCOL_ERROR)
         topics.append((topic, options))
@@ -444,7 +446,6 @@ class Framer:
         data = self._buffer
         offset = 0
         size = len(data)
-        decoders = _DECODERS5 if self.v5 else _DECODERS
         need = 0
         max_packet_size = self.max_packet_size
         try:
@@ -472,6 +473,9 @@ class Framer:
                         pos += 1
                         length |= (byte & 0x7F) << shift
                         if not byte & 0x80:
+                            if not byte and self.v5:
+                                # [MQTT-1.5.5-1] the fewest bytes that hold it.
+                                raise ProtocolViolation("remaining length is not minimally encoded")
                             break
                         shift += 7
                         if shift > 21:
@@ -494,6 +498,9 @@ class Framer:
                     max_packet_size = self.max_packet_size
                 packet_type = first >> 4
                 flags = first & 0x0F
+                # Chosen per packet: the CONNECT just handled may have
+                # made the rest of this read 5.0's.
+                decoders = _DECODERS5 if self.v5 else _DECODERS
                 if packet_type not in decoders:
                     raise ProtocolViolation(f"reserved packet type {packet_type}")
                 if self.strict and packet_type != P.PUBLISH:
