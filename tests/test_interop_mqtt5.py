@@ -1,11 +1,13 @@
 """
 MQTT 5.0 clients nobody on the project wrote against the gateway run by
-twistd: paho-mqtt's MQTTv5 client.  Message properties, subscription
-options and identifiers, shared subscriptions, session expiry across a
-restart, CONNACK properties, message expiry and topic aliases.
+twistd: paho-mqtt's MQTTv5 client, and mosquitto_pub / mosquitto_sub with
+``-V mqttv5``.  Message properties, subscription options and identifiers,
+shared subscriptions, session expiry across a restart, CONNACK properties,
+message expiry and topic aliases.
 """
 
 import queue
+import subprocess
 import time
 
 import pytest
@@ -13,6 +15,9 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
+from tests.conftest import require_program
+from tests.mosquitto_clients import Sub
+from tests.mosquitto_clients import pub as mosquitto_pub
 from tests.paho import TIMEOUT, PahoClient
 
 V5 = "MQTTv5"
@@ -422,3 +427,140 @@ def test_paho5_empty_client_id_gets_a_unique_assigned_identifier_it_can_resume(g
     assert not hasattr(back.connack_properties, "AssignedClientIdentifier")
     [m] = back.receive()
     assert m.payload == b"for the assigned id"
+
+
+# mosquitto_pub / mosquitto_sub -V mqttv5
+
+FORMAT = "%t|%P|%E|%C|%F|%R|%D|%r|%p"
+
+PUB_PROPERTIES = [
+    "-D", "publish", "user-property", "k1", "v1",
+    "-D", "publish", "user-property", "k2", "v2",
+    "-D", "publish", "user-property", "k1", "again",
+    "-D", "publish", "message-expiry-interval", "120",
+    "-D", "publish", "content-type", "text/plain",
+    "-D", "publish", "payload-format-indicator", "1",
+    "-D", "publish", "response-topic", "answers/here",
+    "-D", "publish", "correlation-data", "request-17",
+]
+
+
+def split(line):
+    topic, user, expiry, content, pfi, response, corr, retain, payload = line.split("|")
+    return {
+        "topic": topic, "user": user, "expiry": expiry, "content": content, "pfi": pfi,
+        "response": response, "corr": corr, "retain": retain, "payload": payload,
+    }
+
+
+@pytest.mark.parametrize("qos", [0, 1, 2])
+def test_mosquitto5_properties_reach_mosquitto_sub(gateway, qos):
+    sub = Sub(gateway.port, "mqttv5", "-t", "mp/#", "-q", str(qos), "-F", FORMAT)
+    mosquitto_pub(gateway.port, "mqttv5", "mp/x", "-q", str(qos), "-m", "hello", *PUB_PROPERTIES)
+    [line] = sub.messages(1)
+    got = split(line)
+    assert 118 <= int(got.pop("expiry")) <= 120
+    assert got == {
+        "topic": "mp/x", "user": "k1:v1 k2:v2 k1:again", "content": "text/plain", "pfi": "1",
+        "response": "answers/here", "corr": "request-17", "retain": "0", "payload": "hello",
+    }
+    sub.stop()
+
+
+def test_mosquitto5_properties_reach_paho5(gateway):
+    sub = client(gateway, "sub5")
+    sub.subscribe("mp/#", 1)
+    mosquitto_pub(gateway.port, "mqttv5", "mp/y", "-q", "1", "-m", "hello", *PUB_PROPERTIES)
+    [m] = sub.receive()
+    p = m.properties
+    assert (m.topic, m.payload) == ("mp/y", b"hello")
+    assert p.UserProperty == [("k1", "v1"), ("k2", "v2"), ("k1", "again")]
+    assert 118 <= p.MessageExpiryInterval <= 120
+    assert (p.ContentType, p.PayloadFormatIndicator) == ("text/plain", 1)
+    assert (p.ResponseTopic, p.CorrelationData) == ("answers/here", b"request-17")
+
+
+def test_paho5_properties_reach_mosquitto_sub(gateway):
+    sub = Sub(gateway.port, "mqttv5", "-t", "pm/#", "-q", "1", "-F", FORMAT)
+    pub = client(gateway, "pub5")
+    props = properties(
+        "PUBLISH",
+        UserProperty=[("z", "1"), ("a", "2")],
+        ContentType="text/plain",
+        PayloadFormatIndicator=1,
+        ResponseTopic="r/t",
+        CorrelationData=b"c-1",
+        MessageExpiryInterval=99,
+    )
+    pub.publish("pm/x", b"from paho", 1, properties=props)
+    got = split(sub.messages(1)[0])
+    assert 97 <= int(got.pop("expiry")) <= 99
+    assert got == {
+        "topic": "pm/x", "user": "z:1 a:2", "content": "text/plain", "pfi": "1",
+        "response": "r/t", "corr": "c-1", "retain": "0", "payload": "from paho",
+    }
+    sub.stop()
+
+
+def retained_now(port, topic_filter):
+    """The retained messages a fresh mosquitto_sub -V mqttv5 gets, as lines."""
+    sub = Sub(port, "mqttv5", "-t", topic_filter, "-q", "1", "--retained-only",
+              "-F", "%t|%r|%E|%p")
+    # The first message that is not retained ends mosquitto_sub, unprinted.
+    mosquitto_pub(port, "mqttv5", topic_filter.replace("#", "end-of-retained"), "-m", "x")
+    return sorted(sub.finish())
+
+
+def test_mosquitto5_retained_message_is_gone_once_its_expiry_interval_passes(gateway):
+    port = gateway.port
+    mosquitto_pub(port, "mqttv5", "exp/keep", "-r", "-q", "1", "-m", "kept")
+    mosquitto_pub(port, "mqttv5", "exp/gone", "-r", "-q", "1", "-m", "soon gone",
+                  "-D", "publish", "message-expiry-interval", "2")
+    published = time.monotonic()
+    before = retained_now(port, "exp/#")
+    assert len(before) == 2 and before[1] == "exp/keep|1||kept", before
+    topic, retain, expiry, payload = before[0].split("|")
+    assert (topic, retain, payload) == ("exp/gone", "1", "soon gone")
+    assert expiry in ("1", "2"), expiry
+    # Waiting out the 2 s interval is the point of the test.
+    time.sleep(max(0.0, published + 3.0 - time.monotonic()))
+    assert retained_now(port, "exp/#") == ["exp/keep|1||kept"]
+
+
+# Topic aliases from mosquitto_pub
+
+
+@pytest.mark.parametrize("qos", [0, 1])
+def test_mosquitto5_pub_topic_alias_is_resolved_for_subscribers(gateway, qos):
+    # mosquitto_pub -l sends the topic with the alias once, then the alias alone.
+    sub5 = client(gateway, "sub5")
+    sub5.subscribe("alias/#", qos)
+    sub311 = Sub(gateway.port, "mqttv311", "-t", "alias/#", "-q", str(qos))
+    lines = "".join(f"line {i}\n" for i in range(5))
+    mosquitto_pub(gateway.port, "mqttv5", "alias/a/long/topic", "-q", str(qos), "-l",
+                  "-D", "publish", "topic-alias", "3", input=lines)
+    got = sub5.receive(5)
+    assert [(m.topic, m.payload) for m in got] == [
+        ("alias/a/long/topic", f"line {i}".encode()) for i in range(5)
+    ]
+    # paho set no Topic Alias Maximum, so none is sent to it [MQTT-3.1.2-27].
+    assert all(not hasattr(m.properties, "TopicAlias") for m in got)
+    assert sub311.messages(5) == [f"alias/a/long/topic line {i}" for i in range(5)]
+    sub311.stop()
+
+
+def test_mosquitto5_pub_topic_alias_over_the_maximum_is_refused(gateway):
+    sub = client(gateway, "sub5")
+    sub.subscribe("alias/#", 0)
+    out = subprocess.run(
+        [
+            require_program("mosquitto_pub"), "-h", "127.0.0.1", "-p", str(gateway.port),
+            "-V", "mqttv5", "-d", "-t", "alias/x", "-q", "1", "-m", "too far",
+            "-D", "publish", "topic-alias", "11",
+        ],
+        check=False, capture_output=True, text=True, timeout=TIMEOUT,
+    )
+    # Default max_topic_alias 10: no PUBACK but DISCONNECT 0x94 (148)
+    # [MQTT-3.3.2-9].
+    assert "Received DISCONNECT (148)" in out.stdout, out
+    assert sub.nothing_more()
