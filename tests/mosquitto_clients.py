@@ -28,7 +28,8 @@ class Sub:
         self.process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
         self.lines = queue.Queue()
         self.debug = []
-        threading.Thread(target=self._read, daemon=True).start()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
         self.wait_for_debug("received SUBACK")
 
     def _read(self):
@@ -51,6 +52,15 @@ class Sub:
 
     def messages(self, n):
         return [self.lines.get(timeout=TIMEOUT) for _ in range(n)]
+
+    def finish(self):
+        """Wait for mosquitto_sub to exit by itself; the lines not yet taken."""
+        self.process.wait(TIMEOUT)
+        self._reader.join(TIMEOUT)
+        lines = []
+        while not self.lines.empty():
+            lines.append(self.lines.get_nowait())
+        return lines
 
     def stop(self, sig=signal.SIGTERM):
         self.process.send_signal(sig)

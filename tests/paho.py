@@ -5,16 +5,19 @@ import threading
 
 import paho.mqtt.client as mqtt
 
-VERSIONS = {"MQTTv31": mqtt.MQTTv31, "MQTTv311": mqtt.MQTTv311}
+VERSIONS = {"MQTTv31": mqtt.MQTTv31, "MQTTv311": mqtt.MQTTv311, "MQTTv5": mqtt.MQTTv5}
 TIMEOUT = 10
 
 
 class PahoClient:
     def __init__(self, port, client_id, version, clean_session=True, will=None, **kwargs):
+        # 5.0 has Clean Start in CONNECT instead; clean_session gives it.
+        self.v5 = version == "MQTTv5"
+        self.clean_start = clean_session
         self.client = mqtt.Client(
             mqtt.CallbackAPIVersion.VERSION2,
             client_id=client_id,
-            clean_session=clean_session,
+            clean_session=None if self.v5 else clean_session,
             protocol=VERSIONS[version],
             **kwargs,
         )
@@ -23,32 +26,53 @@ class PahoClient:
         self.subacks = queue.Queue()
         self.disconnected = threading.Event()
         c = self.client
-        c.on_connect = lambda c_, u, flags, rc, p: self.connack.put((flags, rc))
+        c.on_connect = lambda c_, u, flags, rc, p: self.connack.put((flags, rc, p))
         c.on_message = lambda c_, u, m: self.messages.put(m)
         c.on_subscribe = lambda c_, u, mid, codes, p: self.subacks.put((mid, codes))
-        c.on_disconnect = lambda c_, u, f, rc, p: self.disconnected.set()
+        # 5.0: the reason code and properties of the DISCONNECT that ended it.
+        self.disconnect_reason = queue.Queue()
+        c.on_disconnect = self._on_disconnect
         if will is not None:
             c.will_set(*will)
         self.port = port
 
-    def connect(self, keepalive=60, transport_host="127.0.0.1", reconnect_delay=(60, 120)):
+    def _on_disconnect(self, client, userdata, flags, rc, properties):
+        self.disconnect_reason.put((rc, properties))
+        self.disconnected.set()
+
+    def connect(self, keepalive=60, transport_host="127.0.0.1", reconnect_delay=(60, 120),
+                properties=None):
+        """
+        The CONNACK flags; for 5.0, ``properties`` go in CONNECT and the
+        CONNACK's properties are kept as ``connack_properties``.
+        """
         # Tests that drop the broker choose a short delay; others none.
         self.client.reconnect_delay_set(*reconnect_delay)
-        self.client.connect(transport_host, self.port, keepalive)
+        if self.v5:
+            self.client.connect(
+                transport_host, self.port, keepalive,
+                clean_start=self.clean_start, properties=properties,
+            )
+        else:
+            self.client.connect(transport_host, self.port, keepalive)
         self.client.loop_start()
-        flags, rc = self.connack.get(timeout=TIMEOUT)
+        flags, rc, self.connack_properties = self.connack.get(timeout=TIMEOUT)
         assert rc == 0, rc
         return flags
 
-    def subscribe(self, topic, qos):
-        result, mid = self.client.subscribe(topic, qos)
+    def subscribe(self, topic, qos=0, options=None, properties=None):
+        """The SUBACK's codes; 5.0 ``options`` (SubscribeOptions) replace qos."""
+        if options is None and properties is None:
+            result, mid = self.client.subscribe(topic, qos)
+        else:
+            result, mid = self.client.subscribe(topic, qos, options, properties)
         assert result == mqtt.MQTT_ERR_SUCCESS
         got_mid, codes = self.subacks.get(timeout=TIMEOUT)
         assert got_mid == mid
         return [c.value for c in codes]
 
-    def publish(self, topic, payload, qos=0, retain=False):
-        info = self.client.publish(topic, payload, qos, retain)
+    def publish(self, topic, payload, qos=0, retain=False, properties=None):
+        info = self.client.publish(topic, payload, qos, retain, properties)
         info.wait_for_publish(TIMEOUT)
         assert info.is_published()
 
