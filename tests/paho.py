@@ -26,7 +26,8 @@ class PahoClient:
         self.subacks = queue.Queue()
         self.disconnected = threading.Event()
         c = self.client
-        c.on_connect = lambda c_, u, flags, rc, p: self.connack.put((flags, rc, p))
+        c.on_connect = self._on_connect
+        self.connack_properties = None
         c.on_message = lambda c_, u, m: self.messages.put(m)
         c.on_subscribe = lambda c_, u, mid, codes, p: self.subacks.put((mid, codes))
         # 5.0: the reason code and properties of the DISCONNECT that ended it.
@@ -35,6 +36,12 @@ class PahoClient:
         if will is not None:
             c.will_set(*will)
         self.port = port
+
+    def _on_connect(self, client, userdata, flags, rc, properties):
+        # Kept before the (flags, rc) pair is handed over, so it is there
+        # for whoever takes that.
+        self.connack_properties = properties
+        self.connack.put((flags, rc))
 
     def _on_disconnect(self, client, userdata, flags, rc, properties):
         self.disconnect_reason.put((rc, properties))
@@ -56,7 +63,7 @@ class PahoClient:
         else:
             self.client.connect(transport_host, self.port, keepalive)
         self.client.loop_start()
-        flags, rc, self.connack_properties = self.connack.get(timeout=TIMEOUT)
+        flags, rc = self.connack.get(timeout=TIMEOUT)
         assert rc == 0, rc
         return flags
 
