@@ -6,13 +6,10 @@ test reads what the page got.
 
 import contextlib
 import json
-import queue
 import re
 import shutil
 import subprocess
-import threading
 
-import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
@@ -260,22 +257,10 @@ client.on("packetsend", (packet) => {
 
 
 class Paho5(PahoClient):
-    """PahoClient speaking MQTT 5.0 (which has no clean_session), publishing with properties."""
+    """PahoClient speaking MQTT 5.0, publishing with properties."""
 
     def __init__(self, port, client_id):
-        self.client = mqtt.Client(
-            mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5
-        )
-        self.messages = queue.Queue()
-        self.connack = queue.Queue()
-        self.subacks = queue.Queue()
-        self.disconnected = threading.Event()
-        c = self.client
-        c.on_connect = lambda c_, u, flags, rc, p: self.connack.put((flags, rc))
-        c.on_message = lambda c_, u, m: self.messages.put(m)
-        c.on_subscribe = lambda c_, u, mid, codes, p: self.subacks.put((mid, codes))
-        c.on_disconnect = lambda c_, u, f, rc, p: self.disconnected.set()
-        self.port = port
+        super().__init__(port, client_id, "MQTTv5")
 
     def publish5(self, topic, payload, qos, user_properties, content_type):
         props = Properties(PacketTypes.PUBLISH)
