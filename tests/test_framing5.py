@@ -15,12 +15,12 @@ from mqttgw.testing import FakeBroker
 from mqttgw.transports.protocol import ConnectionLimits
 from mqttgw.wire import packets as P
 from mqttgw.wire import reasons as R
+from mqttgw.wire.encoding import MAX_VARINT, encode_varint
 from mqttgw.wire.framing import STRICT_TEXT, Framer, ProtocolViolation
 from mqttgw.wire.properties import (
     BINARY,
     BYTE,
     MAX_USER_PROPERTIES,
-    MAX_VARINT,
     PAIR,
     PROPERTIES,
     U16,
@@ -31,7 +31,6 @@ from mqttgw.wire.properties import (
     PropertyError,
     decode_properties,
     encode_properties,
-    encode_varint,
 )
 
 # Where properties may appear: the packet types, and WILL for a CONNECT's

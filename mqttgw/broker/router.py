@@ -5,6 +5,8 @@ retained messages, and fans each PUBLISH out to its subscribers.  It never
 learns which transport a session came from.
 """
 
+import heapq
+
 from twisted.logger import Logger
 
 from mqttgw.broker.access import Access
@@ -39,8 +41,6 @@ class Router:
     trace = None
     trace_every = 0
     _until_trace = -1
-    # Whether any retained message has ever had an expiry (5.0).
-    expiring_retained = False
 
     def __init__(self, clock, limits=SessionLimits(), max_qos=2, store=None):
         self.clock = clock
@@ -54,6 +54,9 @@ class Router:
         self.subscriptions = SubscriptionTrie()
         # Shared subscriptions' groups by (share name, filter).
         self.shared = {}
+        # (expiry, n, message) of retained messages that expire, soonest first.
+        self._retained_expiries = []
+        self._expiry_seq = 0
         self.retained = RetainedTree()
         # Who may write and read what (the ACL, reserved topics).
         self.access = Access()
@@ -290,7 +293,7 @@ class Router:
                 topic, Publish(topic, payload, qos, True, properties=properties, expiry=expiry)
             )
             if expiry is not None:
-                self.expiring_retained = True
+                self._expiring(self.retained.get(topic))
         now = self.clock.seconds()
         for stored in sessions:
             session = self._new_session(stored.client_id, False)
@@ -366,18 +369,17 @@ class Router:
             may_read = session.may_read
             if may_read is not None and not may_read(topic):
                 continue
-            keep_retain = session.retain_as_published
             if session.options:
                 # 5.0 subscription options: no local, retain as published.
-                granted, rap = options_for(session, topic, granted, session is sender, retain)
+                granted, keep_retain = options_for(
+                    session, topic, granted, session is sender, retain
+                )
                 if granted < 0:
                     continue
-                keep_retain = keep_retain or rap
-            if session.deliver(
-                message,
-                qos if qos < granted else granted,
-                retain and keep_retain,
-            ):
+                keep_retain = retain and (keep_retain or session.retain_as_published)
+            else:
+                keep_retain = retain and session.retain_as_published
+            if session.deliver(message, qos if qos < granted else granted, keep_retain):
                 durable = True
         stats = self.stats
         stats.messages_delivered += len(subscribers)
@@ -412,8 +414,7 @@ class Router:
                 return False
             self.retained.set(message.topic, message)
             if message.expiry is not None:
-                # A sweep is worth its walk only once some message expires.
-                self.expiring_retained = True
+                self._expiring(message)
             if store is not None:
                 store.set_retained(message)
         else:
@@ -510,15 +511,28 @@ class Router:
             if self.store is not None:
                 self.store.delete_retained(message.topic)
 
+    def _expiring(self, message):
+        """A retained message with a 5.0 expiry, for expire_retained."""
+        heap = self._retained_expiries
+        self._expiry_seq += 1
+        heapq.heappush(heap, (message.expiry, self._expiry_seq, message))
+        if len(heap) > 2 * len(self.retained) + 1024:
+            # Entries of messages since replaced wait for their own expiry;
+            # past this many, the heap is made again from what is retained.
+            heap[:] = [e for e in heap if self.retained.get(e[2].topic) is e[2]]
+            heapq.heapify(heap)
+
     def expire_retained(self):
         """Remove retained messages whose expiry interval has ended."""
-        if not self.expiring_retained:
-            return 0
+        heap = self._retained_expiries
         now = self.clock.seconds()
-        expired = [m for m in self.retained if m.expiry is not None and m.expiry <= now]
-        for message in expired:
-            self._drop_retained(message)
-        return len(expired)
+        expired = 0
+        while heap and heap[0][0] <= now:
+            message = heapq.heappop(heap)[2]
+            if self.retained.get(message.topic) is message:
+                self._drop_retained(message)
+                expired += 1
+        return expired
 
     def stop_routing(self, session):
         """Take ``session``'s filters out of the trie: nothing is routed to it."""

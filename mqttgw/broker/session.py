@@ -240,13 +240,12 @@ class Session:
         client if its session ends ([MQTT-4.8.2-4], [MQTT-4.8.2-5]).
         """
         stats = self._stats
-        top = 1
         for mid, flight in list(self.inflight.items()):
             group = flight.group
             if (
                 group is not None
                 and flight.state == AWAITING_ACK
-                and flight.qos <= top
+                and flight.qos == 1
                 and group.redeliver(flight.message, flight.qos, self)
             ):
                 del self.inflight[mid]
@@ -258,7 +257,7 @@ class Session:
             kept = deque()
             for entry in queue:
                 message, qos, _, seq, group = entry
-                if group is not None and qos <= top and group.redeliver(message, qos, self):
+                if group is not None and qos == 1 and group.redeliver(message, qos, self):
                     self._unqueue(message, seq)
                 else:
                     kept.append(entry)
@@ -288,11 +287,9 @@ class Session:
         Send ``message`` at ``qos`` now, or queue it within the limits.
         Returns True when the delivery was written to the store, so that
         its publisher is acknowledged only once that write is committed.
-        ``group``: the shared subscription it came by.
+        ``group``: the shared subscription it came by.  (A message is
+        not expired when routed; where it waits, its expiry is checked.)
         """
-        if message.expiry is not None and message.expiry <= self.clock.seconds():
-            self._stats.messages_expired += 1
-            return False
         if qos == 0:
             if self._writable and not self._queue0:
                 if self.encoder is None:
@@ -325,10 +322,10 @@ class Session:
             self._enqueue(self._queue, message, qos, retain, seq, group)
         return seq is not None
 
-    def _write5(self, message, qos, mid, retain, dup, group):
+    def _frame5(self, message, qos, mid, retain, dup, group):
         """
-        Write a PUBLISH to a 5.0 client; False when it is larger than the
-        client accepts, and so dropped ([MQTT-3.1.2-25]).
+        A PUBLISH for a 5.0 client, or None when larger than the client
+        accepts: then it is dropped, and counted ([MQTT-3.1.2-25]).
         """
         ids = subscription_ids(self, message.topic, group) if self.options else None
         frame = self.encoder.frame(message, qos, mid, retain, dup, ids)
@@ -336,9 +333,16 @@ class Session:
             self.dropped += 1
             self._stats.messages_dropped += 1
             self._stats.messages_too_large += 1
-            return False
-        self.connection.write(frame)
-        return True
+        return frame
+
+    def _write5(self, message, qos, mid, retain, dup, group):
+        frame = self._frame5(message, qos, mid, retain, dup, group)
+        if frame is not None:
+            self.connection.write(frame)
+
+    def expired(self, message):
+        """Whether ``message`` has expired (counted when it has)."""
+        return message.expiry is not None and self._expired(message)
 
     def _expired(self, message):
         if message.expiry is not None and message.expiry <= self.clock.seconds():
@@ -509,13 +513,8 @@ class Session:
         if self.encoder is None:
             frame = message.frame(qos, mid, retain)
         else:
-            ids = subscription_ids(self, message.topic, group) if self.options else None
-            frame = self.encoder.frame(message, qos, mid, retain, False, ids)
+            frame = self._frame5(message, qos, mid, retain, False, group)
             if frame is None:
-                # Larger than the client accepts: dropped ([MQTT-3.1.2-25]).
-                self.dropped += 1
-                self._stats.messages_dropped += 1
-                self._stats.messages_too_large += 1
                 self._stats.stored_messages -= 1
                 if seq is not None and stored:
                     self.store.delete_delivery(self.client_id, seq)
@@ -562,21 +561,22 @@ class Session:
     def _resend(self, mid, flight):
         if flight.state == AWAITING_ACK:
             message = flight.message
-            if flight.qos == 1 and message.expiry is not None and self._expired(message):
-                # Not sent again once expired: it leaves the window (a QoS 2
-                # flow, once begun, is finished whatever [MQTT-4.3.3-7]).
+            if self.encoder is None:
+                frame = message.frame(flight.qos, mid, flight.retain, dup=True)
+            elif flight.qos == 1 and self.expired(message):
+                # Not sent again once expired (a QoS 2 flow, once begun, is
+                # finished whatever [MQTT-4.3.3-7]).
+                frame = None
+            else:
+                # None when too large: a client back with a smaller maximum.
+                frame = self._frame5(message, flight.qos, mid, flight.retain, True, flight.group)
+            if frame is None:
+                # It leaves the window, which it would otherwise hold for ever.
                 del self.inflight[mid]
                 self._stats.stored_messages -= 1
                 if flight.seq is not None:
                     self.store.delete_delivery(self.client_id, flight.seq)
                 return
-            if self.encoder is None:
-                frame = message.frame(flight.qos, mid, flight.retain, dup=True)
-            else:
-                ids = subscription_ids(self, message.topic, flight.group) if self.options else None
-                frame = self.encoder.frame(message, flight.qos, mid, flight.retain, True, ids)
-                if frame is None:
-                    return
         else:
             frame = Pubrel(mid).encode()
         self.connection.write(frame)
@@ -602,7 +602,7 @@ class Session:
         """PUBREC; ``failed``: its 5.0 reason code says the message is refused,
         which ends its flow ([MQTT-4.3.3-4])."""
         flight = self.inflight.get(mid)
-        if failed:
+        if failed and (flight is None or flight.qos == 2):
             if flight is not None and flight.state == AWAITING_ACK:
                 self._complete(mid, flight)
             return

@@ -92,11 +92,15 @@ class SharedGroup:
     def __init__(self, name, topic_filter, store):
         self.name = name
         self.topic_filter = topic_filter
+        # The filter its members subscribed with.
+        self.shared_filter = f"{SHARE_PREFIX}{name}/{topic_filter}"
         # Set while a member is persistent: a routed message may be stored.
         self.store = None
         self._store = store
-        # member session -> granted QoS, in the order they joined.
+        # member session -> granted QoS, in the order they joined; the
+        # same sessions as a list, for the round robin.
         self.members = {}
+        self._order = []
         self._turn = 0
 
     def __repr__(self):
@@ -107,20 +111,27 @@ class SharedGroup:
         return (self.name, self.topic_filter)
 
     def add(self, session, qos):
+        if session not in self.members:
+            self._order.append(session)
         self.members[session] = qos
         self._members_changed()
 
     def remove(self, session):
-        self.members.pop(session, None)
+        if self.members.pop(session, None) is not None:
+            self._order.remove(session)
         self._members_changed()
 
     def _members_changed(self):
-        persistent = any(s.store is not None for s in self.members)
+        persistent = any(s.store is not None for s in self._order)
         self.store = self._store if persistent else None
 
     def pick(self, topic, exclude=None):
-        """The member the next message goes to, or None."""
-        members = list(self.members)
+        """
+        The member the next message goes to, or None: the next connected
+        one that may read ``topic``, in turn; the first that may, of
+        those looked at, is usually it.
+        """
+        members = self._order
         n = len(members)
         fallback = None
         for i in range(n):
@@ -145,7 +156,12 @@ class SharedGroup:
         return member.deliver(message, qos if qos < granted else granted, False, self)
 
     def redeliver(self, message, qos, leaving):
-        """A message the member ``leaving`` will not acknowledge: to another."""
+        """
+        A message the member ``leaving`` will not acknowledge: to another
+        (True), or, expired, to none (True too: it is done with).
+        """
+        if leaving.expired(message):
+            return True
         member = self.pick(message.topic, exclude=leaving)
         if member is None or member.connection is None:
             return False
@@ -194,6 +210,6 @@ def subscription_ids(session, topic, group=None):
         if group is None:
             if not is_shared(f) and matches(f, topic):
                 ids.append(o.identifier)
-        elif f == f"{SHARE_PREFIX}{group.name}/{group.topic_filter}":
+        elif f == group.shared_filter:
             ids.append(o.identifier)
     return ids

@@ -230,14 +230,21 @@ def connection_limits(settings):
         reject_control_characters=settings["mqtt.reject_control_characters"],
         allow_long_client_ids=settings["mqtt.allow_long_client_ids"],
         connection_messages=settings["log.connection_messages"],
-        max_topic_alias=settings["mqtt.max_topic_alias"],
-        max_keepalive=settings["mqtt.max_keepalive"],
-        retain_available=settings["mqtt.retain_available"],
-        wildcard_subscription_available=settings["mqtt.wildcard_subscription_available"],
-        subscription_identifier_available=settings["mqtt.subscription_identifier_available"],
-        shared_subscription_available=settings["mqtt.shared_subscription_available"],
-        response_information=settings["mqtt.response_information"],
+        **{name: settings[f"mqtt.{name}"] for name in SERVER_PROPERTIES},
     )
+
+
+# [mqtt] keys of what CONNACK tells a 5.0 client, named as ConnectionLimits'
+# fields.
+SERVER_PROPERTIES = (
+    "max_topic_alias",
+    "max_keepalive",
+    "retain_available",
+    "wildcard_subscription_available",
+    "subscription_identifier_available",
+    "shared_subscription_available",
+    "response_information",
+)
 
 
 def check_archive_filters(settings):

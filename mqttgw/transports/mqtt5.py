@@ -6,15 +6,8 @@ the session calls as its encoder.
 """
 
 from mqttgw.wire import reasons as R
-from mqttgw.wire.properties import MESSAGE_PROPERTIES, problem_properties
-
-
-class TopicAliasError(Exception):
-    """A PUBLISH's topic alias breaks the rules; ``reason_code`` says how."""
-
-    def __init__(self, message, reason_code):
-        super().__init__(message)
-        self.reason_code = reason_code
+from mqttgw.wire.framing import ProtocolViolation
+from mqttgw.wire.properties import message_properties, problem_properties
 
 
 class Connection5:
@@ -33,7 +26,9 @@ class Connection5:
         self.max_packet_size = props.get("maximum_packet_size")
         self.alias_maximum_in = alias_maximum_in
         self.aliases_in = None
-        self.alias_maximum_out = props.get("topic_alias_maximum", 0)
+        # Aliases toward the client: as many as it takes, but no more than
+        # the server's own maximum, which bounds what a connection holds.
+        self.alias_maximum_out = min(props.get("topic_alias_maximum", 0), alias_maximum_in)
         self.aliases_out = None
         # Outbound aliases are made only on frames written at once (QoS 0,
         # or any QoS without the store), so a frame using an alias never
@@ -56,7 +51,7 @@ class Connection5:
         alias = props.pop("topic_alias", None) if props else None
         if alias is not None:
             if alias > self.alias_maximum_in:
-                raise TopicAliasError(
+                raise ProtocolViolation(
                     f"topic alias {alias} exceeds the maximum {self.alias_maximum_in}",
                     R.TOPIC_ALIAS_INVALID,
                 )
@@ -67,19 +62,15 @@ class Connection5:
             else:
                 topic = (self.aliases_in or {}).get(alias)
                 if topic is None:
-                    raise TopicAliasError(f"topic alias {alias} is not set", R.PROTOCOL_ERROR)
+                    raise ProtocolViolation(f"topic alias {alias} is not set", R.PROTOCOL_ERROR)
                 packet.topic = topic
         elif not topic:
-            raise TopicAliasError("PUBLISH with neither topic nor topic alias", R.PROTOCOL_ERROR)
+            raise ProtocolViolation("PUBLISH with neither topic nor topic alias", R.PROTOCOL_ERROR)
         if props:
             interval = props.get("message_expiry_interval")
             if interval is not None:
                 packet.expiry = self.clock.seconds() + interval
-            if any(name not in MESSAGE_PROPERTIES for name in props):
-                props = {k: v for k, v in props.items() if k in MESSAGE_PROPERTIES}
-            packet.properties = props or None
-        else:
-            packet.properties = None
+        packet.properties = message_properties(props)
         return topic
 
     # Outbound

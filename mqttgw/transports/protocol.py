@@ -40,14 +40,14 @@ from mqttgw.transports.connection import (
     CONNECTED,
     MQTTConnection,
 )
-from mqttgw.transports.mqtt5 import Connection5, TopicAliasError
+from mqttgw.transports.mqtt5 import Connection5
 from mqttgw.transports.schedulers import Flusher
 from mqttgw.transports.tls import peer_identity
 from mqttgw.wire import packets as P
 from mqttgw.wire import reasons as R
-from mqttgw.wire.framing import LAX, STRICT, STRICT_TEXT, Framer
+from mqttgw.wire.framing import LAX, STRICT, STRICT_TEXT, Framer, ProtocolViolation
 from mqttgw.wire.printable import printable
-from mqttgw.wire.properties import MESSAGE_PROPERTIES
+from mqttgw.wire.properties import message_properties
 
 log = Logger()
 
@@ -97,10 +97,6 @@ _RESERVED_STARTS = ("$", BRIDGE_STATE_PREFIX)
 _PUBACK = P.Puback
 _PUBREC = P.Pubrec
 _PUBCOMP = P.Pubcomp
-
-# Enhanced authentication methods by name (5.0 AUTH): none are built in;
-# a plugin adds one here (see mqttgw.security.enhanced).
-AUTHENTICATION_METHODS = {}
 
 
 
@@ -331,14 +327,13 @@ class MQTTServerProtocol(MQTTConnection):
                 )
             client_id = self.client_id = self.log_id = f"mqttgw-{uuid.uuid4().hex}"
         if props and "authentication_method" in props:
-            method = AUTHENTICATION_METHODS.get(props["authentication_method"])
-            if method is None:
-                # No method is offered that the client could go on with.
-                return self._refuse(
-                    R.BAD_AUTHENTICATION_METHOD,
-                    f"authentication method {printable(props['authentication_method'])!r}"
-                    " is not offered",
-                )
+            # No enhanced authentication method is offered: the client is
+            # told so at once rather than left waiting for an AUTH.
+            return self._refuse(
+                R.BAD_AUTHENTICATION_METHOD,
+                f"authentication method {printable(props['authentication_method'])!r}"
+                " is not offered",
+            )
         self.username = packet.username
         will = None
         if packet.will_topic is not None:
@@ -361,9 +356,7 @@ class MQTTServerProtocol(MQTTConnection):
                 packet.will_message,
                 packet.will_qos,
                 packet.will_retain,
-                properties={k: v for k, v in will_props.items() if k in MESSAGE_PROPERTIES} or None
-                if will_props
-                else None,
+                properties=message_properties(will_props),
             )
         if self.identity_as_username:
             identity = peer_identity(self.transport)
@@ -545,8 +538,8 @@ class MQTTServerProtocol(MQTTConnection):
         self._close(publish_will=True, graceful=True)
 
     def handle_PUBLISH(self, packet):
-        if self.v5 is not None and not self._publish5(packet):
-            return
+        if self.v5 is not None:
+            self._publish5(packet)
         topic = packet.topic
         if not topic or "+" in topic or "#" in topic or "\x00" in topic:
             return self.protocol_error(
@@ -599,33 +592,27 @@ class MQTTServerProtocol(MQTTConnection):
     def _publish5(self, packet):
         """
         What a 5.0 PUBLISH must pass first: its topic alias, the server's
-        maximum QoS, retain available and receive maximum.  False when the
-        connection was closed for it.
+        maximum QoS, retain available and receive maximum.  Raises
+        ProtocolViolation with the reason code the DISCONNECT gives.
         """
         v5 = self.v5
-        try:
-            v5.inbound_topic(packet)
-        except TopicAliasError as e:
-            self.protocol_error(str(e), e.reason_code)
-            return False
+        v5.inbound_topic(packet)
         qos = packet.qos
         if qos > self.router.max_qos:
-            self.protocol_error(f"PUBLISH at QoS {qos} exceeds max_qos", R.QOS_NOT_SUPPORTED)
-            return False
+            raise ProtocolViolation(f"PUBLISH at QoS {qos} exceeds max_qos", R.QOS_NOT_SUPPORTED)
         if packet.retain and not self.limits.retain_available:
-            self.protocol_error("retained PUBLISH: retain_available is off", R.RETAIN_NOT_SUPPORTED)
-            return False
+            raise ProtocolViolation(
+                "retained PUBLISH: retain_available is off", R.RETAIN_NOT_SUPPORTED
+            )
         if qos:
             session = self.session
             waiting = len(session.awaiting_pubrel) + (self._acks.waiting if self._acks else 0)
             if waiting >= v5.receive_maximum and packet.message_id not in session.awaiting_pubrel:
                 # [MQTT-3.3.4-9]
-                self.protocol_error(
+                raise ProtocolViolation(
                     f"more than {v5.receive_maximum} QoS 1/2 publishes unacknowledged",
                     R.RECEIVE_MAXIMUM_EXCEEDED,
                 )
-                return False
-        return True
 
     def _ack5(self, packet_class, mid, reason_code, reason=None):
         """A 5.0 acknowledgement with a reason code (and why, if asked)."""

@@ -255,22 +255,6 @@ def _decode_connack5(flags, data, start, end, strict):
     return P.Connack(data[start + 1], bool(data[start] & 1), props)
 
 
-def _ack5(cls):
-    def decode(flags, data, start, end, strict):
-        mid = _message_id(data, start, end)
-        if end - start == 2:
-            return cls(mid, 0, {})
-        code = data[start + 2]
-        if end - start == 3:
-            return cls(mid, code, {})
-        props, o = _properties(data, start + 3, end, cls.packet_type, strict)
-        if o != end:
-            raise ProtocolViolation(f"{cls.__name__.upper()} has bytes after its properties")
-        return cls(mid, code, props)
-
-    return decode
-
-
 def _decode_subscribe5(flags, data, start, end, strict):
     mid = _message_id(data, start, end)
     props, o = _properties(data, start + 2, end, P.SUBSCRIBE, strict)
@@ -317,17 +301,27 @@ def _decode_unsuback5(flags, data, start, end, strict):
     return P.Unsuback(mid, list(data[o:end]), props)
 
 
-def _reason5(cls):
+def _reason5(cls, with_id):
+    """
+    PUBACK, PUBREC, PUBREL, PUBCOMP (``with_id``: a message id first),
+    DISCONNECT and AUTH: a reason code and properties, either left out
+    when they are 0 and none.
+    """
+
     def decode(flags, data, start, end, strict):
+        head = ()
+        if with_id:
+            head = (_message_id(data, start, end),)
+            start += 2
         if end == start:
-            return cls(0, {})
+            return cls(*head, 0, {})
         code = data[start]
         if end - start == 1:
-            return cls(code, {})
+            return cls(*head, code, {})
         props, o = _properties(data, start + 1, end, cls.packet_type, strict)
         if o != end:
             raise ProtocolViolation(f"{cls.__name__.upper()} has bytes after its properties")
-        return cls(code, props)
+        return cls(*head, code, props)
 
     return decode
 
@@ -355,18 +349,18 @@ _DECODERS5 = {
     P.CONNECT: _decode_connect,
     P.CONNACK: _decode_connack5,
     P.PUBLISH: None,
-    P.PUBACK: _ack5(P.Puback),
-    P.PUBREC: _ack5(P.Pubrec),
-    P.PUBREL: _ack5(P.Pubrel),
-    P.PUBCOMP: _ack5(P.Pubcomp),
+    P.PUBACK: _reason5(P.Puback, True),
+    P.PUBREC: _reason5(P.Pubrec, True),
+    P.PUBREL: _reason5(P.Pubrel, True),
+    P.PUBCOMP: _reason5(P.Pubcomp, True),
     P.SUBSCRIBE: _decode_subscribe5,
     P.SUBACK: _decode_suback5,
     P.UNSUBSCRIBE: _decode_unsubscribe5,
     P.UNSUBACK: _decode_unsuback5,
     P.PINGREQ: _empty(P.Pingreq),
     P.PINGRESP: _empty(P.Pingresp),
-    P.DISCONNECT: _reason5(P.Disconnect),
-    P.AUTH: _reason5(P.Auth),
+    P.DISCONNECT: _reason5(P.Disconnect, False),
+    P.AUTH: _reason5(P.Auth, False),
 }
 
 
@@ -498,10 +492,9 @@ class Framer:
                     max_packet_size = self.max_packet_size
                 packet_type = first >> 4
                 flags = first & 0x0F
-                # Chosen per packet: the CONNECT just handled may have
-                # made the rest of this read 5.0's.
-                decoders = _DECODERS5 if self.v5 else _DECODERS
-                if packet_type not in decoders:
+                # AUTH (15) is 5.0's; the version is looked at per packet,
+                # as the CONNECT just handled may make the rest of a read 5.0.
+                if packet_type == 0 or packet_type == 15 and not self.v5:
                     raise ProtocolViolation(f"reserved packet type {packet_type}")
                 if self.strict and packet_type != P.PUBLISH:
                     if flags != _REQUIRED_FLAGS[packet_type]:
@@ -509,12 +502,8 @@ class Framer:
                             f"{P.PACKET_NAMES[packet_type]} fixed header flags"
                             f" {flags:#x} are reserved"
                         )
-                if packet_type == 3 and self.v5:
-                    packet = decode_publish5(
-                        flags, data, offset, pos, end, self.strict, self.from_client
-                    )
-                elif packet_type == 3:
-                    # PUBLISH, the hot path, decoded inline.
+                if packet_type == 3 and not self.v5:
+                    # PUBLISH of 3.1/3.1.1, the hot path, decoded inline.
                     qos = (flags >> 1) & 3
                     tend = pos + 2 + ((data[pos] << 8) | data[pos + 1])
                     if tend > end:
@@ -546,9 +535,14 @@ class Framer:
                     # passes every check without a call.
                     if self.strict and not (topic.isascii() and topic.isprintable()):
                         check_text(topic, self.strict)
+                elif packet_type == 3:
+                    packet = decode_publish5(
+                        flags, data, offset, pos, end, self.strict, self.from_client
+                    )
                 elif packet_type == 1:
                     packet = _decode_connect(flags, data, pos, end, self.strict_for_311)
                 else:
+                    decoders = _DECODERS5 if self.v5 else _DECODERS
                     packet = decoders[packet_type](flags, data, pos, end, self.strict)
                 offset = end
                 yield packet

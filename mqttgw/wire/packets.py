@@ -9,7 +9,8 @@ import struct
 
 import attr
 
-from mqttgw.wire.properties import encode_properties
+from mqttgw.wire.encoding import MAX_VARINT, encode_string, encode_varint
+from mqttgw.wire.properties import IDENTIFIERS, encode_properties, encode_property_list
 
 CONNECT = 1
 CONNACK = 2
@@ -62,25 +63,19 @@ CONNACK_NOT_AUTHORIZED = 5
 
 SUBACK_FAILURE = 0x80
 
-MAX_REMAINING_LENGTH = 268_435_455
+MAX_REMAINING_LENGTH = MAX_VARINT
 
 _pack_u16 = struct.Struct(">H").pack
+_pack_u32 = struct.Struct(">I").pack
 
-_SMALL_LENGTHS = [bytes((n,)) for n in range(128)]
+# Identifiers of the properties a delivery adds to a message's own.
+_EXPIRY, _SUBSCRIPTION_ID, _TOPIC_ALIAS = (
+    bytes((IDENTIFIERS[name][0],))
+    for name in ("message_expiry_interval", "subscription_identifier", "topic_alias")
+)
 
-
-def encode_remaining_length(n):
-    """Encode a Remaining Length: 7 bits per byte, least significant first."""
-    if n < 128:
-        return _SMALL_LENGTHS[n]
-    if n > MAX_REMAINING_LENGTH:
-        raise ValueError(f"remaining length {n} exceeds {MAX_REMAINING_LENGTH}")
-    out = bytearray()
-    while n:
-        digit = n & 0x7F
-        n >>= 7
-        out.append(digit | 0x80 if n else digit)
-    return bytes(out)
+# The Remaining Length is a variable byte integer.
+encode_remaining_length = encode_varint
 
 
 def decode_remaining_length(data, offset):
@@ -97,15 +92,6 @@ def decode_remaining_length(data, offset):
         if not byte & 0x80:
             return offset, length
         shift += 7
-
-
-def encode_string(s):
-    """A UTF-8 string (or raw bytes) with its 16-bit big-endian length."""
-    if isinstance(s, str):
-        s = s.encode("utf-8")
-    if len(s) > 0xFFFF:
-        raise ValueError("string longer than 65535 bytes")
-    return _pack_u16(len(s)) + s
 
 
 def _frame(first_byte, body):
@@ -266,24 +252,30 @@ class Publish:
         subscription identifiers and topic alias of this delivery.  With
         ``alias`` as ``(number, False)`` the topic is left out.
         """
-        if self.expiry is None and not subscription_ids and alias is None:
-            props = self._props5
-            if props is None:
-                props = self._props5 = encode_properties(self.properties)
-        else:
-            props = dict(self.properties) if self.properties else {}
+        # The message's own properties are encoded once, whatever each
+        # delivery adds to them.
+        body = self._props5
+        if body is None:
+            props = self.properties
+            if props and "message_expiry_interval" in props:
+                props = {k: v for k, v in props.items() if k != "message_expiry_interval"}
+            body = self._props5 = encode_property_list(props)
+        topic_wire = None
+        if self.expiry is not None or subscription_ids or alias is not None:
+            extra = [body]
             if self.expiry is not None:
-                props["message_expiry_interval"] = max(0, int(self.expiry - now + 0.999))
-            if subscription_ids:
-                props["subscription_identifier"] = subscription_ids
-            topic_wire = None
+                left = max(0, int(self.expiry - now + 0.999))
+                extra.append(_EXPIRY + _pack_u32(left))
+            for identifier in subscription_ids or ():
+                extra.append(_SUBSCRIPTION_ID + encode_varint(identifier))
             if alias is not None:
                 number, send_topic = alias
-                props["topic_alias"] = number
+                extra.append(_TOPIC_ALIAS + _pack_u16(number))
                 if not send_topic:
                     topic_wire = b"\x00\x00"
-            return self._encode5(qos, message_id, retain, dup, encode_properties(props), topic_wire)
-        return self._encode5(qos, message_id, retain, dup, props)
+            body = b"".join(extra)
+        props = encode_varint(len(body)) + body
+        return self._encode5(qos, message_id, retain, dup, props, topic_wire)
 
     def encode(self):
         if self.properties is not None:
@@ -293,40 +285,46 @@ class Publish:
         return self.frame(self.qos, self.message_id, self.retain, self.dup)
 
 
-def _id_only(name, type_, first_byte):
+def _with_reason(name, type_, first_byte, with_id):
     """
-    A packet whose body is a message id, and in 5.0 perhaps a reason code
-    and properties (PUBACK, PUBREC, PUBREL, PUBCOMP).
+    A packet that in 5.0 has a reason code and properties, each left out
+    when 0 and none: after a message id (``with_id``: PUBACK, PUBREC,
+    PUBREL, PUBCOMP, whose 3.1.1 body is that id alone), or alone
+    (DISCONNECT and AUTH, empty in 3.1.1).
     """
 
     def encode(self):
-        if not self.reason_code and not self.properties:
-            return bytes((first_byte, 2)) + _pack_u16(self.message_id)
+        head = _pack_u16(self.message_id) if with_id else b""
         if not self.properties:
-            return bytes((first_byte, 3)) + _pack_u16(self.message_id) + bytes((self.reason_code,))
-        body = _pack_u16(self.message_id) + bytes((self.reason_code,))
-        return _frame(first_byte, body + encode_properties(self.properties))
+            if not self.reason_code:
+                return bytes((first_byte, len(head))) + head
+            return bytes((first_byte, len(head) + 1)) + head + bytes((self.reason_code,))
+        body = head + bytes((self.reason_code,)) + encode_properties(self.properties)
+        return _frame(first_byte, body)
 
+    fields = {"message_id": attr.ib()} if with_id else {}
     cls = type(
         name,
         (),
         {
-            "message_id": attr.ib(),
+            **fields,
             "reason_code": attr.ib(default=0),
             "properties": attr.ib(default=None),
             "packet_type": type_,
             "encode": encode,
-            "__doc__": f"{name}: acknowledges or releases one message id.",
+            "__doc__": f"{name}: acknowledges or releases one message id."
+            if with_id
+            else f"{name}.",
         },
     )
     return attr.s(slots=True)(cls)
 
 
-Puback = _id_only("Puback", PUBACK, 0x40)
-Pubrec = _id_only("Pubrec", PUBREC, 0x50)
+Puback = _with_reason("Puback", PUBACK, 0x40, True)
+Pubrec = _with_reason("Pubrec", PUBREC, 0x50, True)
 # PUBREL, SUBSCRIBE and UNSUBSCRIBE carry QoS 1 in their fixed header.
-Pubrel = _id_only("Pubrel", PUBREL, 0x62)
-Pubcomp = _id_only("Pubcomp", PUBCOMP, 0x70)
+Pubrel = _with_reason("Pubrel", PUBREL, 0x62, True)
+Pubcomp = _with_reason("Pubcomp", PUBCOMP, 0x70, True)
 
 
 @attr.s(slots=True)
@@ -414,34 +412,7 @@ Pingreq = _empty("Pingreq", PINGREQ, 0xC0)
 Pingresp = _empty("Pingresp", PINGRESP, 0xD0)
 
 
-def _reason_only(name, type_, first_byte):
-    """
-    DISCONNECT and AUTH: empty in 3.1.1; in 5.0 a reason code and
-    properties, either left out when they are 0 and none.
-    """
-
-    def encode(self):
-        if not self.properties:
-            if not self.reason_code:
-                return bytes((first_byte, 0))
-            return bytes((first_byte, 1, self.reason_code))
-        return _frame(first_byte, bytes((self.reason_code,)) + encode_properties(self.properties))
-
-    cls = type(
-        name,
-        (),
-        {
-            "reason_code": attr.ib(default=0),
-            "properties": attr.ib(default=None),
-            "packet_type": type_,
-            "encode": encode,
-            "__doc__": f"{name}.",
-        },
-    )
-    return attr.s(slots=True)(cls)
-
-
-Disconnect = _reason_only("Disconnect", DISCONNECT, 0xE0)
-Auth = _reason_only("Auth", AUTH, 0xF0)
+Disconnect = _with_reason("Disconnect", DISCONNECT, 0xE0, False)
+Auth = _with_reason("Auth", AUTH, 0xF0, False)
 
 PINGRESP_WIRE = Pingresp().encode()

@@ -12,6 +12,7 @@ is a list of integers (a PUBLISH to a client may carry several).
 import struct
 
 from mqttgw.wire import reasons as R
+from mqttgw.wire.encoding import encode_string, encode_varint
 
 # Packet types (as in packets.py) and WILL for a CONNECT's will properties.
 CONNECT, CONNACK, PUBLISH, PUBACK, PUBREC, PUBREL, PUBCOMP = 1, 2, 3, 4, 5, 6, 7
@@ -70,8 +71,6 @@ _BOOLEAN = {
 # Properties for which 0 is a Protocol Error.
 _NOT_ZERO = {"receive_maximum", "maximum_packet_size", "topic_alias", "subscription_identifier"}
 
-MAX_VARINT = 268_435_455
-
 # Bounds the gateway sets on what one packet may carry: a packet within
 # the maximum packet size could otherwise hold hundreds of thousands of
 # tiny properties.
@@ -107,20 +106,6 @@ def decode_varint(data, offset, end):
             return value, offset
         shift += 7
     raise PropertyError("variable byte integer longer than 4 bytes")
-
-
-def encode_varint(n):
-    if not 0 <= n <= MAX_VARINT:
-        raise ValueError(f"{n} cannot be a variable byte integer")
-    out = bytearray()
-    while True:
-        digit = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(digit | 0x80)
-        else:
-            out.append(digit)
-            return bytes(out)
 
 
 def _utf8(data, offset, end, check_text):
@@ -223,12 +208,20 @@ def encode_properties(props):
     """The wire form of ``props`` (a dict as decode gives), length first."""
     if not props:
         return b"\x00"
+    body = encode_property_list(props)
+    return encode_varint(len(body)) + body
+
+
+def encode_property_list(props):
+    """``props`` encoded one after another, without the length before them."""
+    if not props:
+        return b""
     out = []
     for name, value in props.items():
         ident, type_ = IDENTIFIERS[name]
         if type_ == PAIR:
             for key, val in value:
-                out.append(bytes((ident,)) + _string(key) + _string(val))
+                out.append(bytes((ident,)) + encode_string(key) + encode_string(val))
             continue
         if type_ == VARINT and isinstance(value, (list, tuple)):
             for v in value:
@@ -243,17 +236,8 @@ def encode_properties(props):
         elif type_ == VARINT:
             out.append(bytes((ident,)) + encode_varint(value))
         else:
-            out.append(bytes((ident,)) + _string(value))
-    body = b"".join(out)
-    return encode_varint(len(body)) + body
-
-
-def _string(s):
-    if isinstance(s, str):
-        s = s.encode("utf-8")
-    if len(s) > 0xFFFF:
-        raise ValueError("string longer than 65535 bytes")
-    return _pack_u16(len(s)) + s
+            out.append(bytes((ident,)) + encode_string(value))
+    return b"".join(out)
 
 
 # Properties of an application message that travel with it to subscribers
@@ -262,6 +246,15 @@ MESSAGE_PROPERTIES = (
     "payload_format_indicator", "message_expiry_interval", "content_type",
     "response_topic", "correlation_data", "user_property",
 )
+
+
+def message_properties(props):
+    """Of ``props``, those that travel with the message, or None."""
+    if not props:
+        return None
+    if all(name in MESSAGE_PROPERTIES for name in props):
+        return props
+    return {k: v for k, v in props.items() if k in MESSAGE_PROPERTIES} or None
 
 
 def problem_properties(props):
