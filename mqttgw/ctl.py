@@ -109,6 +109,8 @@ COLUMNS = {
         ("DROPPED", "dropped", None),
         ("SENT", "sent", None),
         ("RECEIVED", "received", None),
+        ("REFUSED", "refused", None),
+        ("PROTOCOL", "protocol", None),
         ("ADDRESSES", "addresses", lambda v: ",".join(v)),
     ],
 }

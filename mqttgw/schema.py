@@ -78,7 +78,7 @@ def check_value(key, value, where):
     if key.maximum is not None and value > key.maximum:
         raise ConfigError(f"{where}: {key.path} must be at most {key.maximum}")
     if key.choices is not None and value not in key.choices:
-        raise ConfigError(f"{where}: {key.path} must be one of {', '.join(key.choices)}")
+        raise ConfigError(f"{where}: {key.path} must be one of {', '.join(map(str, key.choices))}")
     return value
 
 

@@ -383,3 +383,116 @@ def test_bridge_speaking_mqtt_3_1(tmp_path, upstream):
         assert "as old-bridge (p1," in upstream.log()
     finally:
         gw.stop()
+
+
+# MQTT 5.0 upstream
+
+
+def _v5(port, client_id, **kwargs):
+    c = PahoClient(port, client_id, "MQTTv5", **kwargs)
+    c.connect()
+    return c
+
+
+def test_a_5_0_bridge_reads_the_upstreams_receive_maximum_and_loses_nothing(tmp_path):
+    # mosquitto gives max_inflight_messages as its CONNACK's receive
+    # maximum, and answers a QoS 2 PUBLISH past it with PUBREC 0x97 (quota
+    # exceeded): the message is refused.  The bridge's own window is 20.
+    upstream = Mosquitto(tmp_path / "mosquitto", extra=["max_inflight_messages 2"]).start()
+    gw = start_gateway(tmp_path, [f"127.0.0.1:{upstream.port}"], protocol="mqttv5",
+                       rules=["local/out/# out 2"], max_inflight_messages=20)
+    try:
+        gw.wait_for_log("bridge up: upstream limits: receive maximum 2,")
+        sub = PahoClient(upstream.port, "seq-watch", "MQTTv311", clean_session=False)
+        sub.connect(reconnect_delay=(0.2, 0.5))
+        sub.subscribe("local/out/seq", 2)
+        # A backlog while the upstream is away, so the bridge has many to send at once.
+        upstream.stop()
+        gw.wait_for_log("bridge up: upstream connection lost")
+        pub = PahoClient(gw.port, "seq-pub", "MQTTv311")
+        pub.client.max_inflight_messages_set(100)
+        pub.connect()
+        sent = [pub.client.publish("local/out/seq", str(i).encode(), 2) for i in range(300)]
+        for info in sent:
+            info.wait_for_publish(30)
+            assert info.is_published()
+        upstream.start()
+        got = [int(m.payload) for m in sub.receive(300, timeout=60)]
+        assert got == list(range(300))
+        assert sub.nothing_more(1.0)
+        # Not one refused: never more than 2 in flight.
+        assert "upstream answered" not in gw.log()
+        assert "rc151" not in upstream.log()
+        assert "Sending PUBREC to mqttgw-up" in upstream.log()
+    finally:
+        gw.stop()
+        upstream.stop()
+
+
+def test_a_5_0_bridge_carries_properties_both_ways_without_loops(tmp_path, upstream):
+    gw = start_gateway(tmp_path, [f"127.0.0.1:{upstream.port}"], protocol="mqttv5")
+    try:
+        from paho.mqtt.packettypes import PacketTypes
+        from paho.mqtt.properties import Properties
+
+        def properties(**values):
+            props = Properties(PacketTypes.PUBLISH)
+            for name, value in values.items():
+                setattr(props, name, value)
+            return props
+
+        remote = _v5(upstream.port, "remote5")
+        remote.subscribe("shared/#", 1)
+        remote.subscribe("local/out/#", 1)
+        local = _v5(gw.port, "local5")
+        local.subscribe("shared/#", 1)
+        local.subscribe("remote/in/#", 1)
+        local_pub = _v5(gw.port, "local-pub5")
+        remote_pub = _v5(upstream.port, "remote-pub5")
+
+        local_pub.publish("local/out/p", b"up", 1, properties=properties(
+            ContentType="text/plain", UserProperty=[("site", "7"), ("unit", "C")],
+            ResponseTopic="replies/7", CorrelationData=b"\x07"))
+        [m] = remote.receive()
+        assert (m.topic, m.payload) == ("local/out/p", b"up")
+        assert m.properties.ContentType == "text/plain"
+        assert m.properties.UserProperty == [("site", "7"), ("unit", "C")]
+        assert (m.properties.ResponseTopic, m.properties.CorrelationData) == ("replies/7", b"\x07")
+
+        remote_pub.publish("remote/in/p", b"down", 1, properties=properties(
+            PayloadFormatIndicator=1, UserProperty=[("from", "centre")], MessageExpiryInterval=600))
+        [m] = local.receive()
+        assert (m.topic, m.payload) == ("remote/in/p", b"down")
+        assert m.properties.UserProperty == [("from", "centre")]
+        assert m.properties.PayloadFormatIndicator == 1
+        assert 0 < m.properties.MessageExpiryInterval <= 600
+
+        # A two-way rule: each message arrives once on each side (no local).
+        local_pub.publish("shared/from-local", b"L", 1)
+        remote_pub.publish("shared/from-remote", b"R", 1)
+        assert sorted(m.payload for m in remote.receive(2)) == [b"L", b"R"]
+        assert sorted(m.payload for m in local.receive(2)) == [b"L", b"R"]
+        assert remote.nothing_more(1.5)
+        assert local.nothing_more(0.5)
+        assert "as mqttgw-up (p5," in upstream.log()
+    finally:
+        gw.stop()
+
+
+def test_a_5_0_bridge_session_outlives_the_link_by_its_expiry_interval(tmp_path, upstream):
+    port = free_port()
+    gw = start_gateway(tmp_path, [f"127.0.0.1:{upstream.port}"], port=port, protocol="mqttv5")
+    local = PahoClient(port, "keeper", "MQTTv311", clean_session=False)
+    local.connect(reconnect_delay=(0.2, 0.5))
+    local.subscribe("remote/in/#", 1)
+    gw.stop()
+    # While the gateway is away the upstream keeps the bridge's session and
+    # queues what its subscriptions match.
+    remote_pub = client(upstream.port, "remote-pub")
+    for i in range(5):
+        remote_pub.publish("remote/in/kept", str(i).encode(), 1)
+    gw = start_gateway(tmp_path, [f"127.0.0.1:{upstream.port}"], port=port, protocol="mqttv5")
+    try:
+        assert [int(m.payload) for m in local.receive(5, timeout=30)] == list(range(5))
+    finally:
+        gw.stop()

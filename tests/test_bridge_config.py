@@ -66,7 +66,10 @@ def test_bridge_topic_without_address_is_refused():
         ({"name": "b", "addresses": ["h:1"]}, "bridge.rules is required"),
         ({"name": "b", "addresses": ["nohost"], "rules": ["a"]}, "is not HOST:PORT"),
         ({"name": "b", "addresses": ["h:1"], "rules": ["a"], "keepalive": "60"}, "bridge.keepalive must be an integer"),
-        ({"name": "b", "addresses": ["h:1"], "rules": ["a"], "protocol": "mqttv5"}, "bridge.protocol must be one of mqttv31, mqttv311"),
+        ({"name": "b", "addresses": ["h:1"], "rules": ["a"], "protocol": "mqttv6"}, "bridge.protocol must be one of mqttv31, mqttv311, mqttv5, mqttv50"),
+        ({"name": "b", "addresses": ["h:1"], "rules": ["a"], "protocol_version": 6}, "bridge.protocol_version must be one of 0, 3, 4, 5"),
+        ({"name": "b", "addresses": ["h:1"], "rules": ["a"], "protocol": "mqttv311", "protocol_version": 5}, "disagree"),
+        ({"name": "b", "addresses": ["h:1"], "rules": ["a"], "session_expiry_interval": -1}, "bridge.session_expiry_interval"),
         ({"name": "b", "addresses": ["h:1"], "rules": ["a"], "tls": True, "ca": "/nonexistent.pem"}, "cannot read"),
     ],
 )

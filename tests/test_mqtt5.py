@@ -2097,3 +2097,98 @@ def test_MQTT_3_8_3_1_bad_subscribe_and_unsubscribe_are_malformed(broker, wire):
     client = subscribed(broker, "c", ("a/#", 0))
     client.send_bytes(wire)
     assert disconnect_of(client).reason_code == R.MALFORMED_PACKET
+
+
+# Rows of tests/CONFORMANCE5.md that earlier tests did not reach
+
+
+def test_MQTT_3_3_2_14_a_response_topic_with_a_wildcard_is_a_protocol_error(broker):
+    client = connected(broker, "c")
+    client.send(P.Publish("a", b"x", 0, properties={"response_topic": "replies/+"}))
+    [disconnect] = client.received()
+    assert disconnect.reason_code == R.PROTOCOL_ERROR
+    assert client.closed
+    # A will's likewise: its CONNECT is refused.
+    will = broker.client(connect5(
+        "w", will_topic="w/t", will_message=b"gone", will_properties={"response_topic": "r/#"},
+    ))
+    [connack] = will.received()
+    assert connack.return_code == R.PROTOCOL_ERROR
+    assert will.closed
+
+
+def test_MQTT_3_1_3_8_a_client_identifier_refused_is_connack_0x85_then_the_close(broker):
+    # The one client identifier refused over 5.0 holds U+0000, which no
+    # UTF-8 string of MQTT may ([MQTT-1.5.4-2]): the CONNECT is malformed,
+    # and the connection closes without a CONNACK (which is optional).
+    client = broker.client(connect5("bad\x00id"))
+    assert client.received() == []
+    assert client.closed
+    assert "bad\x00id" not in broker.router.sessions
+
+
+def test_MQTT_3_2_2_8_connack_reason_codes_come_from_the_connect_table():
+    """Every refusing CONNACK the server can send names a code of the CONNACK table."""
+    import ast
+    from pathlib import Path
+
+    from mqttgw.transports import protocol
+
+    table = {
+        0x00, 0x80, 0x81, 0x82, 0x83, 0x84, 0x85, 0x86, 0x87, 0x88, 0x89, 0x8A, 0x8C,
+        0x90, 0x95, 0x97, 0x99, 0x9A, 0x9B, 0x9C, 0x9D, 0x9F,
+    }
+    tree = ast.parse(Path(protocol.__file__).read_text())
+    codes = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "_refuse":
+            for arg in ast.walk(node.args[0]):
+                if isinstance(arg, ast.Attribute) and isinstance(arg.value, ast.Name) and arg.value.id == "R":
+                    codes.add(getattr(R, arg.attr))
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "code" for t in ast.walk(node.targets[0])):
+            for arg in ast.walk(node.value):
+                if isinstance(arg, ast.Attribute) and isinstance(arg.value, ast.Name) and arg.value.id == "R":
+                    codes.add(getattr(R, arg.attr))
+    assert len(codes) >= 10, codes
+    assert codes <= table, {hex(c) for c in codes - table}
+    # What an authentication method gives is held to the table too.
+    assert protocol.connack_refusal(R.TOPIC_ALIAS_INVALID) == R.NOT_AUTHORIZED
+    assert protocol.connack_refusal(R.BAD_USER_NAME_OR_PASSWORD) == R.BAD_USER_NAME_OR_PASSWORD
+
+
+def test_MQTT_3_6_2_2_3_7_2_2_3_11_2_1_no_reason_string_or_user_property_past_the_maximum_packet_size(broker):
+    """
+    Also [MQTT-3.6.2-3], [MQTT-3.7.2-3], [MQTT-3.11.2-2]: PUBREL, PUBCOMP
+    and UNSUBACK to a client with a small maximum packet size carry no
+    property at all (the server sends reason strings on none of them).
+    """
+    client = connected(broker, "c", properties={"maximum_packet_size": 16, "request_problem_information": 1})
+    client.send(P.Unsubscribe(1, ["never/subscribed"], {}))
+    client.send(P.Pubrel(9))
+    sub = connected(broker, "s", properties={"maximum_packet_size": 64})
+    sub.send(P.Subscribe(1, [("q2", 2)], {}))
+    sub.received()
+    pub = connected311(broker, "p")
+    pub.send(P.Publish("q2", b"x", 2, message_id=1))
+    [publish] = [p for p in sub.received() if isinstance(p, P.Publish)]
+    sub.send(P.Pubrec(publish.message_id))
+    [pubrel] = sub.received()
+    unsuback, pubcomp = client.received()
+    assert unsuback.reason_codes == [R.NO_SUBSCRIPTION_EXISTED] and not unsuback.properties
+    assert pubcomp.reason_code == R.PACKET_IDENTIFIER_NOT_FOUND and not pubcomp.properties
+    assert isinstance(pubrel, P.Pubrel) and not pubrel.properties
+
+
+def test_MQTT_4_7_3_3_topics_encode_to_at_most_65535_bytes():
+    broker = FakeBroker(max_packet_size=200_000)
+    sub = connected(broker, "s")
+    sub.send(P.Subscribe(1, [("#", 0)], {}))
+    sub.received()
+    pub = connected(broker, "p")
+    longest = "t" * 65535
+    pub.send(P.Publish(longest, b"x", 0, properties={}))
+    [message] = [p for p in sub.received() if isinstance(p, P.Publish)]
+    assert message.topic == longest
+    # One byte more has no encoding: the length field is 16 bits.
+    with pytest.raises(ValueError):
+        P.Publish(longest + "t", b"x", 0, properties={}).encode()

@@ -4,9 +4,17 @@ brings chosen upstream topics down.  It is a client of the router with a
 persistent session of its own, so what it cannot forward while the
 upstream is away waits in the store, in order, and is removed only when
 the upstream has acknowledged it.
+
+Over 5.0 the upstream keeps the bridge's session for its session expiry
+interval, tells it its limits in CONNACK (receive maximum, maximum packet
+size, maximum QoS, retain available), which the bridge keeps to, and
+sends back none of the bridge's own messages (no local); message
+properties travel both ways, and the reason codes it answers with are
+logged and counted.
 """
 
 import random
+from collections import Counter
 
 import attr
 from twisted.application.internet import ClientService, backoffPolicy
@@ -24,12 +32,27 @@ from mqttgw.broker.session import INTERNAL_PREFIX, SessionLimits
 from mqttgw.broker.store import OrderedAcks
 from mqttgw.broker.topics import InvalidTopic, matches, validate_topic_filter
 from mqttgw.schema import REQUIRED, ConfigError, Key, check_table
+from mqttgw.transports.mqtt5 import Connection5
 from mqttgw.transports.tls import pem_certificates, read_file
 from mqttgw.wire import packets as P
+from mqttgw.wire import reasons as R
 
 log = Logger()
 
 DIRECTIONS = ("in", "out", "both")
+
+# The protocol key's values (mosquitto's names) and the levels they stand for.
+PROTOCOLS = {"mqttv31": P.MQTT_31, "mqttv311": P.MQTT_311, "mqttv5": P.MQTT_5, "mqttv50": P.MQTT_5}
+LEVEL_NAMES = {P.MQTT_31: "mqttv31", P.MQTT_311: "mqttv311", P.MQTT_5: "mqttv5"}
+
+# 5.0: topic aliases the upstream may use toward the bridge.
+UPSTREAM_TOPIC_ALIASES = 64
+
+# 5.0 subscription options of the bridge's subscriptions upstream: no
+# local (none of its own messages back, which 3.1.1 can only ask for with
+# try_private) and retain as published (a retained message stays one here).
+_NO_LOCAL = 0x04
+_RETAIN_AS_PUBLISHED = 0x08
 
 
 @attr.s(frozen=True, slots=True)
@@ -100,6 +123,7 @@ class BridgeSettings:
     addresses = attr.ib()
     rules = attr.ib()
     protocol_level = attr.ib()
+    session_expiry_interval = attr.ib()
     client_id = attr.ib()
     username = attr.ib()
     password = attr.ib(repr=False)  # never in a log line
@@ -126,7 +150,9 @@ BRIDGE_KEYS = [
     Key("bridge", "name", str, REQUIRED, "the bridge's name"),
     Key("bridge", "addresses", list, REQUIRED, "upstream HOST:PORT, tried in turn"),
     Key("bridge", "rules", list, REQUIRED, "'PATTERN in|out|both QOS [LOCAL_PREFIX REMOTE_PREFIX]'"),
-    Key("bridge", "protocol", str, "mqttv311", "MQTT version spoken upstream", choices=("mqttv31", "mqttv311")),
+    Key("bridge", "protocol", str, "mqttv311", "MQTT version spoken upstream", choices=tuple(PROTOCOLS)),
+    Key("bridge", "protocol_version", int, 0, "MQTT protocol level upstream, 3, 4 or 5 (instead of protocol)", choices=(0, 3, 4, 5)),
+    Key("bridge", "session_expiry_interval", int, 0xFFFFFFFF, "5.0: how long the upstream keeps the session after a link drop, s", 0, 0xFFFFFFFF),
     Key("bridge", "client_id", str, "", "client id upstream (default mqttgw-NAME)"),
     Key("bridge", "username", str, "", "user name upstream"),
     Key("bridge", "password", str, "", "password upstream"),
@@ -174,11 +200,18 @@ class MQTTBridgeKind:
             raise ConfigError(f"{where}: {e}") from None
         name = values["name"]
         client_id = values["client_id"] or f"mqttgw-{name}"[:23]
+        level = PROTOCOLS[values["protocol"]]
+        if values["protocol_version"]:
+            if "protocol" in table and level != values["protocol_version"]:
+                raise ConfigError(f"{where}: bridge.protocol and bridge.protocol_version disagree")
+            level = values["protocol_version"]
         settings = BridgeSettings(
             name=name,
             addresses=list(values["addresses"]),
             rules=rules,
-            protocol_level={"mqttv31": P.MQTT_31, "mqttv311": P.MQTT_311}[values["protocol"]],
+            protocol_level=level,
+            # A clean session ends with its connection.
+            session_expiry_interval=0 if values["clean_session"] else values["session_expiry_interval"],
             client_id=client_id,
             username=values["username"] or None,
             password=values["password"].encode() or None,
@@ -309,7 +342,8 @@ class _Relay:
     sends go upstream, topics rewritten by the out rules.
 
     The session writes whole frames, so only their headers are read here;
-    a frame whose topic stays the same upstream goes on as it is.
+    a frame whose topic stays the same upstream goes on as it is.  A 5.0
+    frame's topic is where a 3.1.1 frame's is, its properties after it.
     """
 
     # Topics whose route is remembered, at most (then it starts over).
@@ -318,6 +352,8 @@ class _Relay:
     def __init__(self, bridge, upstream):
         self.bridge = bridge
         self.upstream = upstream
+        # Whether the session's frames are 5.0's.
+        self.frames5 = bridge.settings.protocol_level == P.MQTT_5
         # Local topic (wire bytes) -> remote topic (wire bytes), or None
         # when no out rule takes it.
         self._routes = {}
@@ -362,15 +398,45 @@ class _Relay:
                 self.bridge.sent += 1
                 recorder = self.bridge.router.recorder
                 if recorder is not None:
-                    recorder.record("bridge_out", self.bridge.settings.name, _message(first, remote, data[topic_end:stop]))
+                    message = _message(first, remote, data[topic_end:stop], self.frames5)
+                    recorder.record("bridge_out", self.bridge.settings.name, message)
         if out:
             self.upstream.write(b"".join(out) if len(out) != 1 else out[0])
 
 
-def _message(first, remote, rest):
+def _message(first, remote, rest, v5=False):
     """What the archive records of a frame sent upstream: its message as sent."""
     qos = (first >> 1) & 3
-    return P.Publish(remote[2:].decode("utf-8"), rest[2:] if qos else rest, qos, bool(first & 1))
+    start = 2 if qos else 0
+    if v5:
+        start, length = P.decode_remaining_length(rest, start)
+        start += length
+    return P.Publish(remote[2:].decode("utf-8"), rest[start:], qos, bool(first & 1))
+
+
+class _Upstream5(Connection5):
+    """
+    The 5.0 framing of what the bridge sends upstream, within the limits
+    the upstream's CONNACK gave: its maximum packet size (less what the out
+    rules' prefixes may add), and no RETAIN flag if it has no retained
+    messages.  No topic aliases: the frames' topics are rewritten after.
+    """
+
+    __slots__ = ("retain_available",)
+
+    def __init__(self, clock, server, growth):
+        limit = server.get("maximum_packet_size")
+        super().__init__(
+            clock,
+            {"maximum_packet_size": None if limit is None else max(limit - growth, 0)},
+            UPSTREAM_TOPIC_ALIASES,
+            65535,
+        )
+        self.retain_available = server.get("retain_available", 1) == 1
+
+    def frame(self, message, qos, mid, retain, dup, subscription_ids):
+        # Subscription identifiers are this broker's, nothing upstream's.
+        return super().frame(message, qos, mid, retain and self.retain_available, dup, None)
 
 
 class MQTTBridge(Service):
@@ -391,21 +457,35 @@ class MQTTBridge(Service):
         self.sent = 0
         self.received = 0
         self.connected_since = None
+        self.v5 = settings.protocol_level == P.MQTT_5
+        # 5.0: the upstream connection's framing and limits (_Upstream5).
+        self._upstream5 = None
+        # 5.0 reason codes the upstream answered with, other than success,
+        # by "PACKET reason name"; and how many said a message was refused.
+        self.reason_codes = Counter()
+        self.refused = 0
 
     def status(self):
         """What operators see: $SYS, /metrics and the admin API."""
         session = self.session
+        upstream = self.upstream
         return {
             "name": self.settings.name,
             "kind": "mqtt",
+            "protocol": LEVEL_NAMES[self.settings.protocol_level],
             "addresses": list(self.settings.addresses),
-            "connected": self.upstream is not None,
+            "connected": upstream is not None,
             "connected_since": self.connected_since,
             "queued": session.queued if session is not None else 0,
             "inflight": len(session.inflight) if session is not None else 0,
+            "window": session.window if session is not None else 0,
             "dropped": session.dropped if session is not None else 0,
             "sent": self.sent,
             "received": self.received,
+            "refused": self.refused,
+            "reason_codes": dict(self.reason_codes),
+            # 5.0: the limits the upstream's CONNACK gave.
+            "upstream_limits": dict(upstream.server_properties) if upstream is not None else {},
         }
 
     # Rules
@@ -438,15 +518,8 @@ class MQTTBridge(Service):
             drop_oldest=True,
             retry_interval=0,
         )
-        wanted = {r.local_filter: r.qos for r in s.rules if r.outgoing}
-        for topic_filter in list(session.subscriptions):
-            if topic_filter not in wanted:
-                self.router.unsubscribe(session, [topic_filter])
-        self.router.subscribe(
-            session,
-            [(f, q) for f, q in wanted.items() if session.subscriptions.get(f) != q],
-        )
         self.session = session
+        self._subscribe_locally(2)
         self._publish_local_state(b"0")
         self._factory = MQTTClientFactory(self._connect_packet(), self, self.reactor)
         self._service = ClientService(
@@ -459,9 +532,37 @@ class MQTTBridge(Service):
         )
         self._service.startService()
 
+    def _subscribe_locally(self, maximum_qos):
+        """
+        The bridge session's subscriptions: the out rules' local filters,
+        at their QoS, or at most the upstream's maximum QoS (5.0), since a
+        bridge may not send a PUBLISH above it ([MQTT-3.2.2-11]).
+        """
+        session = self.session
+        wanted = {}
+        for rule in self.settings.rules:
+            if rule.outgoing:
+                wanted[rule.local_filter] = min(rule.qos, maximum_qos)
+        for topic_filter in list(session.subscriptions):
+            if topic_filter not in wanted:
+                self.router.unsubscribe(session, [topic_filter])
+        self.router.subscribe(
+            session,
+            [(f, q) for f, q in wanted.items() if session.subscriptions.get(f) != q],
+        )
+
     def _connect_packet(self):
         s = self.settings
-        level = s.protocol_level | (0x80 if self._try_private else 0)
+        properties = will_properties = None
+        if self.v5:
+            # No try_private: no local does its work.
+            level = s.protocol_level
+            properties = {"topic_alias_maximum": UPSTREAM_TOPIC_ALIASES}
+            if s.session_expiry_interval:
+                properties["session_expiry_interval"] = s.session_expiry_interval
+            will_properties = {}
+        else:
+            level = s.protocol_level | (0x80 if self._try_private else 0)
         return P.Connect(
             client_id=s.client_id,
             protocol_level=level,
@@ -474,6 +575,8 @@ class MQTTBridge(Service):
             will_retain=True,
             username=s.username,
             password=s.password,
+            properties=properties,
+            will_properties=will_properties,
         )
 
     def stopService(self):
@@ -501,12 +604,40 @@ class MQTTBridge(Service):
         # again after we reconnect.
         self._acks.on_failure = lambda _: upstream.transport.abortConnection()
         incoming = [(r.remote_filter, r.qos) for r in s.rules if r.incoming]
+        encoder = receive_maximum = None
+        retain = True
+        if self.v5:
+            server = upstream.server_properties
+            log.info(
+                "bridge {name}: upstream limits: receive maximum {receive}, maximum packet"
+                " size {size}, maximum QoS {qos}, retain {retain}",
+                name=s.name,
+                receive=server.get("receive_maximum", 65535),
+                size=server.get("maximum_packet_size", "unlimited"),
+                qos=server.get("maximum_qos", 2),
+                retain="available" if server.get("retain_available", 1) else "not available",
+            )
+            growth = max(
+                (len(r.remote_prefix.encode()) - len(r.local_prefix.encode()) for r in s.rules),
+                default=0,
+            )
+            encoder = self._upstream5 = _Upstream5(self.reactor, server, max(growth, 0))
+            retain = encoder.retain_available
+            # The upstream's receive maximum bounds the in-flight window.
+            receive_maximum = server.get("receive_maximum", 65535)
+            self._subscribe_locally(server.get("maximum_qos", 2))
+            options = _NO_LOCAL | _RETAIN_AS_PUBLISHED
+            incoming = [(f, q | options) for f, q in incoming]
+            subscribe = P.Subscribe(1, incoming, {})
+        else:
+            subscribe = P.Subscribe(1, incoming)
         if incoming:
-            upstream.write(P.Subscribe(1, incoming).encode())
-        upstream.write(P.Publish(s.remote_state_topic, b"1", 0, True).encode())
+            upstream.write(subscribe.encode())
+        state = P.Publish(s.remote_state_topic, b"1", 0, retain, properties={} if self.v5 else None)
+        upstream.write(state.encode())
         self._publish_local_state(b"1")
         # What waited while the upstream was away drains now, in order.
-        self.session.attach(_Relay(self, upstream))
+        self.session.attach(_Relay(self, upstream), encoder, receive_maximum)
 
     def _write_upstream(self, upstream):
         def write(data):
@@ -534,29 +665,72 @@ class MQTTBridge(Service):
         if kind is P.Publish:
             self._incoming(packet)
         elif kind is P.Puback:
+            if packet.reason_code:
+                self._reason("PUBACK", packet.reason_code, packet)
             session.puback(packet.message_id)
         elif kind is P.Pubrec:
-            session.pubrec(packet.message_id)
+            failed = packet.reason_code >= 0x80
+            if packet.reason_code:
+                self._reason("PUBREC", packet.reason_code, packet)
+            session.pubrec(packet.message_id, failed)
         elif kind is P.Pubcomp:
+            if packet.reason_code:
+                self._reason("PUBCOMP", packet.reason_code, packet)
             session.pubcomp(packet.message_id)
         elif kind is P.Pubrel:
             mid = packet.message_id
+            if packet.reason_code:
+                self._reason("PUBREL", packet.reason_code, packet)
             self._acks.send(P.Pubcomp(mid).encode(), session.qos2_released(mid))
         elif kind is P.Suback:
-            if P.SUBACK_FAILURE in packet.granted_qos:
+            refused = [code for code in packet.granted_qos if code >= 0x80]
+            for code in refused:
+                self._reason("SUBACK", code, packet)
+            if refused and not self.v5:
                 log.warn(
                     "bridge {name}: upstream refused a subscription: {granted}",
                     name=self.settings.name,
                     granted=packet.granted_qos,
                 )
+        elif kind is P.Disconnect:
+            self._reason("DISCONNECT", packet.reason_code, packet)
+
+    def _reason(self, packet_name, code, packet):
+        """
+        A 5.0 reason code other than success from the upstream: counted by
+        packet and name, and a failure (0x80 and above) logged, at most a
+        few times a second, with the upstream's reason string if it gave one.
+        """
+        self.reason_codes[f"{packet_name} {R.name(code)}"] += 1
+        if code < 0x80 and packet_name != "DISCONNECT":
+            return
+        if packet_name in ("PUBACK", "PUBREC"):
+            # The upstream will not take the message: it is not sent again.
+            self.refused += 1
+        why = (packet.properties or {}).get("reason_string")
+        self.router.limited(f"bridge {self.settings.name} reasons", log).warn(
+            "bridge {name}: upstream answered {packet} with {code:#04x} ({reason}){why}",
+            name=self.settings.name,
+            packet=packet_name,
+            code=code,
+            reason=R.name(code),
+            why=f": {why}" if why else "",
+        )
 
     def _incoming(self, packet):
         session = self.session
         self.received += 1
+        if self.v5:
+            # Its topic alias resolved; its message properties kept.
+            self._upstream5.inbound_topic(packet)
         rule = self.in_rule(packet.topic)
         message = None
         if rule is not None:
-            message = P.Publish(rule.to_local(packet.topic), packet.payload, packet.qos, packet.retain)
+            message = P.Publish(
+                rule.to_local(packet.topic), packet.payload, packet.qos, packet.retain,
+                properties=packet.properties,
+            )
+            message.expiry = packet.expiry
         if packet.qos == 0:
             if message is not None:
                 self.router.publish(message, sender=session)

@@ -1,7 +1,8 @@
 """
 The client side of MQTT on Twisted, as bridges use it: CONNECT with a
 will, keepalive pings, and the packets of both QoS flows handed to a
-handler.  Framing is shared with the server (:mod:`mqttgw.wire.framing`).
+handler, over 3.1, 3.1.1 or 5.0.  Framing is shared with the server
+(:mod:`mqttgw.wire.framing`).
 """
 
 from twisted.internet.defer import Deferred
@@ -9,13 +10,17 @@ from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
 
 from mqttgw.wire import packets as P
+from mqttgw.wire import reasons as R
 from mqttgw.wire.framing import Framer, ProtocolViolation
 
 log = Logger()
 
 
 class ConnectRefused(Exception):
-    """The broker answered CONNECT with a non-zero return code."""
+    """
+    The broker answered CONNECT with a refusal: a 3.1/3.1.1 return code, or
+    (``v5``) a 5.0 reason code.
+    """
 
     MEANINGS = {
         1: "unacceptable protocol version",
@@ -25,9 +30,14 @@ class ConnectRefused(Exception):
         5: "not authorized",
     }
 
-    def __init__(self, code):
-        super().__init__(f"CONNACK {code}: {self.MEANINGS.get(code, 'unknown code')}")
+    def __init__(self, code, v5=False):
+        if v5:
+            text = f"CONNACK {code:#04x}: {R.name(code)}"
+        else:
+            text = f"CONNACK {code}: {self.MEANINGS.get(code, 'unknown code')}"
+        super().__init__(text)
         self.code = code
+        self.v5 = v5
 
 
 class MQTTClientProtocol(Protocol):
@@ -41,9 +51,17 @@ class MQTTClientProtocol(Protocol):
         self.connect_packet = connect
         self.handler = handler
         self.clock = clock
-        self.framer = Framer(max_packet_size, strict=connect.protocol_level == P.MQTT_311)
+        self.v5 = connect.protocol_level == P.MQTT_5
+        self.framer = Framer(max_packet_size, strict=connect.protocol_level in (P.MQTT_311, P.MQTT_5))
+        if self.v5:
+            self.framer.v5 = True
+            self.framer.from_client = False
         # Fires with the CONNACK, or fails (refused, or lost before it).
         self.connack = Deferred()
+        # 5.0: the server's CONNACK properties, its limits among them.
+        self.server_properties = {}
+        # The keepalive in use: ours, or the server's keep alive (5.0).
+        self.keepalive = connect.keepalive
         self.is_connected = False
         self._ping = None
         self._last_received = 0.0
@@ -73,6 +91,11 @@ class MQTTClientProtocol(Protocol):
                     self.handler.packet(self, packet)
         except ProtocolViolation as e:
             log.warn("upstream sent a malformed packet: {reason}", reason=str(e))
+            if self.v5 and self.is_connected:
+                # 5.0 says why before closing ([MQTT-4.13.1-1]).
+                out.append(P.Disconnect(e.reason_code or R.PROTOCOL_ERROR).encode())
+                self.transport.write(b"".join(out))
+                out.clear()
             self.transport.abortConnection()
         except Exception:
             log.failure("error handling a packet from upstream")
@@ -86,11 +109,15 @@ class MQTTClientProtocol(Protocol):
         if not isinstance(packet, P.Connack):
             raise ProtocolViolation(f"expected CONNACK, got {type(packet).__name__}")
         if packet.return_code:
-            self.connack.errback(ConnectRefused(packet.return_code))
+            self.connack.errback(ConnectRefused(packet.return_code, self.v5))
             self.transport.loseConnection()
             return
         self.is_connected = True
         keepalive = self.connect_packet.keepalive
+        if self.v5:
+            self.server_properties = packet.properties or {}
+            # The server's keep alive overrides ours ([MQTT-3.1.2-21]).
+            keepalive = self.keepalive = self.server_properties.get("server_keep_alive", keepalive)
         if keepalive:
             self._ping = self.clock.callLater(keepalive, self._keepalive)
         self.connack.callback(packet)
@@ -98,7 +125,7 @@ class MQTTClientProtocol(Protocol):
 
     def _keepalive(self):
         # Ping every keepalive; silence for 1.5 keepalives means it is gone.
-        keepalive = self.connect_packet.keepalive
+        keepalive = self.keepalive
         if self.clock.seconds() - self._last_received > keepalive * 1.5:
             log.warn("upstream silent for {s}s: closing", s=keepalive * 1.5)
             self._ping = None

@@ -34,6 +34,9 @@ class Router:
     # Bounds of the whole broker (0: none); see [limits].
     max_persistent_sessions = 0
     max_retained_messages = 0
+    # Shared subscription groups at once, and members of one group.
+    max_shared_groups = 10_000
+    max_shared_group_members = 1_000
     # Seconds a persistent session may go unused, or None: for ever.
     persistent_client_expiration = None
     # Sampling of messages for the delivery latency metric (see
@@ -455,6 +458,20 @@ class Router:
                 )
             granted.append(qos)
         return granted
+
+    def shared_refusal(self, topic_filter, new_groups=0):
+        """
+        Why a subscription to the shared ``topic_filter`` would pass a
+        bound, or None; ``new_groups``: groups the same SUBSCRIBE makes
+        before it.
+        """
+        group = self.shared.get(shared_filter(topic_filter))
+        if group is None:
+            if len(self.shared) + new_groups >= self.max_shared_groups:
+                return f"max_shared_groups ({self.max_shared_groups}) reached"
+        elif len(group.members) >= self.max_shared_group_members:
+            return f"max_shared_group_members ({self.max_shared_group_members}) reached"
+        return None
 
     def _route(self, session, topic_filter, qos):
         """Put one of ``session``'s filters in the trie (or in its group)."""

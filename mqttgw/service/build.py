@@ -17,6 +17,7 @@ from mqttgw.broker.session import SessionLimits
 from mqttgw.broker.store import Store, StoreError
 from mqttgw.broker.topics import InvalidTopic, validate_topic_filter
 from mqttgw.security.acl import ACL
+from mqttgw.security.enhanced import authentication_methods
 from mqttgw.security.passwords import PasswordTable
 from mqttgw.security.tokens import TokenKeys
 from mqttgw.service import config
@@ -121,6 +122,27 @@ def check_http(settings):
             )
 
 
+def check_auth_methods(settings):
+    """
+    The enhanced authentication methods ``auth.methods`` offers, prepared
+    (see mqttgw.security.enhanced), by name.
+    """
+    names = settings["auth.methods"]
+    if not names:
+        return {}
+    installed = authentication_methods()
+    methods = {}
+    for name in names:
+        plugin = installed.get(name)
+        if plugin is None:
+            raise config.ConfigError(
+                f"auth.methods: no authentication method {name!r} is installed"
+                f" (installed: {', '.join(sorted(installed)) or 'none'})"
+            )
+        methods[name] = plugin.prepare(settings)
+    return methods
+
+
 def check_bridges(settings):
     """[(bridge kind, its checked settings)] for every bridge configured."""
     kinds = bridge_kinds()
@@ -211,6 +233,8 @@ def configure_router(router, settings):
     router.max_qos = settings["mqtt.max_qos"]
     router.max_persistent_sessions = settings["limits.max_persistent_sessions"]
     router.max_retained_messages = settings["limits.max_retained_messages"]
+    router.max_shared_groups = settings["limits.max_shared_groups"]
+    router.max_shared_group_members = settings["limits.max_shared_group_members"]
     router.persistent_client_expiration = settings["persistence.persistent_client_expiration"]
 
 

@@ -54,6 +54,14 @@ KEYS = [
         "",
         "PEM public key (RSA or EC) that RS256/ES256 tokens sent as passwords are checked with",
     ),
+    Key(
+        "auth",
+        "methods",
+        list,
+        [],
+        "MQTT 5.0 enhanced authentication methods offered (installed plugins' names)",
+        flag_name="auth-method",
+    ),
     Key("auth", "jwt_username_claim", str, "sub", "the token claim that names the user"),
     Key("auth", "jwt_audience", str, "", "the audience (aud) tokens must name (empty: not checked)"),
     Key(
@@ -228,6 +236,23 @@ KEYS = [
         "retained messages kept at once; beyond it a new retained topic is"
         " delivered but not retained (0: no limit)",
         0,
+    ),
+    Key(
+        "limits",
+        "max_shared_groups",
+        int,
+        10_000,
+        "shared subscription groups ($share/GROUP/FILTER) at once; beyond it a"
+        " new one is refused (SUBACK 0x97, or 0x80 for 3.1.1)",
+        1,
+    ),
+    Key(
+        "limits",
+        "max_shared_group_members",
+        int,
+        1000,
+        "members of one shared subscription group; beyond it one more is refused",
+        1,
     ),
     Key(
         "limits",

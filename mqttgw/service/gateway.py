@@ -83,7 +83,7 @@ class Gateway(MultiService):
         # 5.0 clients are told why the connection ends ([MQTT-4.13.2-1]).
         for session in list(self.router.sessions.values()):
             connection = session.connection
-            if getattr(connection, "v5", None) is not None:
+            if not session.internal and getattr(connection, "v5", None) is not None:
                 connection.shutting_down()
         return super().stopService()
 

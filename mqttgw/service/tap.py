@@ -25,6 +25,7 @@ from mqttgw.security.tokens import TokenIssuer
 from mqttgw.service import config, logs
 from mqttgw.service.build import (
     build_router,
+    check_auth_methods,
     check_bridges,
     check_http,
     check_listener_tables,
@@ -126,6 +127,7 @@ class Options(usage.Options):
             check_listeners(settings)
             self.tls_options = server_tls_options(settings)
             self.bridges = check_bridges(settings)
+            self.auth_methods = check_auth_methods(settings)
             self.auth_files = load_auth_files(settings)
             self.listener_tables = check_listener_tables(settings)
             check_http(settings)
@@ -213,6 +215,11 @@ class Assembly:
             self.issuer = TokenIssuer(settings["http.token_lifetime"])
         gateway.checker = credentials_checker(self.passwords, tokens, reactor, pool, self.issuer)
         self.portal = self.portal_for(allow_anonymous)
+        if self.options.auth_methods:
+            log.info(
+                "auth.methods: MQTT 5.0 enhanced authentication offered: {methods}",
+                methods=", ".join(self.options.auth_methods),
+            )
 
     def portal_for(self, anonymous, methods=None):
         """A portal for a listener accepting ``methods`` (None: all configured)."""
@@ -258,6 +265,7 @@ class Assembly:
             identity_as_username=identity_as_username, portal=portal,
         )
         factory.kind = kind
+        factory.auth_methods = self.options.auth_methods
         self.gateway.factories.append(factory)
         return factory
 

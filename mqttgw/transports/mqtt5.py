@@ -7,7 +7,17 @@ the session calls as its encoder.
 
 from mqttgw.wire import reasons as R
 from mqttgw.wire.framing import ProtocolViolation
+from mqttgw.wire.printable import printable
 from mqttgw.wire.properties import message_properties, problem_properties
+
+
+def check_response_topic(properties):
+    """A Response Topic is a topic name: no wildcards ([MQTT-3.3.2-14])."""
+    topic = properties.get("response_topic")
+    if topic is not None and ("+" in topic or "#" in topic or not topic):
+        raise ProtocolViolation(
+            f"response topic {printable(topic)!r} is not a topic name", R.PROTOCOL_ERROR
+        )
 
 
 class Connection5:
@@ -70,6 +80,7 @@ class Connection5:
             interval = props.get("message_expiry_interval")
             if interval is not None:
                 packet.expiry = self.clock.seconds() + interval
+            check_response_topic(props)
         packet.properties = message_properties(props)
         return topic
 

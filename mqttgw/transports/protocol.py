@@ -7,13 +7,16 @@ with a log line and nothing else.
 """
 
 import uuid
+from types import MappingProxyType
 
 import attr
 from OpenSSL import SSL
 from twisted.cred.credentials import Anonymous, UsernamePassword
 from twisted.cred.error import UnauthorizedLogin, UnhandledCredentials
+from twisted.internet.defer import maybeDeferred
 from twisted.internet.protocol import Factory
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 
 from mqttgw.broker.access import BRIDGE_STATE_PREFIX, READ, WRITE
 from mqttgw.broker.delivery_budget import DeliveryBudget
@@ -31,16 +34,18 @@ from mqttgw.broker.topics import (
     validate_topic_filter,
     validate_topic_name,
 )
+from mqttgw.security.enhanced import Authenticated, Continue, Refused
 from mqttgw.security.identity import Identity, IIdentity
 from mqttgw.security.passwords import Busy
 from mqttgw.security.throttle import Throttle
 from mqttgw.transports.connection import (
     AUTHENTICATING,
     AWAITING_CONNECT,
+    CLOSED,
     CONNECTED,
     MQTTConnection,
 )
-from mqttgw.transports.mqtt5 import Connection5
+from mqttgw.transports.mqtt5 import Connection5, check_response_topic
 from mqttgw.transports.schedulers import Flusher
 from mqttgw.transports.tls import peer_identity
 from mqttgw.wire import packets as P
@@ -100,6 +105,39 @@ _PUBCOMP = P.Pubcomp
 
 
 
+_NO_METHODS = MappingProxyType({})
+
+# The reason codes a CONNACK may have ([MQTT-3.2.2-8]).
+CONNACK_CODES = frozenset((
+    R.SUCCESS, R.UNSPECIFIED_ERROR, R.MALFORMED_PACKET, R.PROTOCOL_ERROR,
+    R.IMPLEMENTATION_SPECIFIC_ERROR, R.UNSUPPORTED_PROTOCOL_VERSION,
+    R.CLIENT_IDENTIFIER_NOT_VALID, R.BAD_USER_NAME_OR_PASSWORD, R.NOT_AUTHORIZED,
+    R.SERVER_UNAVAILABLE, R.SERVER_BUSY, R.BANNED, R.BAD_AUTHENTICATION_METHOD,
+    R.TOPIC_NAME_INVALID, R.PACKET_TOO_LARGE, R.QUOTA_EXCEEDED, R.PAYLOAD_FORMAT_INVALID,
+    R.RETAIN_NOT_SUPPORTED, R.QOS_NOT_SUPPORTED, R.USE_ANOTHER_SERVER, R.SERVER_MOVED,
+    R.CONNECTION_RATE_EXCEEDED,
+))
+
+
+def connack_refusal(code):
+    """``code`` if a CONNACK may refuse with it, else Not authorized."""
+    return code if code in CONNACK_CODES and code >= 0x80 else R.NOT_AUTHORIZED
+
+
+class _Exchange:
+    """An enhanced authentication under way (see mqttgw.security.enhanced)."""
+
+    __slots__ = ("method", "steps", "connect", "will", "reauthenticating")
+
+    def __init__(self, method, steps, connect=None, will=None):
+        self.method = method
+        self.steps = steps
+        # The CONNECT it answers and its will; None when re-authenticating.
+        self.connect = connect
+        self.will = will
+        self.reauthenticating = connect is None
+
+
 class MQTTServerProtocol(MQTTConnection):
     """The MQTT packets of one connection, dispatched to ``handle_<TYPE>``."""
 
@@ -111,6 +149,10 @@ class MQTTServerProtocol(MQTTConnection):
         "v5", "session_expiry",
         # From the listener.
         "identity_as_username", "listener_kind", "portal", "factory_throttle",
+        # 5.0 enhanced authentication: the methods offered, by name, the
+        # one CONNECT authenticated with, and the exchange under way
+        # (_Exchange), if any.
+        "auth_methods", "auth_method", "_auth",
         # Messages a second it is sent at most (0: no bound): a dashboard page.
         "max_delivery_rate",
     )
@@ -142,6 +184,9 @@ class MQTTServerProtocol(MQTTConnection):
         self.listener_kind = None
         self.portal = None
         self.factory_throttle = None
+        self.auth_methods = _NO_METHODS
+        self.auth_method = None
+        self._auth = None
         self.max_delivery_rate = 0
         self._acks = None
         self._denied_topics = None
@@ -283,6 +328,8 @@ class MQTTServerProtocol(MQTTConnection):
     # Packet handlers
 
     def handle_CONNECT(self, packet):
+        if self._auth is not None:
+            return self._second_connect(packet)
         self.state = AUTHENTICATING
         level = packet.protocol_level
         if (packet.protocol_name, level) not in (
@@ -326,15 +373,14 @@ class MQTTServerProtocol(MQTTConnection):
                     "empty client id needs clean session",
                 )
             client_id = self.client_id = self.log_id = f"mqttgw-{uuid.uuid4().hex}"
-        if props and "authentication_method" in props:
-            # No enhanced authentication method is offered: the client is
-            # told so at once rather than left waiting for an AUTH.
+        self.username = packet.username
+        method = props.get("authentication_method") if props else None
+        if method is not None and method not in self.auth_methods:
+            # The client is told at once rather than left waiting for an AUTH.
             return self._refuse(
                 R.BAD_AUTHENTICATION_METHOD,
-                f"authentication method {printable(props['authentication_method'])!r}"
-                " is not offered",
+                f"authentication method {printable(method)!r} is not offered",
             )
-        self.username = packet.username
         will = None
         if packet.will_topic is not None:
             try:
@@ -351,6 +397,11 @@ class MQTTServerProtocol(MQTTConnection):
                 if packet.will_retain and not limits.retain_available:
                     return self._refuse(R.RETAIN_NOT_SUPPORTED, "retained will: retain_available is off")
             will_props = packet.will_properties
+            if will_props and "response_topic" in will_props:
+                try:
+                    check_response_topic(will_props)
+                except ProtocolViolation as e:
+                    return self._refuse(R.PROTOCOL_ERROR, f"will: {e}")
             will = P.Publish(
                 packet.will_topic,
                 packet.will_message,
@@ -358,6 +409,12 @@ class MQTTServerProtocol(MQTTConnection):
                 packet.will_retain,
                 properties=message_properties(will_props),
             )
+        if method is not None:
+            steps = self.auth_methods[method].exchange(client_id, packet.username)
+            self._auth = _Exchange(method, steps, packet, will)
+            self._auth_step(props.get("authentication_data"))
+            # While a step is under way, the packets after it wait.
+            return self.state is AUTHENTICATING
         if self.identity_as_username:
             identity = peer_identity(self.transport)
             if identity is None:
@@ -410,7 +467,7 @@ class MQTTServerProtocol(MQTTConnection):
         # The answer waits, longer for each failure from the same address.
         self._timer = self.clock.callLater(delay, self._refuse, code, why)
 
-    def _logged_in(self, packet, will):
+    def _logged_in(self, packet, will, auth_properties=None):
         client_id = self.client_id
         level = self.protocol_level
         access = self.router.access
@@ -458,6 +515,8 @@ class MQTTServerProtocol(MQTTConnection):
             self.write(P.Connack(P.CONNACK_ACCEPTED, present and level == P.MQTT_311).encode())
         else:
             connack, keepalive = self._connack_properties(packet)
+            if auth_properties:
+                connack.update(auth_properties)
             self.write(P.Connack(R.SUCCESS, present, connack).encode())
             if session.store is not None:
                 # Frames behind a store commit: aliases only on QoS 0 ones.
@@ -746,6 +805,7 @@ class MQTTServerProtocol(MQTTConnection):
             # What this step adds to the session's filters, for its bounds.
             adding = set()
             adding_bytes = 0
+            new_groups = set()
             for topic_filter, requested in topics[start : start + self.FILTERS_PER_STEP]:
                 failure, why = self._check_filter(topic_filter, requested, access)
                 if failure is None and (
@@ -756,6 +816,12 @@ class MQTTServerProtocol(MQTTConnection):
                         why = f"max_subscriptions ({limits.max_subscriptions}) reached"
                     elif session.filter_bytes + adding_bytes + size > limits.max_subscription_bytes:
                         why = f"max_subscription_bytes ({limits.max_subscription_bytes}) reached"
+                    elif is_shared(topic_filter):
+                        key = shared_filter(topic_filter)
+                        if key not in new_groups:
+                            why = self.router.shared_refusal(topic_filter, len(new_groups))
+                            if why is None and key not in self.router.shared:
+                                new_groups.add(key)
                     if why is not None:
                         failure = R.QUOTA_EXCEEDED
                         self.router.stats.subscriptions_refused += 1
@@ -895,10 +961,118 @@ class MQTTServerProtocol(MQTTConnection):
         # A clean DISCONNECT discards the will; anything after it is ignored.
         self._close(publish_will=publish_will, graceful=True)
 
+    # Enhanced authentication (section 4.12)
+
+    def _auth_step(self, data):
+        exchange = self._auth
+        d = maybeDeferred(exchange.steps.step, data)
+        d.addCallbacks(self._auth_answered, self._auth_refused, (exchange,), None, (exchange,))
+
+    def _auth_answered(self, answer, exchange):
+        if self._auth is not exchange or self.state is CLOSED:
+            return
+        props = {"authentication_method": exchange.method}
+        if answer.data is not None:
+            props["authentication_data"] = answer.data
+        if isinstance(answer, Continue):
+            self.write(self.v5.fit(P.Auth, R.CONTINUE_AUTHENTICATION, properties=props, exempt=True))
+            if not exchange.reauthenticating:
+                # The client's AUTH is read next (and nothing else may come
+                # before CONNACK, [MQTT-3.1.2-30]); the CONNECT deadline
+                # still bounds the whole exchange.
+                self.state = AWAITING_CONNECT
+                self._resume_backlog()
+            return
+        if not isinstance(answer, Authenticated):
+            return self._auth_refused(Failure(TypeError(f"{answer!r} is no answer")), exchange)
+        if exchange.reauthenticating:
+            if answer.username != self.username:
+                return self._auth_refused(
+                    Failure(Refused(f"re-authenticated as another user, {printable(answer.username)!r}")),
+                    exchange,
+                )
+            self._auth = None
+            self.write(self.v5.fit(P.Auth, R.SUCCESS, properties=props, exempt=True))
+            return
+        self._auth = None
+        self.state = AUTHENTICATING
+        self.username = answer.username
+        self.identity = Identity(answer.username)
+        self.auth_method = exchange.method
+        self.factory_throttle.succeeded(self._host)
+        # CONNACK carries the method, and the last data if any ([MQTT-4.12.0-5]).
+        self._logged_in(exchange.connect, exchange.will, props)
+        self._resume_backlog()
+
+    def _auth_refused(self, reason, exchange):
+        if self._auth is not exchange or self.state is CLOSED:
+            return
+        self._auth = None
+        if reason.check(Refused):
+            code, why = reason.value.reason_code, str(reason.value)
+            if not exchange.reauthenticating:
+                code = connack_refusal(code)
+        else:
+            log.failure("authentication of {client_id} failed", reason, client_id=self.log_id)
+            code, why = R.UNSPECIFIED_ERROR, "authentication failed"
+        if exchange.reauthenticating:
+            # [MQTT-4.12.1-2]
+            log.info("client {client_id} failed to re-authenticate: {why}", client_id=self.log_id, why=why)
+            self._close(publish_will=True, graceful=self.disconnect5(code, why))
+            return
+        self.router.stats.logins_refused += 1
+        self.state = AUTHENTICATING
+        delay = self.factory_throttle.failed(self._host)
+        self._timer = self.clock.callLater(delay, self._refuse, code, why)
+
+    def _resume_backlog(self):
+        if self._backlog is not None:
+            self.clock.callLater(0, self._next_turn)
+
+    def _auth_before_connack(self, packet):
+        """A packet while CONNECT's authentication goes on."""
+        exchange = self._auth
+        if exchange is None:
+            return self._not_connected(packet)
+        kind = packet.packet_type
+        if kind == P.AUTH:
+            method = (packet.properties or {}).get("authentication_method")
+            if packet.reason_code != R.CONTINUE_AUTHENTICATION or method != exchange.method:
+                self._auth = None
+                # Before CONNACK, a refusing CONNACK says why ([MQTT-4.13.1-1]).
+                return self._refuse(
+                    R.PROTOCOL_ERROR, "AUTH must continue the authentication CONNECT began"
+                )
+            self.state = AUTHENTICATING
+            self._auth_step(packet.properties.get("authentication_data"))
+            return self.state is AUTHENTICATING
+        if kind == P.DISCONNECT:
+            self._auth = None
+            return self._close(publish_will=False, graceful=True)
+        self._auth = None
+        self._refuse(R.PROTOCOL_ERROR, f"{P.PACKET_NAMES[kind]} during enhanced authentication")
+
     def handle_AUTH(self, packet):
-        # No enhanced authentication is under way: CONNECT named no method
-        # the gateway offers (it was refused with 0x8C if it named one).
-        self.protocol_error("AUTH without an authentication method", R.PROTOCOL_ERROR)
+        props = packet.properties or {}
+        method = props.get("authentication_method")
+        connect_method = self.auth_method
+        if self.v5 is None or connect_method is None:
+            # CONNECT named no method (it was refused with 0x8C if it named
+            # one not offered).
+            return self.protocol_error("AUTH without an authentication method", R.PROTOCOL_ERROR)
+        if method != connect_method:
+            # [MQTT-4.12.1-1]
+            return self.protocol_error(
+                "AUTH with another authentication method than CONNECT's", R.PROTOCOL_ERROR
+            )
+        if packet.reason_code == R.RE_AUTHENTICATE and self._auth is None:
+            steps = self.auth_methods[method].exchange(self.client_id, self.username)
+            self._auth = _Exchange(method, steps)
+        elif packet.reason_code != R.CONTINUE_AUTHENTICATION or self._auth is None:
+            return self.protocol_error(
+                f"AUTH {R.name(packet.reason_code)} out of turn", R.PROTOCOL_ERROR
+            )
+        self._auth_step(props.get("authentication_data"))
 
     def _second_connect(self, packet):
         self.protocol_error("second CONNECT")
@@ -919,13 +1093,13 @@ MQTTServerProtocol._handlers = {
     for t, name in P.PACKET_NAMES.items()
 }
 MQTTServerProtocol._handlers[P.CONNECT] = MQTTServerProtocol._second_connect
-# Until CONNECT, every other packet is a protocol violation.
+# Until CONNECT, every other packet is a protocol violation; after a
+# CONNECT that began an enhanced authentication, only AUTH and DISCONNECT
+# may come before CONNACK ([MQTT-3.1.2-30]).
 MQTTServerProtocol._before_connect = {
-    t: MQTTServerProtocol.handle_CONNECT if t == P.CONNECT else MQTTServerProtocol._not_connected
+    t: MQTTServerProtocol.handle_CONNECT if t == P.CONNECT else MQTTServerProtocol._auth_before_connack
     for t in P.PACKET_NAMES
 }
-# Packets that may come before CONNACK ([MQTT-3.1.2-30]): none, while no
-# enhanced authentication method is offered.
 
 
 class MQTTServerFactory(Factory):
@@ -956,6 +1130,9 @@ class MQTTServerFactory(Factory):
         self.throttle = Throttle()
         # Set by whoever builds the listener: tcp, tls, ws or wss.
         self.kind = None
+        # 5.0 enhanced authentication methods offered, by name (see
+        # mqttgw.security.enhanced).
+        self.auth_methods = _NO_METHODS
 
     def buildProtocol(self, addr):
         return self.admit(addr) if self.accepts(addr) else None
@@ -984,6 +1161,7 @@ class MQTTServerFactory(Factory):
         protocol.identity_as_username = self.identity_as_username
         protocol.listener_kind = self.kind
         protocol.portal = self.portal
+        protocol.auth_methods = self.auth_methods
         protocol.factory_throttle = self.throttle
         return protocol
 

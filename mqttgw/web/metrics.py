@@ -165,14 +165,25 @@ class Metrics:
             "dropped": CounterMetricFamily("mqttgw_bridge_dropped", "messages dropped at a full bridge queue", labels=["bridge"]),
             "sent": CounterMetricFamily("mqttgw_bridge_sent", "messages forwarded upstream", labels=["bridge"]),
             "received": CounterMetricFamily("mqttgw_bridge_received", "messages brought in from upstream", labels=["bridge"]),
+            "refused": CounterMetricFamily("mqttgw_bridge_refused", "messages the upstream refused (5.0 reason codes)", labels=["bridge"]),
         }
+        reason_codes = CounterMetricFamily(
+            "mqttgw_bridge_reason_codes",
+            "5.0 reason codes other than success the upstream answered with",
+            labels=["bridge", "packet", "reason"],
+        )
         for bridge in self.bridges:
             status = bridge.status()
             labels = [status["name"]]
             bridge_metrics["state"].add_metric(labels, 1 if status["connected"] else 0)
             for key in ("queued", "dropped", "sent", "received"):
                 bridge_metrics[key].add_metric(labels, status[key])
+            bridge_metrics["refused"].add_metric(labels, status.get("refused", 0))
+            for name, count in status.get("reason_codes", {}).items():
+                packet, reason = name.split(" ", 1)
+                reason_codes.add_metric([status["name"], packet, reason], count)
         yield from bridge_metrics.values()
+        yield reason_codes
         archive = self.archive
         if archive is not None:
             written = CounterMetricFamily("mqttgw_archive_rows_written", "rows written to the archive")

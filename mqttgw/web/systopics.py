@@ -141,6 +141,8 @@ class SysTopics:
             values[prefix + "state"] = 1 if status["connected"] else 0
             for name in ("queued", "dropped", "sent", "received"):
                 values[prefix + name] = status[name]
+            if status.get("refused") or prefix + "refused" in self._last:
+                values[prefix + "refused"] = status["refused"]
         return values
 
     def _load_values(self, stats):
