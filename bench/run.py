@@ -50,6 +50,10 @@ THROUGHPUT = {
     # With an ACL of 1,000 rules loaded (the same file for every broker).
     "fan-in qos0 acl": (4, 1, 0),
     "fan-in qos1 acl": (4, 1, 1),
+    # Over MQTT 5.0 (publishers and subscriber), and with the publishers
+    # sending each topic once, then its alias.
+    "fan-in qos1 v5": (4, 1, 1),
+    "fan-in qos1 v5 aliases": (4, 1, 1),
     # mqttgw only: fan-in QoS 0 with the dashboard open on its Topics view
     # in headless Chromium (subscribed to "#": every message reaches it).
     "fan-in qos0 + dashboard": (4, 1, 0),
@@ -78,6 +82,8 @@ ALL_SCENARIOS = (
 )
 # Brokers that can run a scenario (amqtt has no mosquitto-format files).
 AUTH_SCENARIOS = {"fan-in qos0 acl", "fan-in qos1 acl", LOGINS}
+# amqtt speaks no MQTT 5.0.
+V5_SCENARIOS = {"fan-in qos1 v5", "fan-in qos1 v5 aliases"}
 
 
 def _ctx():
@@ -109,21 +115,22 @@ def _wait_ready(broker, shared, flags, need, what, processes, timeout=30):
         time.sleep(0.01)
 
 
-def run_throughput(broker, publishers, subscribers, qos, duration, rate=None, probe_count=0, cpu=None, websocket=None, persistent=False):
+def run_throughput(broker, publishers, subscribers, qos, duration, rate=None, probe_count=0, cpu=None, websocket=None, persistent=False, v5=False, alias=False):
     """
     Deliveries per second, lost messages, and probe latencies (ms).
     ``websocket`` is "publishers" or "subscribers": those connect over
-    WebSocket, the others over TCP.
+    WebSocket, the others over TCP.  ``v5``: every client speaks MQTT
+    5.0; ``alias``: the publishers send their topic by alias.
     """
     ctx = _ctx()
     shared = loadgen.Shared(ctx, publishers, subscribers)
-    psize = loadgen.packet_size("bench/0", PAYLOAD, qos)
+    psize = loadgen.packet_size("bench/0", PAYLOAD, qos, v5)
     subs = [
         ctx.Process(
             target=_pinned,
             args=(
                 cpu, loadgen.subscriber, broker.ws_port if websocket == "subscribers" else broker.port,
-                i, "bench/+", qos, psize, shared, persistent, websocket == "subscribers",
+                i, "bench/+", qos, psize, shared, persistent, websocket == "subscribers", v5,
             ),
         )
         for i in range(subscribers)
@@ -135,7 +142,7 @@ def run_throughput(broker, publishers, subscribers, qos, duration, rate=None, pr
                 cpu, loadgen.publisher, broker.ws_port if websocket == "publishers" else broker.port,
                 i, f"bench/{i}", qos, PAYLOAD, shared, WINDOW[qos] // publishers,
                 BATCH[qos], (rate / publishers) if rate else None, MAX_INFLIGHT,
-                websocket == "publishers",
+                websocket == "publishers", v5, alias,
             ),
         )
         for i in range(publishers)
@@ -289,6 +296,8 @@ def main(argv=None):
                         continue
                     http_port = free_port()
                     options = options + ["--http", f"tcp:{http_port}:interface=127.0.0.1"]
+                if scenario in V5_SCENARIOS and name == "amqtt":
+                    continue
                 if scenario in AUTH_SCENARIOS:
                     if name == "amqtt":
                         continue
@@ -319,6 +328,8 @@ def main(argv=None):
                                 else "publishers" if pubs > 1 else "subscribers"
                             ),
                             persistent=scenario.endswith(" persistent"),
+                            v5=scenario in V5_SCENARIOS,
+                            alias=scenario.endswith(" aliases"),
                         )
                         if scenario == "fan-in qos0" and name == "mqttgw":
                             latency_rate = r["per_second"] / 2
@@ -456,6 +467,15 @@ def table(results):
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
     line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths))  # noqa: E731
     out = [line(header), line(["-" * w for w in widths])] + [line(r) for r in rows]
+    versions = [n for n in names if "fan-in qos1" in results[n] and results[n].keys() & V5_SCENARIOS]
+    if versions:
+        out.append("")
+        for n in versions:
+            base = results[n]["fan-in qos1"]["per_second"]
+            ratios = ", ".join(
+                f"{s} {results[n][s]['per_second'] / base:.2f}" for s in sorted(V5_SCENARIOS) if s in results[n] and base
+            )
+            out.append(f"{n}: over 5.0 against fan-in qos1 over 3.1.1: {ratios}")
     if conn:
         out.append("")
         for n in conn:

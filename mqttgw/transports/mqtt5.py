@@ -58,7 +58,13 @@ class Connection5:
         """
         props = packet.properties
         topic = packet.topic
-        alias = props.pop("topic_alias", None) if props else None
+        if not props:
+            # No properties, the usual PUBLISH.
+            if not topic:
+                raise ProtocolViolation("PUBLISH with neither topic nor topic alias", R.PROTOCOL_ERROR)
+            packet.properties = None
+            return topic
+        alias = props.pop("topic_alias", None)
         if alias is not None:
             if alias > self.alias_maximum_in:
                 raise ProtocolViolation(
@@ -101,9 +107,9 @@ class Connection5:
                 number = aliases[message.topic] = len(aliases) + 1
                 alias = (number, True)
                 new_alias = True
-        frame = message.frame5(
-            qos, mid, retain, dup, self.clock.seconds(), subscription_ids, alias
-        )
+        # The clock only for what expires.
+        now = self.clock.seconds() if message.expiry is not None else None
+        frame = message.frame5(qos, mid, retain, dup, now, subscription_ids, alias)
         limit = self.max_packet_size
         if limit is not None and len(frame) > limit:
             if new_alias:

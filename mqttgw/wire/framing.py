@@ -536,9 +536,43 @@ class Framer:
                     if self.strict and not (topic.isascii() and topic.isprintable()):
                         check_text(topic, self.strict)
                 elif packet_type == 3:
-                    packet = decode_publish5(
-                        flags, data, offset, pos, end, self.strict, self.from_client
-                    )
+                    # A 5.0 PUBLISH without properties, or with a topic alias
+                    # alone, is decoded inline too; any other by decode_publish5.
+                    qos = (flags >> 1) & 3
+                    tend = pos + 2 + ((data[pos] << 8) | data[pos + 1])
+                    props_at = tend + 2 if qos else tend
+                    props = None
+                    if props_at < end and qos != 3 and (qos or not flags & 8):
+                        plen = data[props_at]
+                        if plen == 0:
+                            if tend > pos + 2:
+                                props = {}
+                                body = props_at + 1
+                        elif plen == 3 and data[props_at + 1] == 0x23 and props_at + 4 <= end:
+                            # A topic alias alone.
+                            alias = (data[props_at + 2] << 8) | data[props_at + 3]
+                            if alias:
+                                props = {"topic_alias": alias}
+                                body = props_at + 4
+                    if props is not None:
+                        try:
+                            topic = data[pos + 2 : tend].decode("utf-8")
+                        except UnicodeDecodeError:
+                            raise ProtocolViolation("string is not valid UTF-8") from None
+                        mid = None
+                        if qos:
+                            mid = (data[tend] << 8) | data[tend + 1]
+                            if mid == 0:
+                                raise ProtocolViolation("message id 0 is reserved")
+                        packet = Publish(
+                            topic, data[body:end], qos, flags & 1 == 1, flags & 8 == 8, mid, props,
+                        )
+                        if self.strict and topic and not (topic.isascii() and topic.isprintable()):
+                            check_text(topic, self.strict)
+                    else:
+                        packet = decode_publish5(
+                            flags, data, offset, pos, end, self.strict, self.from_client
+                        )
                 elif packet_type == 1:
                     packet = _decode_connect(flags, data, pos, end, self.strict_for_311)
                 else:

@@ -188,10 +188,12 @@ class Publish:
     properties = attr.ib(default=None)
     expiry = attr.ib(default=None, eq=False)
     # Encoded topic string, and the whole QoS 0 delivery, cached so a
-    # fan-out encodes them once; the same for 5.0 subscribers.
+    # fan-out encodes them once; the same for 5.0 subscribers (their
+    # properties, and the delivery when it has none).
     _topic_wire = attr.ib(default=None, eq=False, repr=False)
     _frame0 = attr.ib(default=None, eq=False, repr=False)
     _props5 = attr.ib(default=None, eq=False, repr=False)
+    _frame50 = attr.ib(default=None, eq=False, repr=False)
 
     packet_type = PUBLISH
 
@@ -261,7 +263,16 @@ class Publish:
                 props = {k: v for k, v in props.items() if k != "message_expiry_interval"}
             body = self._props5 = encode_property_list(props)
         topic_wire = None
-        if self.expiry is not None or subscription_ids or alias is not None:
+        if self.expiry is None and not subscription_ids and alias is None:
+            if not body:
+                # No property at all, the usual message.
+                if not qos and not retain and not dup:
+                    frame = self._frame50
+                    if frame is None:
+                        frame = self._frame50 = self._encode5(0, None, False, False, b"\x00")
+                    return frame
+                return self._encode5(qos, message_id, retain, dup, b"\x00")
+        else:
             extra = [body]
             if self.expiry is not None:
                 left = max(0, int(self.expiry - now + 0.999))
