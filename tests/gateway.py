@@ -24,12 +24,14 @@ LISTENER_FLAGS = ("--tcp", "--tls", "--ws", "--wss")
 
 
 class Gateway:
-    def __init__(self, workdir, *args, timeout=30):
+    """``prefix``: what runs twistd (``ip netns exec NAME`` for a field site)."""
+
+    def __init__(self, workdir, *args, timeout=30, prefix=()):
         self.workdir = Path(workdir)
         self.log_path = self.workdir / "gateway.log"
         env = gateway_env()
         self._log = open(self.log_path, "wb")
-        command = [str(TWISTD), "-n", "--pidfile=", "--logfile=-", "mqttgw"]
+        command = list(prefix) + [str(TWISTD), "-n", "--pidfile=", "--logfile=-", "mqttgw"]
         if "--tcp" not in args:
             command += ["--tcp", "tcp:0:interface=127.0.0.1"]
         command += list(args)

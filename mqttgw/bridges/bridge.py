@@ -17,7 +17,7 @@ import random
 from collections import Counter
 
 import attr
-from twisted.application.internet import ClientService, backoffPolicy
+from twisted.application.internet import ClientService
 from twisted.application.service import Service
 from twisted.internet import ssl
 from twisted.internet.defer import inlineCallbacks
@@ -172,6 +172,21 @@ BRIDGE_KEYS = [
     Key("bridge", "reconnect_initial", float, 1.0, "first reconnect delay, seconds", 0.001),
     Key("bridge", "reconnect_max", float, 60.0, "longest reconnect delay, seconds", 0.001),
 ]
+
+
+def full_jitter(initial, maximum):
+    """
+    Reconnect delays with full jitter: after the ``n``th failed round,
+    anywhere between ``initial`` and ``min(maximum, initial * 2**n)``,
+    uniformly, so gateways that lost the same upstream at once do not all
+    come back at once (and none sooner than ``initial``).
+    """
+
+    def delay(failed_rounds):
+        cap = min(maximum, initial * 2.0 ** min(failed_rounds, 64))
+        return initial + random.random() * (cap - initial)
+
+    return delay
 
 
 def parse_address(address):
@@ -525,9 +540,7 @@ class MQTTBridge(Service):
         self._service = ClientService(
             FailoverEndpoint(self.reactor, s, self.connect_failed),
             self._factory,
-            retryPolicy=backoffPolicy(
-                s.reconnect_initial, s.reconnect_max, 2.0, jitter=random.random
-            ),
+            retryPolicy=full_jitter(s.reconnect_initial, s.reconnect_max),
             clock=self.reactor,
         )
         self._service.startService()
