@@ -344,3 +344,121 @@ def test_reason_codes_are_in_the_metrics(router, reactor):
     assert sample.value == 1
     [refused] = families["mqttgw_bridge_refused"].samples
     assert refused.value == 1
+
+
+# What the upstream's limits mean for what waited, and a new session there
+
+
+def test_queued_and_in_flight_messages_are_held_to_the_upstreams_maximum_qos(router, reactor):
+    bridge = start_bridge(router, reactor, rules=["t/# out 2"])
+    publisher = Listener.of(router, reactor).client("pub")
+    # Queued before the upstream is there, at the rule's QoS.
+    publisher.send(P.Publish("t/a", b"queued", 2, message_id=1), P.Pubrel(1))
+    upstream = connected(reactor, maximum_qos=1)
+    [sent] = published(upstream)
+    assert (sent.payload, sent.qos) == (b"queued", 1)
+    upstream.send(P.Puback(sent.message_id))
+    assert not bridge.session.inflight
+    # In flight at QoS 2 when the link drops; the upstream comes back
+    # taking QoS 1 at most: the flow starts again at QoS 1.
+    upstream.lose()
+    reactor.advance(120)
+    upstream = connected(reactor)
+    publisher = Listener.of(router, reactor).client("pub-2")
+    publisher.send(P.Publish("t/a", b"flying", 2, message_id=2), P.Pubrel(2))
+    [sent] = published(upstream)
+    assert sent.qos == 2
+    upstream.lose()
+    reactor.advance(120)
+    upstream = connected(reactor, maximum_qos=1)
+    [again] = published(upstream)
+    assert (again.payload, again.qos) == (b"flying", 1)
+    upstream.send(P.Puback(again.message_id))
+    assert not bridge.session.inflight
+
+
+def test_messages_sent_again_after_a_reconnection_keep_to_the_receive_maximum(router, reactor):
+    bridge = start_bridge(router, reactor, max_inflight_messages=20)
+    upstream = connected(reactor)
+    publisher = Listener.of(router, reactor).client("pub")
+    for i in range(5):
+        publisher.send(P.Publish("t/a", str(i).encode(), 1, message_id=i + 1))
+    assert len(published(upstream)) == 5
+    upstream.lose()
+    reactor.advance(120)
+    upstream = connected(reactor, receive_maximum=2)
+    got = []
+    for _ in range(5):
+        batch = published(upstream)
+        assert len(batch) <= 2
+        got += [int(p.payload) for p in batch]
+        assert all(p.dup for p in batch)
+        upstream.send(*(P.Puback(p.message_id) for p in batch))
+    assert got == [0, 1, 2, 3, 4]
+    assert not bridge.session.inflight
+
+
+def test_a_rewritten_topic_that_lengthens_remaining_length_still_fits(router, reactor):
+    start_bridge(router, reactor, rules=['t/# out 0 "" ab'])
+    upstream = connected(reactor, maximum_packet_size=130)
+    publisher = Listener.of(router, reactor).client("pub")
+    for size in range(110, 130):
+        publisher.send(P.Publish("t/a", b"x" * size, 0))
+    assert all(len(p.encode()) <= 130 for p in published(upstream))
+
+
+def test_an_upstream_without_retained_messages_is_asked_again_without_a_retained_will(router, reactor, logged):
+    start_bridge(router, reactor)
+    upstream, connect = upstream_connect(reactor)
+    assert connect.will_retain is True
+    # [MQTT-3.2.2-13]: it refuses a retained will.
+    upstream.send(P.Connack(R.RETAIN_NOT_SUPPORTED, properties={}))
+    reactor.advance(120)
+    upstream, again = upstream_connect(reactor)
+    assert (again.will_retain, again.will_qos) == (False, 1)
+    upstream.send(P.Connack(0, properties={"retain_available": 0}))
+    assert any("upstream refused the will (retain not supported)" in line for line in logged())
+
+
+def test_a_new_session_upstream_frees_the_ids_of_qos_2_messages_not_released(router, reactor):
+    start_bridge(router, reactor, rules=["c/# in 2"])
+    upstream = connected(reactor)
+    # No keepalive: it stays while the clock runs.
+    sub = Listener.of(router, reactor).client("sub", keepalive=0)
+    sub.send(P.Subscribe(1, [("c/#", 2)]))
+    sub.received()
+    upstream.send(P.Publish("c/x", b"first", 2, message_id=1, properties={}))
+    upstream.lose()
+    reactor.advance(120)
+    # The upstream lost the bridge's session: its id 1 is a new message.
+    upstream, _ = upstream_connect(reactor)
+    upstream.send(P.Connack(0, session_present=False, properties={}))
+    upstream.send(P.Publish("c/x", b"second", 2, message_id=1, properties={}))
+    upstream.send(P.Pubrel(1))
+    # (Its own copy of the first is sent again meanwhile, with DUP.)
+    got = [p.payload for p in sub.received() if isinstance(p, P.Publish) and not p.dup]
+    assert got == [b"first", b"second"]
+
+
+def test_a_3_1_1_upstream_refusing_a_5_0_connect_is_logged_as_such(router, reactor, logged):
+    start_bridge(router, reactor)
+    upstream, _ = upstream_connect(reactor)
+    # A 3.1.1 server's answer: return code 1, two bytes, no properties.
+    upstream.protocol.dataReceived(b"\x20\x02\x00\x01")
+    assert upstream.closed
+    assert any("CONNACK 0x84: unsupported protocol version" in line for line in logged())
+
+
+def test_a_malformed_packet_from_the_upstream_is_answered_and_the_link_closed_gracefully(router, reactor):
+    start_bridge(router, reactor, rules=["c/# in 1"])
+    upstream = connected(reactor)
+    upstream.received()
+    upstream.send(P.Publish("c/x", b"v", 0, properties={"topic_alias": 1000}))
+    [disconnect] = upstream.received()
+    assert disconnect.reason_code == R.TOPIC_ALIAS_INVALID
+    # Closed after the write, not aborted (which would drop the DISCONNECT
+    # still in the socket's buffer); aborted only if the close hangs.
+    assert upstream.transport.disconnecting
+    assert not upstream.transport.disconnected
+    reactor.advance(5)
+    assert upstream.transport.disconnected

@@ -282,3 +282,100 @@ def test_auth_methods_must_name_installed_plugins():
 
 def test_no_method_is_offered_by_default():
     assert check_auth_methods(config.build({}, {})) == {}
+
+
+# Exchanges that go wrong
+
+
+def test_the_connect_deadline_holds_across_steps_that_take_a_while():
+    broker = broker_offering(delay=0.5, connect_timeout=10)
+    client = broker.client()
+    broker.clock.advance(9.8)
+    client.send(connect5())
+    broker.clock.advance(0.5)
+    # Challenged; the client never answers.
+    assert client.received() == [auth(R.CONTINUE_AUTHENTICATION, b"nonce-1")]
+    broker.clock.advance(10)
+    client.received()
+    assert client.closed
+
+
+def test_an_auth_while_a_step_is_still_being_answered_is_a_protocol_error():
+    broker = broker_offering()
+    client = authenticated(broker)
+    # From now on, steps are answered later.
+    broker.method.delay = 5.0
+    client.send(auth(R.RE_AUTHENTICATE, b"hello"))
+    client.send(auth(R.CONTINUE_AUTHENTICATION, b"nonce-1:secret"))
+    [disconnect] = client.received()
+    assert disconnect.reason_code == R.PROTOCOL_ERROR
+    assert client.closed
+
+
+def test_a_failed_re_authentication_gives_a_reason_disconnect_may_have():
+    broker = broker_offering()
+    client = authenticated(broker)
+    # The method refuses with 0x8C, which DISCONNECT has no place for.
+    client.send(auth(R.RE_AUTHENTICATE, b"bonjour"))
+    [disconnect] = client.received()
+    assert disconnect.reason_code == R.NOT_AUTHORIZED
+    assert client.closed
+
+
+@implementer(IAuthenticator)
+class BrokenMethod:
+    def __init__(self, answer=None, raises=False):
+        self.answer = answer
+        self.raises = raises
+
+    def exchange(self, client_id, username):
+        if self.raises:
+            raise RuntimeError("plugin bug")
+        method = self
+
+        @implementer(IAuthenticationExchange)
+        class Steps:
+            def step(self, data):
+                return method.answer
+
+        return Steps()
+
+
+@pytest.mark.parametrize("answer", [None, "yes", Continue(data=12345)], ids=["none", "text", "bad-data"])
+def test_an_answer_that_cannot_be_acted_on_closes_the_connection(answer, logged):
+    broker = FakeBroker()
+    broker.factory.auth_methods = {METHOD: BrokenMethod(answer)}
+    client = broker.client(connect5())
+    broker.clock.advance(10)
+    client.received()
+    assert client.closed
+    assert "c1" not in broker.router.sessions
+
+
+def test_a_method_whose_exchange_raises_refuses_with_0x80(logged):
+    broker = FakeBroker()
+    broker.factory.auth_methods = {METHOD: BrokenMethod(raises=True)}
+    client = broker.client(connect5())
+    [connack] = client.received()
+    assert connack.return_code == R.UNSPECIFIED_ERROR
+    assert client.closed
+    assert any("authentication method TEST-CHALLENGE failed" in line for line in logged())
+
+
+def test_a_second_connect_during_authentication_is_refused_with_0x82():
+    broker = broker_offering()
+    client = broker.client(connect5())
+    client.received()
+    client.send(connect5())
+    [connack] = client.received()
+    assert connack.return_code == R.PROTOCOL_ERROR
+    assert client.closed
+
+
+def test_no_method_is_offered_where_the_client_certificate_is_the_credential():
+    broker = broker_offering()
+    broker.factory.identity_as_username = True
+    client = broker.client(connect5())
+    [connack] = client.received()
+    assert connack.return_code == R.BAD_AUTHENTICATION_METHOD
+    assert client.closed

@@ -6,6 +6,8 @@ the decoder raise nothing but ProtocolViolation, and make the server close
 only with a DISCONNECT that says why, never with an internal error.
 """
 
+import struct
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -13,10 +15,11 @@ from twisted.logger import eventAsText, globalLogPublisher
 
 from mqttgw.testing import FakeBroker
 from mqttgw.transports.protocol import ConnectionLimits
+from mqttgw.wire import framing
 from mqttgw.wire import packets as P
 from mqttgw.wire import reasons as R
 from mqttgw.wire.encoding import MAX_VARINT, encode_varint
-from mqttgw.wire.framing import STRICT_TEXT, Framer, ProtocolViolation
+from mqttgw.wire.framing import STRICT_TEXT, Framer, ProtocolViolation, decode_publish5
 from mqttgw.wire.properties import (
     BINARY,
     BYTE,
@@ -871,3 +874,64 @@ def test_the_server_disconnects_with_the_framers_reason_code(wire, code):
     received = client.received()
     assert client.closed
     assert isinstance(received[-1], P.Disconnect) and received[-1].reason_code == code, received
+
+
+# The inline decoding of the usual 5.0 PUBLISH (no properties, or a topic
+# alias alone) against decode_publish5, which decodes every other one: the
+# same packet or the same reason code, for any bytes.
+
+
+def _decoded(result):
+    if isinstance(result, tuple):
+        return result
+    return [(p.topic, p.payload, p.qos, p.retain, p.dup, p.message_id, p.properties) for p in result]
+
+
+def _inline(packet, strict):
+    framer = Framer(strict=strict)
+    framer.v5 = True
+    try:
+        return _decoded(list(framer.feed(packet)))
+    except ProtocolViolation as e:
+        return ("violation", e.reason_code)
+
+
+def _reference(packet, strict):
+    pos, length = P.decode_remaining_length(packet, 1)
+    try:
+        return _decoded([decode_publish5(packet[0] & 15, packet, 0, pos, pos + length, strict, True)])
+    except ProtocolViolation as e:
+        return ("violation", e.reason_code)
+    except (IndexError, ValueError, struct.error):
+        return ("violation", R.MALFORMED_PACKET)
+
+
+_PUBLISH_PARTS = st.tuples(
+    st.integers(0, 15),
+    st.sampled_from([b"", b"a", b"a/b", "é".encode(), b"\xff", b"\xed\xa0\x80", b"a\x00", b"a\x01", b"+", b"\xc2\x85"]),
+    st.integers(-1, 1),
+    st.sampled_from([b"", b"\x00", b"\x00\x00", b"\x00\x01", b"\xff\xff"]),
+    st.sampled_from([
+        b"", b"\x00", b"\x03\x23\x00\x01", b"\x03\x23\x00\x00", b"\x03\x23\x00", b"\x03\x23", b"\x03",
+        b"\x03\x01\x00\x01", b"\x02\x01\x01", b"\x05\x23\x00\x01\x01\x01", b"\x83\x00\x23\x00\x01",
+        b"\x04\x23\x00\x01\x00", b"\x02\x0b\x05", b"\x01",
+    ]),
+    st.binary(max_size=4),
+    st.sampled_from([framing.LAX, framing.STRICT, framing.STRICT_TEXT]),
+)
+
+
+@settings(max_examples=3000, deadline=None)
+@given(_PUBLISH_PARTS)
+def test_the_inline_5_0_publish_decoding_agrees_with_decode_publish5(parts):
+    flags, topic, delta, mid, props, payload, strict = parts
+    body = struct.pack(">H", max(0, len(topic) + delta)) + topic + mid + props + payload
+    packet = bytes((0x30 | flags,)) + P.encode_remaining_length(len(body)) + body
+    assert _inline(packet, strict) == _reference(packet, strict)
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.integers(0, 15), st.binary(max_size=12), st.sampled_from([framing.LAX, framing.STRICT, framing.STRICT_TEXT]))
+def test_the_inline_5_0_publish_decoding_agrees_on_any_bytes(flags, body, strict):
+    packet = bytes((0x30 | flags,)) + P.encode_remaining_length(len(body)) + body
+    assert _inline(packet, strict) == _reference(packet, strict)

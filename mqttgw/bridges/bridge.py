@@ -441,9 +441,13 @@ class _Upstream5(Connection5):
 
     def __init__(self, clock, server, growth):
         limit = server.get("maximum_packet_size")
+        if limit is not None:
+            # The topic rewritten may also lengthen Remaining Length, by
+            # at most 3 bytes.
+            limit = max(limit - growth - 3, 0)
         super().__init__(
             clock,
-            {"maximum_packet_size": None if limit is None else max(limit - growth, 0)},
+            {"maximum_packet_size": limit},
             UPSTREAM_TOPIC_ALIASES,
             65535,
         )
@@ -467,6 +471,9 @@ class MQTTBridge(Service):
         self.upstream = None
         self._acks = None
         self._try_private = settings.try_private
+        # 5.0: the will as the upstream takes it (see connect_failed).
+        self._will_retain = True
+        self._will_qos = 1
         self._service = None
         # Messages forwarded upstream (first sends) and brought in.
         self.sent = 0
@@ -584,8 +591,8 @@ class MQTTBridge(Service):
             keepalive=s.keepalive,
             will_topic=s.remote_state_topic,
             will_message=b"0",
-            will_qos=1,
-            will_retain=True,
+            will_qos=self._will_qos,
+            will_retain=self._will_retain,
             username=s.username,
             password=s.password,
             properties=properties,
@@ -619,6 +626,12 @@ class MQTTBridge(Service):
         incoming = [(r.remote_filter, r.qos) for r in s.rules if r.incoming]
         encoder = receive_maximum = None
         retain = True
+        session = self.session
+        if not upstream.session_present:
+            # A new session upstream: the ids of QoS 2 messages it had not
+            # released are free again there, and must be here too.
+            session.forget_inbound_qos2()
+        session.max_qos = 2
         if self.v5:
             server = upstream.server_properties
             log.info(
@@ -638,7 +651,9 @@ class MQTTBridge(Service):
             retain = encoder.retain_available
             # The upstream's receive maximum bounds the in-flight window.
             receive_maximum = server.get("receive_maximum", 65535)
-            self._subscribe_locally(server.get("maximum_qos", 2))
+            # Nothing above its maximum QoS, queued and in flight included.
+            session.max_qos = server.get("maximum_qos", 2)
+            self._subscribe_locally(session.max_qos)
             options = _NO_LOCAL | _RETAIN_AS_PUBLISHED
             incoming = [(f, q | options) for f, q in incoming]
             subscribe = P.Subscribe(1, incoming, {})
@@ -697,16 +712,20 @@ class MQTTBridge(Service):
             self._acks.send(P.Pubcomp(mid).encode(), session.qos2_released(mid))
         elif kind is P.Suback:
             refused = [code for code in packet.granted_qos if code >= 0x80]
-            for code in refused:
-                self._reason("SUBACK", code, packet)
-            if refused and not self.v5:
+            if self.v5:
+                for code in refused:
+                    self._reason("SUBACK", code, packet)
+            elif refused:
                 log.warn(
                     "bridge {name}: upstream refused a subscription: {granted}",
                     name=self.settings.name,
                     granted=packet.granted_qos,
                 )
         elif kind is P.Disconnect:
-            self._reason("DISCONNECT", packet.reason_code, packet)
+            if packet.reason_code:
+                self._reason("DISCONNECT", packet.reason_code, packet)
+            else:
+                log.info("bridge {name}: upstream disconnected normally", name=self.settings.name)
 
     def _reason(self, packet_name, code, packet):
         """
@@ -759,6 +778,25 @@ class MQTTBridge(Service):
             self._acks.send(P.Pubrec(mid).encode(), durable)
 
     def connect_failed(self, error):
+        if error.v5 and error.code in (R.RETAIN_NOT_SUPPORTED, R.QOS_NOT_SUPPORTED):
+            # An upstream without retained messages, or with a maximum QoS
+            # of 0, refuses the will as it was ([MQTT-3.2.2-13], [MQTT-3.2.2-12]).
+            if error.code == R.RETAIN_NOT_SUPPORTED and self._will_retain:
+                self._will_retain = False
+            elif error.code == R.QOS_NOT_SUPPORTED and self._will_qos:
+                self._will_qos = 0
+            else:
+                return
+            log.info(
+                "bridge {name}: upstream refused the will ({reason}); asking again with"
+                " will QoS {qos}, {retain}",
+                name=self.settings.name,
+                reason=R.name(error.code),
+                qos=self._will_qos,
+                retain="retained" if self._will_retain else "not retained",
+            )
+            self._factory.connect_packet = self._connect_packet()
+            return
         if error.code == 1 and self._try_private:
             log.info(
                 "bridge {name}: upstream does not take bridge CONNECTs; trying plain",

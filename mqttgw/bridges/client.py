@@ -62,6 +62,10 @@ class MQTTClientProtocol(Protocol):
         self.server_properties = {}
         # The keepalive in use: ours, or the server's keep alive (5.0).
         self.keepalive = connect.keepalive
+        # Whether the server had a session for us (CONNACK).
+        self.session_present = False
+        # A close under way: aborted if the server does not finish it.
+        self._closing = None
         self.is_connected = False
         self._ping = None
         self._last_received = 0.0
@@ -92,11 +96,15 @@ class MQTTClientProtocol(Protocol):
         except ProtocolViolation as e:
             log.warn("upstream sent a malformed packet: {reason}", reason=str(e))
             if self.v5 and self.is_connected:
-                # 5.0 says why before closing ([MQTT-4.13.1-1]).
+                # 5.0 says why before closing ([MQTT-4.13.1-1]): the
+                # DISCONNECT goes out, then the connection closes, aborted
+                # if that takes long.
                 out.append(P.Disconnect(e.reason_code or R.PROTOCOL_ERROR).encode())
                 self.transport.write(b"".join(out))
                 out.clear()
-            self.transport.abortConnection()
+                self._close_gracefully()
+            else:
+                self.transport.abortConnection()
         except Exception:
             log.failure("error handling a packet from upstream")
             self.transport.abortConnection()
@@ -104,6 +112,11 @@ class MQTTClientProtocol(Protocol):
             self._out = None
             if out:
                 self.transport.write(b"".join(out))
+
+    def _close_gracefully(self, timeout=5.0):
+        if self._closing is None:
+            self.transport.loseConnection()
+            self._closing = self.clock.callLater(timeout, self.transport.abortConnection)
 
     def _connack(self, packet):
         if not isinstance(packet, P.Connack):
@@ -113,6 +126,7 @@ class MQTTClientProtocol(Protocol):
             self.transport.loseConnection()
             return
         self.is_connected = True
+        self.session_present = packet.session_present
         keepalive = self.connect_packet.keepalive
         if self.v5:
             self.server_properties = packet.properties or {}
@@ -138,6 +152,8 @@ class MQTTClientProtocol(Protocol):
         if self._ping is not None and self._ping.active():
             self._ping.cancel()
         self._ping = None
+        if self._closing is not None and self._closing.active():
+            self._closing.cancel()
         if not self.connack.called:
             self.connack.errback(reason)
         if self.is_connected:

@@ -58,7 +58,9 @@ class SessionLimits:
 
 
 class _InFlight:
-    __slots__ = ("message", "qos", "retain", "seq", "state", "due", "attempts", "group")
+    __slots__ = (
+        "message", "qos", "retain", "seq", "state", "due", "attempts", "group", "deferred",
+    )
 
     def __init__(self, message, qos, retain, seq, due, state=AWAITING_ACK, group=None):
         self.message = message
@@ -71,6 +73,9 @@ class _InFlight:
         self.state = state
         self.due = due
         self.attempts = 0
+        # Not sent again yet after a reconnection: past the receiver's
+        # receive maximum, it waits for an earlier one to complete.
+        self.deferred = False
 
 
 class Session:
@@ -89,6 +94,7 @@ class Session:
         "connected_since", "no_local", "retain_as_published", "may_read",
         "_gated", "filter_bytes", "internal", "encoder", "options", "window",
         "expiry_interval", "expiry_call", "will_call", "will_delay",
+        "max_qos", "_deferred",
     )
 
     def __init__(
@@ -157,6 +163,10 @@ class Session:
         self.will_call = None
         # 5.0's will delay interval (s).
         self.will_delay = 0
+        # The highest QoS the receiver takes (a bridge's upstream, 5.0).
+        self.max_qos = 2
+        # In-flight deliveries not sent again yet (see _InFlight.deferred).
+        self._deferred = 0
 
     def __repr__(self):
         return f"<Session {self.client_id!r}>"
@@ -188,10 +198,20 @@ class Session:
         self._writable = True
         self._gated = 0
         now = self.connected_since = self.clock.seconds()
+        # Sent again in their order, as many as the window takes; the
+        # rest as earlier ones complete ([MQTT-3.3.4-7]).
+        sent = 0
+        self._deferred = 0
         for mid, flight in list(self.inflight.items()):
             flight.due = now + self.limits.retry_interval
             flight.attempts = 0
-            self._resend(mid, flight)
+            if sent < window:
+                sent += 1
+                flight.deferred = False
+                self._resend(mid, flight)
+            else:
+                flight.deferred = True
+                self._deferred += 1
         self._schedule_retry()
         self.pump()
 
@@ -413,8 +433,10 @@ class Session:
                 self.connection.write(message.frame(0, None, retain))
             else:
                 self._write5(message, 0, None, retain, False, group)
-        queue = self._queue
         window = self.window
+        if self._deferred and self._writable:
+            self._send_deferred(window)
+        queue = self._queue
         while queue and self._writable and len(self.inflight) < window:
             message, qos, retain, seq, group = queue.popleft()
             # Still stored: from the queue to the in-flight window.
@@ -498,6 +520,21 @@ class Session:
         self._retained_call = None
         self.pump()
 
+    def _send_deferred(self, window):
+        """Deferred deliveries, in order, while the window has room."""
+        flights = list(self.inflight.items())
+        room = window - sum(1 for _, f in flights if not f.deferred)
+        left = 0
+        for mid, flight in flights:
+            if flight.deferred:
+                if room > 0:
+                    flight.deferred = False
+                    room -= 1
+                    self._resend(mid, flight)
+                else:
+                    left += 1
+        self._deferred = left
+
     def _next_message_id(self):
         mid = self._last_mid
         inflight = self.inflight
@@ -509,6 +546,18 @@ class Session:
 
     def _send(self, message, qos, retain, seq, stored, group=None):
         """``stored``: the delivery is in the store already, without its id."""
+        if qos > self.max_qos:
+            if not self.max_qos:
+                # A receiver of QoS 0 only: sent once, and done with.
+                self._stats.stored_messages -= 1
+                if seq is not None and stored:
+                    self.store.delete_delivery(self.client_id, seq)
+                if self.encoder is None:
+                    self.connection.write(message.frame(0, None, retain))
+                else:
+                    self._write5(message, 0, None, retain, False, group)
+                return
+            qos = self.max_qos
         mid = self._next_message_id()
         if self.encoder is None:
             frame = message.frame(qos, mid, retain)
@@ -559,6 +608,21 @@ class Session:
             connection.write(frame)
 
     def _resend(self, mid, flight):
+        if flight.state == AWAITING_ACK and flight.qos > self.max_qos:
+            # The receiver takes less now: the flow starts again at its
+            # maximum (a PUBREL, once sent, goes on as it was).
+            if not self.max_qos:
+                message = flight.message
+                if self.encoder is None:
+                    self.connection.write(message.frame(0, None, flight.retain))
+                else:
+                    self._write5(message, 0, None, flight.retain, False, flight.group)
+                del self.inflight[mid]
+                self._stats.stored_messages -= 1
+                if flight.seq is not None:
+                    self.store.delete_delivery(self.client_id, flight.seq)
+                return
+            flight.qos = self.max_qos
         if flight.state == AWAITING_ACK:
             message = flight.message
             if self.encoder is None:
@@ -699,6 +763,11 @@ class Session:
         self.store.delete_awaiting_pubrel(self.client_id, mid)
         return True
 
+    def forget_inbound_qos2(self):
+        """The sender's session is new: its unreleased QoS 2 ids are free."""
+        for mid in list(self.awaiting_pubrel):
+            self.qos2_released(mid)
+
     # Retry of unacknowledged messages
 
     def _schedule_retry(self):
@@ -722,7 +791,7 @@ class Session:
         now = self.clock.seconds()
         limits = self.limits
         for mid, flight in list(self.inflight.items()):
-            if flight.due <= now and mid in self.inflight:
+            if flight.due <= now and mid in self.inflight and not flight.deferred:
                 flight.attempts += 1
                 flight.due = now + min(
                     limits.retry_interval * 2**flight.attempts,

@@ -16,7 +16,6 @@ from twisted.cred.error import UnauthorizedLogin, UnhandledCredentials
 from twisted.internet.defer import maybeDeferred
 from twisted.internet.protocol import Factory
 from twisted.logger import Logger
-from twisted.python.failure import Failure
 
 from mqttgw.broker.access import BRIDGE_STATE_PREFIX, READ, WRITE
 from mqttgw.broker.delivery_budget import DeliveryBudget
@@ -124,14 +123,31 @@ def connack_refusal(code):
     return code if code in CONNACK_CODES and code >= 0x80 else R.NOT_AUTHORIZED
 
 
+# The reason codes a DISCONNECT may have ([MQTT-3.14.2-1]), 0x80 and above.
+DISCONNECT_CODES = frozenset(range(0x80, 0xA3)) - {
+    R.UNSUPPORTED_PROTOCOL_VERSION, R.CLIENT_IDENTIFIER_NOT_VALID,
+    R.BAD_USER_NAME_OR_PASSWORD, R.SERVER_UNAVAILABLE, R.BANNED, R.BAD_AUTHENTICATION_METHOD,
+    R.PACKET_IDENTIFIER_IN_USE, R.PACKET_IDENTIFIER_NOT_FOUND,
+}
+
+
+def disconnect_refusal(code):
+    """``code`` if a DISCONNECT may give it, else Not authorized."""
+    return code if code in DISCONNECT_CODES else R.NOT_AUTHORIZED
+
+
 class _Exchange:
     """An enhanced authentication under way (see mqttgw.security.enhanced)."""
 
-    __slots__ = ("method", "steps", "connect", "will", "reauthenticating")
+    __slots__ = ("method", "steps", "connect", "will", "reauthenticating", "pending", "first_data")
 
     def __init__(self, method, steps, connect=None, will=None):
         self.method = method
         self.steps = steps
+        # A step's answer is awaited.
+        self.pending = False
+        # CONNECT's authentication data.
+        self.first_data = None
         # The CONNECT it answers and its will; None when re-authenticating.
         self.connect = connect
         self.will = will
@@ -329,7 +345,8 @@ class MQTTServerProtocol(MQTTConnection):
 
     def handle_CONNECT(self, packet):
         if self._auth is not None:
-            return self._second_connect(packet)
+            self._auth = None
+            return self._refuse(R.PROTOCOL_ERROR, "second CONNECT during enhanced authentication")
         self.state = AUTHENTICATING
         level = packet.protocol_level
         if (packet.protocol_name, level) not in (
@@ -375,7 +392,8 @@ class MQTTServerProtocol(MQTTConnection):
             client_id = self.client_id = self.log_id = f"mqttgw-{uuid.uuid4().hex}"
         self.username = packet.username
         method = props.get("authentication_method") if props else None
-        if method is not None and method not in self.auth_methods:
+        # Where the client certificate is the credential, no method is.
+        if method is not None and (method not in self.auth_methods or self.identity_as_username):
             # The client is told at once rather than left waiting for an AUTH.
             return self._refuse(
                 R.BAD_AUTHENTICATION_METHOD,
@@ -410,9 +428,14 @@ class MQTTServerProtocol(MQTTConnection):
                 properties=message_properties(will_props),
             )
         if method is not None:
-            steps = self.auth_methods[method].exchange(client_id, packet.username)
-            self._auth = _Exchange(method, steps, packet, will)
-            self._auth_step(props.get("authentication_data"))
+            try:
+                steps = self.auth_methods[method].exchange(client_id, packet.username)
+            except Exception:
+                log.failure("authentication method {method} failed", method=printable(method))
+                return self._refuse(R.UNSPECIFIED_ERROR, "authentication failed")
+            exchange = _Exchange(method, steps, packet, will)
+            exchange.first_data = props.get("authentication_data")
+            self._auth_begin(exchange)
             # While a step is under way, the packets after it wait.
             return self.state is AUTHENTICATING
         if self.identity_as_username:
@@ -963,38 +986,68 @@ class MQTTServerProtocol(MQTTConnection):
 
     # Enhanced authentication (section 4.12)
 
+    def _auth_begin(self, exchange):
+        """CONNECT named a method offered: its exchange starts."""
+        self._auth = exchange
+        # The CONNECT deadline bounds the whole exchange, however its steps
+        # are answered.
+        self._cancel_timer()
+        self._timer = self.clock.callLater(self.limits.connect_timeout, self._auth_too_long, exchange)
+        self._auth_step(exchange.first_data)
+
+    def _auth_too_long(self, exchange):
+        self._timer = None
+        if self._auth is exchange and self.state is not CLOSED:
+            self._auth = None
+            log.info(
+                "enhanced authentication of {client_id} from {peer} not finished in time: closing",
+                client_id=self.log_id,
+                peer=self.peer,
+            )
+            self._close(publish_will=False, graceful=True)
+
     def _auth_step(self, data):
         exchange = self._auth
+        exchange.pending = True
         d = maybeDeferred(exchange.steps.step, data)
-        d.addCallbacks(self._auth_answered, self._auth_refused, (exchange,), None, (exchange,))
+        d.addCallback(self._auth_answered, exchange)
+        d.addErrback(self._auth_failed, exchange)
+
+    def _auth_failed(self, reason, exchange):
+        """A step refused, or failed, or its answer could not be acted on."""
+        if self.state is CLOSED:
+            return
+        if self._auth is exchange:
+            return self._auth_refused(reason, exchange)
+        # Its answer was being acted on when this came up.
+        log.failure("enhanced authentication of {client_id} failed", reason, client_id=self.log_id)
+        self._close(publish_will=False)
 
     def _auth_answered(self, answer, exchange):
         if self._auth is not exchange or self.state is CLOSED:
             return
+        exchange.pending = False
+        if not isinstance(answer, (Continue, Authenticated)):
+            raise TypeError(f"{answer!r} is not Continue or Authenticated")
         props = {"authentication_method": exchange.method}
         if answer.data is not None:
-            props["authentication_data"] = answer.data
+            props["authentication_data"] = bytes(answer.data)
         if isinstance(answer, Continue):
             self.write(self.v5.fit(P.Auth, R.CONTINUE_AUTHENTICATION, properties=props, exempt=True))
             if not exchange.reauthenticating:
                 # The client's AUTH is read next (and nothing else may come
-                # before CONNACK, [MQTT-3.1.2-30]); the CONNECT deadline
-                # still bounds the whole exchange.
+                # before CONNACK, [MQTT-3.1.2-30]).
                 self.state = AWAITING_CONNECT
                 self._resume_backlog()
             return
-        if not isinstance(answer, Authenticated):
-            return self._auth_refused(Failure(TypeError(f"{answer!r} is no answer")), exchange)
         if exchange.reauthenticating:
             if answer.username != self.username:
-                return self._auth_refused(
-                    Failure(Refused(f"re-authenticated as another user, {printable(answer.username)!r}")),
-                    exchange,
-                )
+                raise Refused(f"re-authenticated as another user, {printable(answer.username)!r}")
             self._auth = None
             self.write(self.v5.fit(P.Auth, R.SUCCESS, properties=props, exempt=True))
             return
         self._auth = None
+        self._cancel_timer()
         self.state = AUTHENTICATING
         self.username = answer.username
         self.identity = Identity(answer.username)
@@ -1005,25 +1058,22 @@ class MQTTServerProtocol(MQTTConnection):
         self._resume_backlog()
 
     def _auth_refused(self, reason, exchange):
-        if self._auth is not exchange or self.state is CLOSED:
-            return
         self._auth = None
         if reason.check(Refused):
             code, why = reason.value.reason_code, str(reason.value)
-            if not exchange.reauthenticating:
-                code = connack_refusal(code)
         else:
-            log.failure("authentication of {client_id} failed", reason, client_id=self.log_id)
+            log.failure("enhanced authentication of {client_id} failed", reason, client_id=self.log_id)
             code, why = R.UNSPECIFIED_ERROR, "authentication failed"
         if exchange.reauthenticating:
-            # [MQTT-4.12.1-2]
+            # [MQTT-4.12.1-2], with a reason DISCONNECT may give.
             log.info("client {client_id} failed to re-authenticate: {why}", client_id=self.log_id, why=why)
-            self._close(publish_will=True, graceful=self.disconnect5(code, why))
+            self._close(publish_will=True, graceful=self.disconnect5(disconnect_refusal(code), why))
             return
+        self._cancel_timer()
         self.router.stats.logins_refused += 1
         self.state = AUTHENTICATING
         delay = self.factory_throttle.failed(self._host)
-        self._timer = self.clock.callLater(delay, self._refuse, code, why)
+        self._timer = self.clock.callLater(delay, self._refuse, connack_refusal(code), why)
 
     def _resume_backlog(self):
         if self._backlog is not None:
@@ -1065,10 +1115,18 @@ class MQTTServerProtocol(MQTTConnection):
             return self.protocol_error(
                 "AUTH with another authentication method than CONNECT's", R.PROTOCOL_ERROR
             )
-        if packet.reason_code == R.RE_AUTHENTICATE and self._auth is None:
-            steps = self.auth_methods[method].exchange(self.client_id, self.username)
+        exchange = self._auth
+        if exchange is not None and exchange.pending:
+            # The client answers only what the server has asked.
+            return self.protocol_error("AUTH before the last one was answered", R.PROTOCOL_ERROR)
+        if packet.reason_code == R.RE_AUTHENTICATE and exchange is None:
+            try:
+                steps = self.auth_methods[method].exchange(self.client_id, self.username)
+            except Exception:
+                log.failure("authentication method {method} failed", method=printable(method))
+                return self.protocol_error("re-authentication failed", R.UNSPECIFIED_ERROR)
             self._auth = _Exchange(method, steps)
-        elif packet.reason_code != R.CONTINUE_AUTHENTICATION or self._auth is None:
+        elif packet.reason_code != R.CONTINUE_AUTHENTICATION or exchange is None:
             return self.protocol_error(
                 f"AUTH {R.name(packet.reason_code)} out of turn", R.PROTOCOL_ERROR
             )
