@@ -109,6 +109,9 @@ def test_dashboard_views_and_roles_in_chromium(gateway_with, browser, tmp_path):
     upstream.stop()
     page.wait_for(f"{bridge}.dataset.state === 'down'", timeout=20)
     assert "down" in page.evaluate(f"{bridge}.innerText")
+    # Up once, down once.
+    changes = f"{bridge}.querySelector('[data-metric=\"link-changes\"]').innerText"
+    assert page.evaluate(changes) == "2"
 
     # Topics: a value published with paho shows within two seconds.
     show(page, "topics")

@@ -14,7 +14,7 @@ logged and counted.
 """
 
 import random
-from collections import Counter
+from collections import Counter, deque
 
 import attr
 from twisted.application.internet import ClientService
@@ -486,11 +486,19 @@ class MQTTBridge(Service):
         # by "PACKET reason name"; and how many said a message was refused.
         self.reason_codes = Counter()
         self.refused = 0
+        # Times the link came up or went down.
+        self.link_changes = 0
+        # (clock time, sent) samples of the last minute, for the drain rate.
+        self._sent_samples = deque(maxlen=64)
 
     def status(self):
         """What operators see: $SYS, /metrics and the admin API."""
         session = self.session
         upstream = self.upstream
+        now = self.reactor.seconds()
+        oldest = session.oldest_waiting() if session is not None else None
+        dropped = session.dropped if session is not None else 0
+        too_large = session.dropped_too_large if session is not None else 0
         return {
             "name": self.settings.name,
             "kind": "mqtt",
@@ -501,7 +509,18 @@ class MQTTBridge(Service):
             "queued": session.queued if session is not None else 0,
             "inflight": len(session.inflight) if session is not None else 0,
             "window": session.window if session is not None else 0,
-            "dropped": session.dropped if session is not None else 0,
+            "dropped": dropped,
+            "queued_bytes": session.queued_bytes if session is not None else 0,
+            # Seconds the oldest message waiting for the upstream has waited.
+            "oldest_queued_s": None if oldest is None else round(now - oldest, 3),
+            "drain_rate": self.drain_rate(now),
+            "drops": {
+                "queue_full": dropped - too_large,
+                "too_large": too_large,
+                "expired": session.dropped_expired if session is not None else 0,
+                "refused": self.refused,
+            },
+            "link_changes": self.link_changes,
             "sent": self.sent,
             "received": self.received,
             "refused": self.refused,
@@ -509,6 +528,18 @@ class MQTTBridge(Service):
             # 5.0: the limits the upstream's CONNACK gave.
             "upstream_limits": dict(upstream.server_properties) if upstream is not None else {},
         }
+
+    def drain_rate(self, now):
+        """Messages sent upstream a second, over up to the last minute."""
+        samples = self._sent_samples
+        if not samples or now - samples[-1][0] >= 1.0:
+            samples.append((now, self.sent))
+        while len(samples) > 2 and now - samples[1][0] >= 60.0:
+            samples.popleft()
+        first_at, first_sent = samples[0]
+        if now - first_at <= 0:
+            return 0.0
+        return round((self.sent - first_sent) / (now - first_at), 3)
 
     # Rules
 
@@ -618,6 +649,7 @@ class MQTTBridge(Service):
         s = self.settings
         log.info("bridge {name}: upstream accepted CONNECT", name=s.name)
         self.upstream = upstream
+        self.link_changes += 1
         self.connected_since = self.reactor.seconds()
         self._acks = OrderedAcks(self.router.store, self._write_upstream(upstream))
         # The store could not commit what came in: the upstream sends it
@@ -682,6 +714,7 @@ class MQTTBridge(Service):
         )
         if self.upstream is upstream:
             self.upstream = None
+            self.link_changes += 1
             self.connected_since = None
             if self.session.connection is not None:
                 self.router.disconnect(self.session, publish_will=False)

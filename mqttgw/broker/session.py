@@ -94,7 +94,7 @@ class Session:
         "connected_since", "no_local", "retain_as_published", "may_read",
         "_gated", "filter_bytes", "internal", "encoder", "options", "window",
         "expiry_interval", "expiry_call", "will_call", "will_delay",
-        "max_qos", "_deferred",
+        "max_qos", "_deferred", "dropped_too_large", "dropped_expired",
     )
 
     def __init__(
@@ -167,6 +167,10 @@ class Session:
         self.max_qos = 2
         # In-flight deliveries not sent again yet (see _InFlight.deferred).
         self._deferred = 0
+        # Of the messages dropped, those too large for the receiver, and
+        # (not counted in ``dropped``) those that expired waiting.
+        self.dropped_too_large = 0
+        self.dropped_expired = 0
 
     def __repr__(self):
         return f"<Session {self.client_id!r}>"
@@ -351,6 +355,7 @@ class Session:
         frame = self.encoder.frame(message, qos, mid, retain, dup, ids)
         if frame is None:
             self.dropped += 1
+            self.dropped_too_large += 1
             self._stats.messages_dropped += 1
             self._stats.messages_too_large += 1
         return frame
@@ -367,8 +372,23 @@ class Session:
     def _expired(self, message):
         if message.expiry is not None and message.expiry <= self.clock.seconds():
             self._stats.messages_expired += 1
+            self.dropped_expired += 1
             return True
         return False
+
+    def oldest_waiting(self):
+        """When the oldest message waiting for the receiver was queued, or None."""
+        oldest = None
+        for queue in (self._queue0, self._queue):
+            if queue:
+                at = queue[0][0].queued_at
+                if at is not None and (oldest is None or at < oldest):
+                    oldest = at
+        for flight in self.inflight.values():
+            at = flight.message.queued_at
+            if at is not None and (oldest is None or at < oldest):
+                oldest = at
+        return oldest
 
     def _full(self, message):
         limits = self.limits
@@ -415,6 +435,8 @@ class Session:
         stats = self._stats
         stats.queued_bytes += size
         stats.stored_messages += 1
+        if message.queued_at is None:
+            message.queued_at = self.clock.seconds()
         queue.append((message, qos, retain, seq, group))
 
     def pump(self):
@@ -716,6 +738,8 @@ class Session:
         queued_bytes_before = self.queued_bytes
         for d in stored.deliveries:
             message = Publish(d.topic, d.payload, d.qos, d.retain, properties=d.properties, expiry=d.expiry)
+            # Waiting since the restart at least.
+            message.queued_at = now
             self._seq = max(self._seq, d.seq)
             if d.message_id is None:
                 self.queued_bytes += len(d.payload)

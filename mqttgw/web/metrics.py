@@ -167,6 +167,15 @@ class Metrics:
             "received": CounterMetricFamily("mqttgw_bridge_received", "messages brought in from upstream", labels=["bridge"]),
             "refused": CounterMetricFamily("mqttgw_bridge_refused", "messages the upstream refused (5.0 reason codes)", labels=["bridge"]),
         }
+        more = {
+            "queued_bytes": GaugeMetricFamily("mqttgw_bridge_queued_bytes", "payload bytes waiting for the upstream", labels=["bridge"]),
+            "oldest_queued_s": GaugeMetricFamily("mqttgw_bridge_oldest_queued_seconds", "age of the oldest message waiting for the upstream (0: none)", labels=["bridge"]),
+            "drain_rate": GaugeMetricFamily("mqttgw_bridge_drain_rate", "messages sent upstream a second, over the last minute", labels=["bridge"]),
+            "link_changes": CounterMetricFamily("mqttgw_bridge_link_changes", "times the upstream link came up or went down", labels=["bridge"]),
+        }
+        drops = CounterMetricFamily(
+            "mqttgw_bridge_drops", "messages a bridge did not forward, by reason", labels=["bridge", "reason"]
+        )
         reason_codes = CounterMetricFamily(
             "mqttgw_bridge_reason_codes",
             "5.0 reason codes other than success the upstream answered with",
@@ -179,10 +188,17 @@ class Metrics:
             for key in ("queued", "dropped", "sent", "received"):
                 bridge_metrics[key].add_metric(labels, status[key])
             bridge_metrics["refused"].add_metric(labels, status.get("refused", 0))
+            for key, family in more.items():
+                if key in status:
+                    family.add_metric(labels, status[key] or 0)
+            for reason, count in status.get("drops", {}).items():
+                drops.add_metric([status["name"], reason], count)
             for name, count in status.get("reason_codes", {}).items():
                 packet, reason = name.split(" ", 1)
                 reason_codes.add_metric([status["name"], packet, reason], count)
         yield from bridge_metrics.values()
+        yield from more.values()
+        yield drops
         yield reason_codes
         archive = self.archive
         if archive is not None:

@@ -143,6 +143,14 @@ class SysTopics:
                 values[prefix + name] = status[name]
             if status.get("refused") or prefix + "refused" in self._last:
                 values[prefix + "refused"] = status["refused"]
+            for name in ("queued_bytes", "link_changes", "drain_rate"):
+                if name in status:
+                    values[prefix + name.replace("_", "/", 1)] = status[name]
+            if "oldest_queued_s" in status:
+                oldest = status["oldest_queued_s"]
+                values[prefix + "queued/oldest"] = 0 if oldest is None else f"{oldest:.0f}"
+            for reason, count in status.get("drops", {}).items():
+                values[f"{prefix}dropped/{reason}"] = count
         return values
 
     def _load_values(self, stats):
