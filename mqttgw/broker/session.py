@@ -392,14 +392,36 @@ class Session:
 
     def _full(self, message):
         limits = self.limits
-        return (
-            self.queued >= limits.max_queued_messages
-            or self.queued_bytes + len(message.payload) > limits.max_queued_bytes
-        )
+        size = len(message.payload)
+        if self.queued >= limits.max_queued_messages or self.queued_bytes + size > limits.max_queued_bytes:
+            return True
+        stats = self._stats
+        bound = stats.max_queued_bytes_total
+        return bound and stats.queued_bytes + size > bound
+
+    def _over_total(self, size):
+        """Whether ``size`` more bytes queued would pass the gateway's bound."""
+        stats = self._stats
+        bound = stats.max_queued_bytes_total
+        return bound and stats.queued_bytes + size > bound
 
     def _drop(self, message, qos):
         self.dropped += 1
-        self._stats.messages_dropped += 1
+        stats = self._stats
+        stats.messages_dropped += 1
+        if self._over_total(len(message.payload)):
+            stats.dropped_at_total_bound += 1
+            if stats.dropped_at_total_bound == 1 or stats.dropped_at_total_bound % 1000 == 0:
+                log.warn(
+                    "the gateway's queues hold max_queued_bytes_total ({bound} bytes):"
+                    " dropped a QoS {qos} message for {client_id}"
+                    " ({dropped} dropped at that bound so far)",
+                    bound=stats.max_queued_bytes_total,
+                    qos=qos,
+                    client_id=printable(self.client_id),
+                    dropped=stats.dropped_at_total_bound,
+                )
+            return
         if self.dropped == 1 or self.dropped % 1000 == 0:
             log.warn(
                 "client {client_id} queue full: dropped QoS {qos} message"

@@ -58,6 +58,10 @@ class Stats:
         "persistent_sessions",
         "stored_messages",
         "queued_bytes",
+        # Messages dropped because the gateway's queues together reached
+        # max_queued_bytes_total, and that bound (0: none).
+        "dropped_at_total_bound",
+        "max_queued_bytes_total",
     )
 
     def __init__(self):

@@ -233,6 +233,7 @@ def configure_router(router, settings):
     router.max_qos = settings["mqtt.max_qos"]
     router.max_persistent_sessions = settings["limits.max_persistent_sessions"]
     router.max_retained_messages = settings["limits.max_retained_messages"]
+    router.stats.max_queued_bytes_total = settings["limits.max_queued_bytes_total"]
     router.max_shared_groups = settings["limits.max_shared_groups"]
     router.max_shared_group_members = settings["limits.max_shared_group_members"]
     router.persistent_client_expiration = settings["persistence.persistent_client_expiration"]

@@ -239,6 +239,15 @@ KEYS = [
     ),
     Key(
         "limits",
+        "max_queued_bytes_total",
+        int,
+        0,
+        "payload bytes queued across every session and bridge at once; beyond it"
+        " a message that would be queued is dropped, counted and logged (0: no limit)",
+        0,
+    ),
+    Key(
+        "limits",
         "max_shared_groups",
         int,
         10_000,

@@ -40,6 +40,11 @@ COUNTERS = [
     ("mqttgw_store_refused", "store_refused", "publishes refused while the store failed"),
     ("mqttgw_messages_expired", "messages_expired", "5.0 messages whose expiry interval ended before delivery"),
     (
+        "mqttgw_messages_dropped_at_total_bound",
+        "dropped_at_total_bound",
+        "messages not queued: the gateway's queues held max_queued_bytes_total",
+    ),
+    (
         "mqttgw_messages_too_large",
         "messages_too_large",
         "messages not sent: larger than the 5.0 client's maximum packet size",
