@@ -134,7 +134,8 @@ class BridgeSettings:
     ca = attr.ib()
     cert = attr.ib()
     key = attr.ib()
-    queue_qos0 = attr.ib()
+    qos0_policy = attr.ib()
+    drop_policy = attr.ib()
     max_queued_messages = attr.ib()
     max_queued_bytes = attr.ib()
     max_inflight_messages = attr.ib()
@@ -163,7 +164,9 @@ BRIDGE_KEYS = [
     Key("bridge", "ca", str, "", "authorities the upstream's certificate is checked against"),
     Key("bridge", "cert", str, "", "client certificate (PEM)"),
     Key("bridge", "key", str, "", "client key (PEM)"),
-    Key("bridge", "queue_qos0", bool, False, "queue QoS 0 messages while the upstream is away"),
+    Key("bridge", "queue_qos0", bool, False, "queue QoS 0 messages while the upstream is away (qos0_policy memory)"),
+    Key("bridge", "qos0_policy", str, "", "QoS 0 while the upstream is away: drop, memory or store", choices=("", "drop", "memory", "store")),
+    Key("bridge", "drop_policy", str, "oldest", "which message a full queue drops: oldest or newest", choices=("oldest", "newest")),
     Key("bridge", "max_queued_messages", int, 100_000, "outage queue bound, messages", 1),
     Key("bridge", "max_queued_bytes", int, 256 * 1024 * 1024, "outage queue bound, bytes", 1),
     Key("bridge", "max_inflight_messages", int, 20, "unacknowledged messages upstream", 1, 65535),
@@ -215,6 +218,9 @@ class MQTTBridgeKind:
             raise ConfigError(f"{where}: {e}") from None
         name = values["name"]
         client_id = values["client_id"] or f"mqttgw-{name}"[:23]
+        qos0_policy = values["qos0_policy"] or ("memory" if values["queue_qos0"] else "drop")
+        if values["queue_qos0"] and qos0_policy != "memory":
+            raise ConfigError(f"{where}: bridge.queue_qos0 and bridge.qos0_policy disagree")
         level = PROTOCOLS[values["protocol"]]
         if values["protocol_version"]:
             if "protocol" in table and level != values["protocol_version"]:
@@ -237,7 +243,8 @@ class MQTTBridgeKind:
             ca=values["ca"] or None,
             cert=values["cert"] or None,
             key=values["key"] or None,
-            queue_qos0=values["queue_qos0"],
+            qos0_policy=qos0_policy,
+            drop_policy=values["drop_policy"],
             max_queued_messages=values["max_queued_messages"],
             max_queued_bytes=values["max_queued_bytes"],
             max_inflight_messages=values["max_inflight_messages"],
@@ -567,8 +574,9 @@ class MQTTBridge(Service):
             max_inflight_messages=s.max_inflight_messages,
             max_queued_messages=s.max_queued_messages,
             max_queued_bytes=s.max_queued_bytes,
-            queue_qos0_messages=s.queue_qos0,
-            drop_oldest=True,
+            queue_qos0_messages=s.qos0_policy == "memory",
+            store_qos0_messages=s.qos0_policy == "store",
+            drop_oldest=s.drop_policy == "oldest",
             retry_interval=0,
         )
         self.session = session

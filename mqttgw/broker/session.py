@@ -44,8 +44,11 @@ class SessionLimits:
     max_inflight_messages = attr.ib(default=20)
     max_queued_messages = attr.ib(default=1000)
     max_queued_bytes = attr.ib(default=16 * 1024 * 1024)
-    # Whether QoS 0 messages are queued for an offline persistent session.
+    # Whether QoS 0 messages are queued for an offline persistent session,
+    # and (bridges) whether in the store, in order with QoS 1/2, rather
+    # than in memory.
     queue_qos0_messages = attr.ib(default=False)
+    store_qos0_messages = attr.ib(default=False)
     # When the queue is full, drop its oldest message (bridges) rather
     # than the new one.
     drop_oldest = attr.ib(default=False)
@@ -321,8 +324,12 @@ class Session:
                 else:
                     self._write5(message, 0, None, retain, False, group)
                 return False
-            if self.connection is None and not self.limits.queue_qos0_messages:
-                return False
+            limits = self.limits
+            if self.connection is None:
+                if limits.store_qos0_messages and self.store is not None:
+                    return self._store_qos0(message, retain, group)
+                if not limits.queue_qos0_messages:
+                    return False
             if not self._queue0:
                 self._queue0 = deque()
             self._enqueue(self._queue0, message, qos, retain, None, group)
@@ -345,6 +352,19 @@ class Session:
                 self._queue = deque()
             self._enqueue(self._queue, message, qos, retain, seq, group)
         return seq is not None
+
+    def _store_qos0(self, message, retain, group):
+        """A QoS 0 message kept in the store while the receiver is away, in
+        order with its QoS 1/2 ones; sent at QoS 0 when it is back."""
+        if self._full(message) and not self._make_room(message):
+            self._drop(message, 0)
+            return False
+        self._seq = seq = self._seq + 1
+        self.store.add_delivery(self.client_id, seq, message, 0, retain)
+        if not self._queue:
+            self._queue = deque()
+        self._enqueue(self._queue, message, 0, retain, seq, group)
+        return True
 
     def _frame5(self, message, qos, mid, retain, dup, group):
         """
@@ -591,17 +611,18 @@ class Session:
     def _send(self, message, qos, retain, seq, stored, group=None):
         """``stored``: the delivery is in the store already, without its id."""
         if qos > self.max_qos:
-            if not self.max_qos:
-                # A receiver of QoS 0 only: sent once, and done with.
-                self._stats.stored_messages -= 1
-                if seq is not None and stored:
-                    self.store.delete_delivery(self.client_id, seq)
-                if self.encoder is None:
-                    self.connection.write(message.frame(0, None, retain))
-                else:
-                    self._write5(message, 0, None, retain, False, group)
-                return
             qos = self.max_qos
+        if not qos:
+            # A stored QoS 0 message, or a receiver of QoS 0 only: sent
+            # once, and done with.
+            self._stats.stored_messages -= 1
+            if seq is not None and stored:
+                self.store.delete_delivery(self.client_id, seq)
+            if self.encoder is None:
+                self.connection.write(message.frame(0, None, retain))
+            else:
+                self._write5(message, 0, None, retain, False, group)
+            return
         mid = self._next_message_id()
         if self.encoder is None:
             frame = message.frame(qos, mid, retain)
