@@ -101,3 +101,17 @@ def test_hot_path_benchmark_reports_a_cost_per_message():
     assert set(results) == set(hotpath.CASES)
     assert {"fan-in qos1", "fan-in qos1 v5", "fan-in qos1 v5 aliases"} <= set(results)
     assert all(0 < cost < 1000 for cost in results.values())
+
+
+def test_the_reconnect_storm_simulation_brings_every_site_back_and_drains_it():
+    from bench import storm
+
+    results = storm.main(["--sites", "60", "--outage", "120", "--accept-rate", "10"])
+    assert set(results) == set(storm.POLICIES)
+    for policy, r in results.items():
+        assert r["all_connected_s"] is not None and r["all_drained_s"] is not None, policy
+        assert r["all_drained_s"] >= r["all_connected_s"] >= 0, policy
+        assert r["attempts"] == r["refused"] + 60, policy
+    # Without jitter every site asks at the same moments: the centre takes
+    # 10 a round and the rest wait a whole round, so it takes longer.
+    assert results["doubling, no jitter"]["all_connected_s"] > results["full jitter"]["all_connected_s"]
