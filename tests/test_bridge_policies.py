@@ -118,3 +118,86 @@ def test_queue_qos0_is_qos0_policy_memory_and_may_not_contradict_it():
         MQTTBridgeKind.check({**table, "queue_qos0": True, "qos0_policy": "store"})
     with pytest.raises(ConfigError, match="qos0_policy must be one of"):
         MQTTBridgeKind.check({**table, "qos0_policy": "disk"})
+
+
+# Drain pacing
+
+
+def test_a_paced_backlog_drains_at_its_rate_while_live_messages_go_first(gateways):
+    gateway = gateways(drain_messages_per_second=10, max_inflight_messages=20)
+    for i in range(30):
+        gateway.publish(b"old-%d" % i, 1)
+    upstream = accept(gateway.reactor)
+    upstream.received()
+    upstream.send(P.Connack(0))
+
+    def taken():
+        packets = [p for p in upstream.received() if isinstance(p, P.Publish) and p.topic == "t/a"]
+        upstream.send(*(P.Puback(p.message_id) for p in packets))
+        return [p.payload for p in packets]
+
+    # A second's worth at once, no more.
+    first = taken()
+    assert first == [b"old-%d" % i for i in range(10)]
+    # Live messages meanwhile are not behind the backlog.
+    gateway.publish(b"live-1", 1)
+    assert taken() == [b"live-1"]
+    got = list(first) + [b"live-1"]
+    steps = []
+    for _ in range(40):
+        gateway.reactor.advance(0.5)
+        step = taken()
+        steps.append(len(step))
+        got += step
+    backlog = [p for p in got if p.startswith(b"old-")]
+    assert backlog == [b"old-%d" % i for i in range(30)]
+    # The other 20 at 10 a second: about 5 each half second, over 2 s.
+    assert max(steps) <= 6 and sum(1 for n in steps if n) >= 4, steps
+    assert gateway.bridge.status()["queued"] == 0
+
+
+def test_paced_drain_never_passes_its_rate(gateways):
+    gateway = gateways(drain_messages_per_second=5)
+    for i in range(40):
+        gateway.publish(b"%d" % i, 1)
+    upstream = accept(gateway.reactor)
+    upstream.received()
+    upstream.send(P.Connack(0))
+    per_second = []
+    for _ in range(8):
+        packets = [p for p in upstream.received() if isinstance(p, P.Publish) and p.topic == "t/a"]
+        upstream.send(*(P.Puback(p.message_id) for p in packets))
+        per_second.append(len(packets))
+        gateway.reactor.advance(1.0)
+    # The first second's burst, then the rate.
+    assert per_second[0] == 5
+    assert all(n <= 6 for n in per_second[1:]), per_second
+    assert sum(per_second) == 40
+
+
+def test_a_byte_rate_paces_by_payload_size(gateways):
+    gateway = gateways(drain_bytes_per_second=100)
+    for i in range(10):
+        gateway.publish(b"x" * 50, 1)
+    upstream = accept(gateway.reactor)
+    upstream.received()
+    upstream.send(P.Connack(0))
+    packets = [p for p in upstream.received() if isinstance(p, P.Publish) and p.topic == "t/a"]
+    # 100 bytes a second: two 50-byte messages.
+    assert len(packets) == 2
+
+
+def test_unpaced_everything_keeps_one_order(gateways):
+    gateway = gateways(max_inflight_messages=2)
+    for i in range(5):
+        gateway.publish(b"old-%d" % i, 1)
+    upstream = accept(gateway.reactor)
+    upstream.received()
+    upstream.send(P.Connack(0))
+    gateway.publish(b"live", 1)
+    got = []
+    for _ in range(10):
+        packets = [p for p in upstream.received() if isinstance(p, P.Publish) and p.topic == "t/a"]
+        upstream.send(*(P.Puback(p.message_id) for p in packets))
+        got += [p.payload for p in packets]
+    assert got == [b"old-%d" % i for i in range(5)] + [b"live"]

@@ -28,7 +28,7 @@ from zope.interface import implementer
 
 from mqttgw.bridges.client import ConnectRefused, MQTTClientFactory
 from mqttgw.broker.access import BRIDGE_STATE_PREFIX, notification_topic
-from mqttgw.broker.session import INTERNAL_PREFIX, SessionLimits
+from mqttgw.broker.session import INTERNAL_PREFIX, Pacer, SessionLimits
 from mqttgw.broker.store import OrderedAcks
 from mqttgw.broker.topics import InvalidTopic, matches, validate_topic_filter
 from mqttgw.schema import REQUIRED, ConfigError, Key, check_table
@@ -136,6 +136,8 @@ class BridgeSettings:
     key = attr.ib()
     qos0_policy = attr.ib()
     drop_policy = attr.ib()
+    drain_messages_per_second = attr.ib()
+    drain_bytes_per_second = attr.ib()
     max_queued_messages = attr.ib()
     max_queued_bytes = attr.ib()
     max_inflight_messages = attr.ib()
@@ -167,6 +169,8 @@ BRIDGE_KEYS = [
     Key("bridge", "queue_qos0", bool, False, "queue QoS 0 messages while the upstream is away (qos0_policy memory)"),
     Key("bridge", "qos0_policy", str, "", "QoS 0 while the upstream is away: drop, memory or store", choices=("", "drop", "memory", "store")),
     Key("bridge", "drop_policy", str, "oldest", "which message a full queue drops: oldest or newest", choices=("oldest", "newest")),
+    Key("bridge", "drain_messages_per_second", int, 0, "backlog drained at most this fast, live messages first (0: unpaced)", 0),
+    Key("bridge", "drain_bytes_per_second", int, 0, "backlog payload bytes drained a second at most (0: unpaced)", 0),
     Key("bridge", "max_queued_messages", int, 100_000, "outage queue bound, messages", 1),
     Key("bridge", "max_queued_bytes", int, 256 * 1024 * 1024, "outage queue bound, bytes", 1),
     Key("bridge", "max_inflight_messages", int, 20, "unacknowledged messages upstream", 1, 65535),
@@ -245,6 +249,8 @@ class MQTTBridgeKind:
             key=values["key"] or None,
             qos0_policy=qos0_policy,
             drop_policy=values["drop_policy"],
+            drain_messages_per_second=values["drain_messages_per_second"],
+            drain_bytes_per_second=values["drain_bytes_per_second"],
             max_queued_messages=values["max_queued_messages"],
             max_queued_bytes=values["max_queued_bytes"],
             max_inflight_messages=values["max_inflight_messages"],
@@ -580,6 +586,9 @@ class MQTTBridge(Service):
             retry_interval=0,
         )
         self.session = session
+        session.pacer = None
+        if s.drain_messages_per_second or s.drain_bytes_per_second:
+            session.pacer = Pacer(s.drain_messages_per_second, s.drain_bytes_per_second)
         self._subscribe_locally(2)
         self._publish_local_state(b"0")
         self._factory = MQTTClientFactory(self._connect_packet(), self, self.reactor)

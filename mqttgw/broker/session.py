@@ -60,6 +60,48 @@ class SessionLimits:
     max_subscription_bytes = attr.ib(default=1024 * 1024)
 
 
+class Pacer:
+    """
+    A token bucket for draining a backlog: at most ``messages`` messages and
+    ``payload_bytes`` payload bytes a second (0: that one unbounded), a
+    second's worth at once.
+    """
+
+    __slots__ = ("messages", "payload_bytes", "_m", "_b", "_at", "call")
+
+    def __init__(self, messages=0, payload_bytes=0):
+        self.messages = messages
+        self.payload_bytes = payload_bytes
+        self._m = float(messages)
+        self._b = float(payload_bytes)
+        self._at = None
+        # The pump it has scheduled, while it makes the backlog wait.
+        self.call = None
+
+    def take(self, size, now):
+        """0 when a message of ``size`` bytes may go now (and is counted),
+        else the seconds until it may."""
+        if self._at is not None:
+            elapsed = now - self._at
+            if self.messages:
+                self._m = min(float(self.messages), self._m + elapsed * self.messages)
+            if self.payload_bytes:
+                self._b = min(float(max(self.payload_bytes, size)), self._b + elapsed * self.payload_bytes)
+        self._at = now
+        wait = 0.0
+        if self.messages and self._m < 1.0:
+            wait = (1.0 - self._m) / self.messages
+        if self.payload_bytes and self._b < size:
+            wait = max(wait, (size - self._b) / self.payload_bytes)
+        if wait:
+            return wait
+        if self.messages:
+            self._m -= 1.0
+        if self.payload_bytes:
+            self._b -= size
+        return 0.0
+
+
 class _InFlight:
     __slots__ = (
         "message", "qos", "retain", "seq", "state", "due", "attempts", "group", "deferred",
@@ -98,6 +140,7 @@ class Session:
         "_gated", "filter_bytes", "internal", "encoder", "options", "window",
         "expiry_interval", "expiry_call", "will_call", "will_delay",
         "max_qos", "_deferred", "dropped_too_large", "dropped_expired",
+        "pacer", "_backlog",
     )
 
     def __init__(
@@ -170,6 +213,11 @@ class Session:
         self.max_qos = 2
         # In-flight deliveries not sent again yet (see _InFlight.deferred).
         self._deferred = 0
+        # A bridge's drain pacing (Pacer), or None; and what waited while
+        # its link was down, drained at the pacer's rate while what comes
+        # meanwhile goes first.
+        self.pacer = None
+        self._backlog = _EMPTY
         # Of the messages dropped, those too large for the receiver, and
         # (not counted in ``dropped``) those that expired waiting.
         self.dropped_too_large = 0
@@ -180,7 +228,7 @@ class Session:
 
     @property
     def queued(self):
-        return len(self._queue0) + len(self._queue)
+        return len(self._queue0) + len(self._queue) + len(self._backlog)
 
     # Connection life
 
@@ -204,6 +252,13 @@ class Session:
         self.connection = connection
         self._writable = True
         self._gated = 0
+        if self.pacer is not None and self._queue:
+            # What waited is the backlog now; what comes from here on
+            # does not wait behind it.
+            if not self._backlog:
+                self._backlog = deque()
+            self._backlog.extend(self._queue)
+            self._queue = _EMPTY
         now = self.connected_since = self.clock.seconds()
         # Sent again in their order, as many as the window takes; the
         # rest as earlier ones complete ([MQTT-3.3.4-7]).
@@ -399,7 +454,7 @@ class Session:
     def oldest_waiting(self):
         """When the oldest message waiting for the receiver was queued, or None."""
         oldest = None
-        for queue in (self._queue0, self._queue):
+        for queue in (self._queue0, self._backlog, self._queue):
             if queue:
                 at = queue[0][0].queued_at
                 if at is not None and (oldest is None or at < oldest):
@@ -457,8 +512,8 @@ class Session:
         if not self.limits.drop_oldest:
             return False
         stats = self._stats
-        while self._full(message) and (self._queue0 or self._queue):
-            old, qos, _, seq, _ = (self._queue0 or self._queue).popleft()
+        while self._full(message) and (self._queue0 or self._backlog or self._queue):
+            old, qos, _, seq, _ = (self._queue0 or self._backlog or self._queue).popleft()
             size = len(old.payload)
             self.queued_bytes -= size
             stats.queued_bytes -= size
@@ -513,6 +568,8 @@ class Session:
                     self.store.delete_delivery(self.client_id, seq)
                 continue
             self._send(message, qos, retain, seq, True, group)
+        if self._backlog and self._writable:
+            self._drain_backlog(window)
         # Drained queues are let go, so an idle client holds no deque.
         if not queue0 and self._queue0 is queue0:
             self._queue0 = _EMPTY
@@ -583,6 +640,37 @@ class Session:
     def _retained_turn(self):
         self._retained_call = None
         self.pump()
+
+    def _drain_backlog(self, window):
+        """The backlog, in order, as the window and the pacer allow."""
+        backlog = self._backlog
+        pacer = self.pacer
+        stats = self._stats
+        while backlog and self._writable and len(self.inflight) < window:
+            message = backlog[0][0]
+            if pacer is not None:
+                wait = pacer.take(len(message.payload), self.clock.seconds())
+                if wait:
+                    if pacer.call is None or not pacer.call.active():
+                        pacer.call = self.clock.callLater(wait, self._paced)
+                    return
+            message, qos, retain, seq, group = backlog.popleft()
+            size = len(message.payload)
+            self.queued_bytes -= size
+            stats.queued_bytes -= size
+            if message.expiry is not None and self._expired(message):
+                stats.stored_messages -= 1
+                if seq is not None:
+                    self.store.delete_delivery(self.client_id, seq)
+                continue
+            self._send(message, qos, retain, seq, True, group)
+        if not backlog:
+            self._backlog = _EMPTY
+
+    def _paced(self):
+        self.pacer.call = None
+        if self.connection is not None:
+            self.pump()
 
     def _send_deferred(self, window):
         """Deferred deliveries, in order, while the window has room."""
