@@ -10,6 +10,8 @@
     retained [FILTER]            retained messages (default: #)
     retained delete FILTER       clear retained messages
     bridges                      bridges with their state and queue
+    bridge-set NAME FILE         add or replace a bridge at runtime
+    bridge-delete NAME           remove a bridge at runtime
 
 The password for ``--user`` comes from ``$MQTTGW_PASSWORD``; a token from
 ``$MQTTGW_TOKEN``.  Exits 0 on success, 1 with one line on failure.
@@ -32,8 +34,10 @@ class CtlError(Exception):
     pass
 
 
-def request(url, method="GET", user=None, password=None, token=None, timeout=10.0):
-    req = urllib.request.Request(url, method=method)
+def request(url, method="GET", user=None, password=None, token=None, timeout=10.0, body=None):
+    req = urllib.request.Request(url, method=method, data=body)
+    if body is not None:
+        req.add_header("Content-Type", "application/json")
     if token:
         req.add_header("Authorization", f"Bearer {token}")
     elif user is not None:
@@ -134,6 +138,13 @@ def parse_args(argv):
     retained = commands.add_parser("retained", help="retained messages; 'delete FILTER' clears them")
     retained.add_argument("words", nargs="*", metavar="[delete] FILTER")
     commands.add_parser("bridges", help="bridges, their state and queues")
+    bridge_set = commands.add_parser(
+        "bridge-set", help="add or replace a bridge at runtime from a [[bridge]] table (TOML or JSON file)"
+    )
+    bridge_set.add_argument("name")
+    bridge_set.add_argument("file", help="the table: a .json object, or TOML with the keys at top level")
+    bridge_delete = commands.add_parser("bridge-delete", help="remove a bridge at runtime")
+    bridge_delete.add_argument("name")
     args = parser.parse_args(argv)
     if args.command == "sessions" and args.action == "delete" and not args.client_id:
         parser.error("sessions delete needs a CLIENT_ID")
@@ -174,7 +185,36 @@ def run(args):
         return request(base + query, **auth), "retained"
     if command == "bridges":
         return request(base + "bridges", **auth), "bridges"
+    if command == "bridge-set":
+        table = _read_table(args.file)
+        body = json.dumps(table).encode()
+        return request(base + "bridges/" + quote(args.name), "PUT", body=body, **auth), None
+    if command == "bridge-delete":
+        return request(base + "bridges/" + quote(args.name), "DELETE", **auth), None
     raise CtlError(f"unknown command {command}")
+
+
+def _read_table(path):
+    import tomllib
+
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise CtlError(f"cannot read {path}: {e.strerror}") from None
+    try:
+        if path.endswith(".json"):
+            table = json.loads(data)
+        else:
+            table = tomllib.loads(data.decode())
+            # A file written as [[bridge]] holds one table.
+            if list(table) == ["bridge"] and isinstance(table["bridge"], list) and len(table["bridge"]) == 1:
+                table = table["bridge"][0]
+    except (ValueError, UnicodeDecodeError) as e:
+        raise CtlError(f"{path}: {e}") from None
+    if not isinstance(table, dict):
+        raise CtlError(f"{path}: not a table")
+    return table
 
 
 def main(argv=None):
@@ -188,6 +228,8 @@ def main(argv=None):
         if kind is None and not args.json:
             if "kicked" in result:
                 print(f"kicked {result['kicked']}")
+            elif "bridge" in result:
+                print(f"bridge {result['bridge']}: {result['changes'] or 'unchanged'}")
             elif "deleted" in result and isinstance(result["deleted"], list):
                 print(f"deleted {len(result['deleted'])} retained message(s)")
             else:

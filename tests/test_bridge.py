@@ -496,3 +496,86 @@ def test_a_5_0_bridge_session_outlives_the_link_by_its_expiry_interval(tmp_path,
         assert [int(m.payload) for m in local.receive(5, timeout=30)] == list(range(5))
     finally:
         gw.stop()
+
+
+# Bridges changed at runtime
+
+
+def _ctl(http_port, *args):
+    import subprocess
+    import sys
+
+    from tests.gateway import gateway_env
+
+    return subprocess.run(
+        [sys.executable, "-m", "mqttgw.ctl", "--url", f"http://127.0.0.1:{http_port}", *args],
+        capture_output=True, text=True, env=gateway_env(), timeout=30,
+    )
+
+
+def test_bridges_added_and_removed_at_runtime_survive_sighup_and_a_restart(tmp_path, upstream):
+    import json
+    import os
+    import stat
+
+    http = free_port()
+    port = free_port()
+    gw = start_gateway(tmp_path, [f"127.0.0.1:{upstream.port}"], port=port)
+    gw.stop()
+    args = ["--config", str(tmp_path / "gw" / "bridge.toml"), "--data-dir", str(tmp_path / "gateway-data"),
+            "--tcp", f"tcp:{port}:interface=127.0.0.1", "--http", str(http)]
+    gw = Gateway(tmp_path / "gw", *args)
+    _started.append(gw)
+    gw.wait_for_log("bridge up: upstream accepted CONNECT")
+    extra = tmp_path / "extra.toml"
+    extra.write_text(
+        "[[bridge]]\n"
+        f'addresses = ["127.0.0.1:{upstream.port}"]\n'
+        'rules = ["x/# out 1 \\"\\" extra/"]\n'
+        'client_id = "mqttgw-extra"\n'
+        "reconnect_initial = 0.2\n"
+    )
+    added = _ctl(http, "bridge-set", "extra", str(extra))
+    assert added.returncode == 0, added.stderr
+    assert "bridge extra: +extra" in added.stdout
+    gw.wait_for_log("bridge extra: upstream accepted CONNECT")
+    remote = client(upstream.port, "remote-extra")
+    remote.subscribe("extra/#", 1)
+    local = client(port, "local-extra")
+    local.publish("x/1", b"through extra", 1)
+    assert remote.receive()[0].payload == b"through extra"
+    # Kept in the data directory, for its owner only (a table may hold a password).
+    kept = tmp_path / "gateway-data" / "bridges.json"
+    assert "extra" in json.loads(kept.read_text())
+    assert stat.S_IMODE(os.stat(kept).st_mode) == 0o600
+    # A table that fails its checks changes nothing and says why.
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"addresses": ["127.0.0.1:1"], "rules": ["a"], "colour": "red"}))
+    refused = _ctl(http, "bridge-set", "bad", str(bad))
+    assert refused.returncode == 1
+    assert "unknown key bridge.colour" in refused.stderr
+    # The file's bridge removed at runtime.
+    removed = _ctl(http, "bridge-delete", "up")
+    assert removed.returncode == 0, removed.stderr
+    assert "-up" in removed.stdout
+    assert _ctl(http, "bridge-delete", "nothing").returncode == 1
+
+    def names():
+        listed = _ctl(http, "--json", "bridges")
+        assert listed.returncode == 0, listed.stderr
+        return sorted(b["name"] for b in json.loads(listed.stdout))
+
+    assert names() == ["extra"]
+    # SIGHUP reads the file again: the runtime changes still apply.
+    gw.process.send_signal(signal.SIGHUP)
+    gw.wait_for_log("reloaded:")
+    assert names() == ["extra"]
+    # And so after a restart.
+    gw.stop()
+    gw = Gateway(tmp_path / "gw", *args)
+    _started.append(gw)
+    gw.wait_for_log("bridge extra: upstream accepted CONNECT")
+    assert names() == ["extra"]
+    local = client(port, "local-extra-2")
+    local.publish("x/2", b"after the restart", 1)
+    assert [m.payload for m in remote.receive()] == [b"after the restart"]

@@ -143,12 +143,15 @@ def check_auth_methods(settings):
     return methods
 
 
-def check_bridges(settings):
-    """[(bridge kind, its checked settings)] for every bridge configured."""
+def check_bridges(settings, tables=None):
+    """
+    [(bridge kind, its checked settings)] for every bridge configured, or
+    for ``tables`` (the configuration's with the runtime ones merged).
+    """
     kinds = bridge_kinds()
     bridges = []
     names = set()
-    for table in settings["bridges"]:
+    for table in settings["bridges"] if tables is None else tables:
         kind = kinds.get(table.get("kind", "mqtt"))
         if kind is None:
             raise config.ConfigError(

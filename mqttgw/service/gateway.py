@@ -14,6 +14,7 @@ from twisted.logger import Logger
 
 from mqttgw import __version__
 from mqttgw.broker.access import BRIDGE_STATE_PREFIX
+from mqttgw.service.runtime_bridges import RuntimeBridges
 from mqttgw.wire import packets as P
 
 # Seconds between store probes; the store is unready once no commit has
@@ -48,6 +49,10 @@ class Gateway(MultiService):
         # The settings it runs with and what the store gave back, for the
         # start-up summary.
         self.settings = None
+        # Bridges changed at runtime (RuntimeBridges), and what applies a
+        # change (the ReloadService), once the tap has made them.
+        self.runtime_bridges = RuntimeBridges()
+        self.reloader = None
         self.restored = ((), ())
         self.started = time.time()
         # (epoch s, messages received, messages delivered) per interval.

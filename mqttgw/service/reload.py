@@ -85,7 +85,9 @@ class ReloadService(Service):
         build.check_archive_filters(settings)
         return {
             "settings": settings,
-            "bridges": build.check_bridges(settings),
+            "bridges": build.check_bridges(
+                settings, self.gateway.runtime_bridges.merged(settings["bridges"])
+            ),
             "auth_files": build.load_auth_files(settings),
             "tls": [(listener, listener.load()) for listener in self.renewable_tls],
         }
@@ -151,6 +153,25 @@ class ReloadService(Service):
             log_level_name=settings["log.level"],
             changes=changes or "unchanged",
         )
+
+    def change_bridge(self, name, table):
+        """
+        The admin API's change: bridge ``name`` set to ``table`` (None:
+        removed).  The whole set is checked (in a thread), then kept on
+        disk, then applied as a reload applies bridges.  A Deferred firing
+        with the changes made, or failing with the ConfigError.
+        """
+        runtime = self.gateway.runtime_bridges
+        entries = runtime.changed(name, table)
+        settings = self.settings
+
+        def check():
+            return build.check_bridges(settings, runtime.merged(settings["bridges"], entries))
+
+        d = deferToThread(check)
+        d.addCallback(lambda wanted: runtime.save(entries).addCallback(lambda _: wanted))
+        d.addCallback(self._reload_bridges)
+        return d
 
     def _swap_auth(self, files):
         table, acl, tokens = files

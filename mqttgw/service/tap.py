@@ -41,6 +41,7 @@ from mqttgw.service.build import (
 )
 from mqttgw.service.gateway import Gateway
 from mqttgw.service.reload import ReloadService
+from mqttgw.service.runtime_bridges import RuntimeBridges
 from mqttgw.transports.listening import ListenerService
 from mqttgw.transports.protocol import MQTTServerFactory
 from mqttgw.transports.schedulers import Flusher
@@ -126,7 +127,8 @@ class Options(usage.Options):
             settings = config.build(from_file, flags)
             check_listeners(settings)
             self.tls_options = server_tls_options(settings)
-            self.bridges = check_bridges(settings)
+            self.runtime_bridges = RuntimeBridges.in_data_dir(settings).load()
+            self.bridges = check_bridges(settings, self.runtime_bridges.merged(settings["bridges"]))
             self.auth_methods = check_auth_methods(settings)
             self.auth_files = load_auth_files(settings)
             self.listener_tables = check_listener_tables(settings)
@@ -192,6 +194,9 @@ class Assembly:
         self.flusher = Flusher(reactor)
         self.limits = connection_limits(settings)
         self.reloader = ReloadService(reactor, options, gateway)
+        # What the admin API changes bridges through.
+        gateway.reloader = self.reloader
+        gateway.runtime_bridges = options.runtime_bridges
         self.renewable = {}
 
     def credentials(self):

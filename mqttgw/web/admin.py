@@ -10,6 +10,8 @@ The HTTP admin listener (``--http``): ``/healthz``, ``/readyz``,
     GET    /api/retained?filter=F        retained messages matching F
     DELETE /api/retained?filter=F        clear them
     GET    /api/bridges                  bridges, their state and queues
+    PUT    /api/bridges/NAME             add or replace a bridge (a [[bridge]] table, JSON)
+    DELETE /api/bridges/NAME             remove a bridge
     GET    /api/whoami                   who the credentials sent are, and their role
     POST   /api/token                    a short-lived token for the dashboard
 
@@ -34,6 +36,7 @@ from twisted.web.resource import ErrorPage, Resource, getChildForRequest
 from twisted.web.server import NOT_DONE_YET, Site
 
 from mqttgw.broker.topics import InvalidTopic, validate_topic_filter
+from mqttgw.schema import ConfigError
 from mqttgw.security.identity import IIdentity
 from mqttgw.web.dashboard import Dashboard
 from mqttgw.wire.packets import Publish
@@ -184,12 +187,78 @@ class Retained(_JSON):
 
 
 class Bridges(_JSON):
+    """
+    GET lists the bridges; PUT /api/bridges/NAME with a [[bridge]] table
+    (JSON) adds or replaces one, DELETE /api/bridges/NAME removes one: kept
+    across restarts and SIGHUP (see mqttgw.service.runtime_bridges).
+    """
+
+    # The largest table accepted.
+    MAX_BODY = 64 * 1024
+
     def __init__(self, gateway):
         super().__init__()
         self.gateway = gateway
 
     def render_GET(self, request):
+        if request.postpath and request.postpath[0]:
+            return self.reply(request, {"error": "GET /api/bridges lists them all"}, 404)
         return self.reply(request, [b.status() for b in self.gateway.bridges])
+
+    def render_PUT(self, request):
+        name = _one_segment(request)
+        if name is None:
+            return self.reply(request, {"error": "PUT /api/bridges/NAME with a [[bridge]] table"}, 404)
+        body = request.content.read(self.MAX_BODY + 1)
+        if len(body) > self.MAX_BODY:
+            return self.reply(request, {"error": f"a bridge table is at most {self.MAX_BODY} bytes"}, 413)
+        try:
+            table = json.loads(body)
+        except ValueError as e:
+            return self.reply(request, {"error": f"not JSON: {e}"}, 400)
+        if not isinstance(table, dict):
+            return self.reply(request, {"error": "a [[bridge]] table is a JSON object"}, 400)
+        if table.setdefault("name", name) != name:
+            return self.reply(request, {"error": f"the table names {table['name']!r}, the path {name!r}"}, 400)
+        return self._change(request, name, table)
+
+    def render_DELETE(self, request):
+        name = _one_segment(request)
+        if name is None:
+            return self.reply(request, {"error": "DELETE /api/bridges/NAME"}, 404)
+        if not any(b.settings.name == name for b in self.gateway.bridges):
+            return self.reply(request, {"error": f"no bridge {name!r}"}, 404)
+        return self._change(request, name, None)
+
+    def _change(self, request, name, table):
+        reloader = self.gateway.reloader
+        if reloader is None:
+            return self.reply(request, {"error": "bridges cannot be changed here"}, 503)
+
+        def done(changes):
+            log.info(
+                "admin API: bridge {name} {what} ({changes})",
+                name=printable(name),
+                what="removed" if table is None else "set",
+                changes=changes or "unchanged",
+            )
+            _finish(request, self.reply(request, {"bridge": name, "changes": changes}))
+
+        def refused(reason):
+            if reason.check(ConfigError):
+                _finish(request, self.reply(request, {"error": str(reason.value)}, 400))
+            else:
+                log.failure("admin API: changing bridge {name}", reason, name=printable(name))
+                _finish(request, self.reply(request, {"error": "the change failed"}, 500))
+
+        reloader.change_bridge(name, table).addCallbacks(done, refused)
+        return NOT_DONE_YET
+
+
+def _finish(request, body):
+    if not request.finished and not getattr(request, "_disconnected", False):
+        request.write(body)
+        request.finish()
 
 
 class Overview(_JSON):
@@ -376,7 +445,7 @@ def api_resource(gateway, portal, roles, issuer=None, signin_portal=None):
     """/api/: with ``portal``, every call but whoami needs credentials."""
     children = {
         b"overview": (Overview(gateway), (b"GET", b"HEAD")),
-        b"bridges": (Bridges(gateway), (b"GET", b"HEAD")),
+        b"bridges": (Bridges(gateway), (b"GET", b"HEAD")),  # PUT, DELETE: admins
         b"clients": (Clients(gateway), ()),
         b"sessions": (Sessions(gateway), ()),
         b"retained": (Retained(gateway), ()),
