@@ -32,6 +32,26 @@ def topology():
     topology.close()
 
 
+@pytest.fixture
+def clients():
+    """MQTT clients a test opens, stopped at its end (the next test's
+    namespaces have the same addresses, which their reconnects would find)."""
+    made = []
+
+    def connect(host, client_id, clean_session=True):
+        client = PahoClient(1883, client_id, "MQTTv311", clean_session=clean_session)
+        made.append(client)
+        client.client.connect(host, 1883, 60)
+        client.client.loop_start()
+        assert client.connack.get(timeout=10)[1] == 0
+        return client
+
+    yield connect
+    for client in made:
+        client.client.disconnect()
+        client.client.loop_stop()
+
+
 def start_centre(topology, workdir):
     os.environ["PATH"] = os.environ["PATH"] + ":/usr/sbin"
     binary = require_program("mosquitto")
@@ -86,28 +106,18 @@ def publish(client, start, count):
         client.publish("sensors/t", str(i).encode(), 1)
 
 
-def test_a_partitioned_site_loses_nothing_and_keeps_serving_locally(tmp_path, topology):
+def test_a_partitioned_site_loses_nothing_and_keeps_serving_locally(tmp_path, topology, clients):
     [site] = topology.sites
     topology.cap(site, "2mbit")
     centre = start_centre(topology, tmp_path / "centre")
     gw = None
     try:
         gw = start_site(topology, site, tmp_path / "site")
-        watcher = PahoClient(1883, "centre-watch", "MQTTv311", clean_session=False)
-        watcher.port = 1883
-        watcher.client.connect(topology.centre.address, 1883, 60)
-        watcher.client.loop_start()
-        assert watcher.connack.get(timeout=10)[1] == 0
+        watcher = clients(topology.centre.address, "centre-watch", clean_session=False)
         watcher.subscribe("site-1/sensors/#", 1)
-        local = PahoClient(1883, "site-watch", "MQTTv311")
-        local.client.connect(site.address, 1883, 60)
-        local.client.loop_start()
-        assert local.connack.get(timeout=10)[1] == 0
+        local = clients(site.address, "site-watch")
         local.subscribe("sensors/#", 1)
-        device = PahoClient(1883, "device-1", "MQTTv311")
-        device.client.connect(site.address, 1883, 60)
-        device.client.loop_start()
-        assert device.connack.get(timeout=10)[1] == 0
+        device = clients(site.address, "device-1")
 
         publish(device, 0, MESSAGES_PER_PHASE)
         topology.partition(site)
@@ -137,14 +147,136 @@ def test_a_partitioned_site_loses_nothing_and_keeps_serving_locally(tmp_path, to
         for n in got:
             if n not in firsts:
                 firsts.append(n)
-        assert firsts == list(range(total))
+        assert firsts == list(range(total)), (got, gw.log())
         duplicates = len(got) - total
         # Only what was in flight when the link died may come twice.
-        assert 0 <= duplicates <= WINDOW, duplicates
+        assert 0 <= duplicates <= WINDOW, (duplicates, got)
         assert watcher.nothing_more(1.0)
+        assert "Traceback" not in gw.log(), gw.log()
+    finally:
+        if gw is not None:
+            gw.stop()
+        centre.terminate()
+        centre.wait(15)
+
+
+def start_proxy(site, workdir, *faults):
+    """The fault proxy in the site's uplink: the bridge dials it, it dials the centre."""
+    import sys
+
+    from tests.gateway import REPO, gateway_env
+
+    log_path = workdir / "faultproxy.log"
+    log = open(log_path, "w")
+    process = site.popen(
+        [sys.executable, "-m", "bench.faultproxy", "--listen", "127.0.0.1:11883",
+         "--target", f"{site.centre_address}:1883", *faults],
+        cwd=REPO, env=gateway_env(), stdout=log, stderr=subprocess.STDOUT,
+    )
+    deadline = time.monotonic() + 15
+    while "listening on" not in log_path.read_text():
+        assert process.poll() is None and time.monotonic() < deadline, log_path.read_text()
+        time.sleep(0.05)
+    process.log_path = log_path
+    return process
+
+
+def test_delay_jitter_stalls_and_resets_lose_nothing_both_ways(tmp_path, topology, clients):
+    [site] = topology.sites
+    topology.cap(site, "2mbit")
+    centre = start_centre(topology, tmp_path / "centre")
+    (tmp_path / "site").mkdir()
+    proxy = start_proxy(
+        site, tmp_path / "site", "--delay", "0.08", "--jitter", "0.02",
+        "--stall-every", "6", "--stall-for", "3", "--reset-every", "9",
+    )
+    gw = None
+    try:
+        (tmp_path / "site" / "site.toml").write_text(
+            "\n".join([
+                "[[bridge]]",
+                'name = "centre"',
+                'addresses = ["127.0.0.1:11883"]',
+                'rules = [\'sensors/# out 2 "" site-1/\', \'commands/# in 1 "" site-1/\']',
+                "keepalive = 2",
+                "reconnect_initial = 0.2",
+                "reconnect_max = 1.0",
+                f"max_inflight_messages = {WINDOW}",
+            ]) + "\n"
+        )
+        gw = Gateway(
+            tmp_path / "site", "--config", str(tmp_path / "site" / "site.toml"),
+            "--data-dir", str(tmp_path / "site" / "data"), "--tcp", "tcp:1883",
+            prefix=["ip", "netns", "exec", site.name],
+        )
+        gw.wait_for_log("bridge centre: upstream accepted CONNECT", timeout=20)
+        # The bridge's subscription for commands is in place at the centre.
+        mosquitto_log = tmp_path / "centre" / "mosquitto.log"
+        deadline = time.monotonic() + 20
+        while "Sending SUBACK to mqttgw-centre" not in mosquitto_log.read_text():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        watcher = clients(topology.centre.address, "centre-watch-2", clean_session=False)
+        watcher.subscribe("site-1/sensors/#", 2)
+        devices = []
+        for n, qos in ((1, 1), (2, 2)):
+            device = clients(site.address, f"dev-{n}", clean_session=False)
+            device.subscribe(f"commands/dev-{n}", 1)
+            devices.append((device, qos))
+        commander = clients(topology.centre.address, "commander")
+
+        count = 150
+        sent = []
+        for i in range(count):
+            for device, qos in devices:
+                sent.append(device.client.publish(f"sensors/{device.client._client_id.decode()}", str(i).encode(), qos))
+            if i % 3 == 0:
+                for n in (1, 2):
+                    commander.client.publish(f"site-1/commands/dev-{n}", str(i // 3).encode(), 1)
+            # About 15 readings a second from each device, for ten seconds:
+            # long enough for stalls and resets to happen under way.
+            time.sleep(0.066)
+        for info in sent:
+            info.wait_for_publish(60)
+            assert info.is_published()
+
+        by_device = {"dev-1": [], "dev-2": []}
+        deadline = time.monotonic() + 120
+        while any(len(set(v)) < count for v in by_device.values()) and time.monotonic() < deadline:
+            for m in watcher.receive(1, timeout=max(0.1, deadline - time.monotonic())):
+                by_device[m.topic.rsplit("/", 1)[1]].append(int(m.payload))
+        assert watcher.nothing_more(2.0)
+
+        def firsts(seq):
+            seen, out = set(), []
+            for n in seq:
+                if n not in seen:
+                    seen.add(n)
+                    out.append(n)
+            return out
+
+        # QoS 1: everything, in order; duplicates only for what was in flight.
+        assert firsts(by_device["dev-1"]) == list(range(count))
+        assert len(by_device["dev-1"]) - count <= WINDOW * 10
+        # QoS 2: everything, in order, exactly once.
+        assert by_device["dev-2"] == list(range(count))
+        # Commands from the centre reached both devices, in order.
+        for device, _ in devices:
+            got = []
+            deadline = time.monotonic() + 60
+            while len(set(got)) < count // 3 and time.monotonic() < deadline:
+                try:
+                    got += [int(m.payload) for m in device.receive(1, timeout=max(0.1, deadline - time.monotonic()))]
+                except Exception:
+                    break
+            assert firsts(got) == list(range(count // 3)), (device.client._client_id, got)
+        log = proxy.log_path.read_text()
+        assert "stall for 3.0 s" in log and "reset one connection" in log
         assert "Traceback" not in gw.log()
     finally:
         if gw is not None:
             gw.stop()
+        proxy.terminate()
+        proxy.wait(10)
         centre.terminate()
         centre.wait(15)
