@@ -19,7 +19,7 @@ import pytest
 from tests.conftest import require_program
 from tests.gateway import Gateway
 from tests.paho import PahoClient
-from tests.topology import Topology
+from tests.topology import Topology, require_namespaces
 
 MESSAGES_PER_PHASE = 150
 WINDOW = 20
@@ -280,3 +280,18 @@ def test_delay_jitter_stalls_and_resets_lose_nothing_both_ways(tmp_path, topolog
         proxy.wait(10)
         centre.terminate()
         centre.wait(15)
+
+
+def test_the_drain_benchmark_reports_both_runs_and_loses_nothing():
+    # The benchmark makes its own namespaces (the same addresses as the
+    # fixture's: never both at once).
+    from bench import fieldsite
+
+    require_namespaces()
+
+    results = fieldsite.main(["--outage", "4", "--after", "6", "--rate", "20", "--pace", "50"])
+    assert [r["pace"] for r in results] == ["unpaced", 50]
+    for r in results:
+        assert r["lost"] == 0, r
+        assert r["backlog"] > 0 and r["messages"] > r["backlog"], r
+        assert r["drain_s"] is not None and r["live_delay_max_s"] is not None, r
