@@ -22,6 +22,7 @@ import signal
 import socket
 import sys
 import time
+from collections import deque
 
 from twisted.internet import protocol
 from twisted.internet.endpoints import TCP4ClientEndpoint
@@ -109,7 +110,7 @@ class Link:
         self.server = None
         self.half_open = False
         self.closed = False
-        # Per direction: [(due, data)], in order, and the bytes held.
+        # Per direction: (due, data) in order, and the bytes held.
         self.queues = {}
         self.held = {}
 
@@ -118,7 +119,7 @@ class Link:
             return
         faults = self.faults
         now = faults.reactor.seconds()
-        queue = self.queues.setdefault(source, [])
+        queue = self.queues.setdefault(source, deque())
         due = max(now + faults.hold(), queue[-1][0] if queue else 0.0)
         queue.append((due, data))
         self.held[source] = self.held.get(source, 0) + len(data)
@@ -139,7 +140,7 @@ class Link:
                 continue
             out = []
             while queue and queue[0][0] <= now + 1e-6:
-                out.append(queue.pop(0)[1])
+                out.append(queue.popleft()[1])
             if out:
                 data = b"".join(out)
                 sink.transport.write(data)

@@ -73,3 +73,23 @@ def gateway_with(tmp_path):
         gw.stop()
         assert "Traceback" not in gw.log(), gw.log()
         check_log_is_readable(gw.log())
+
+
+@pytest.fixture
+def reactor():
+    """A MemoryReactorClock: connections a test answers, time it turns."""
+    from twisted.internet.testing import MemoryReactorClock
+
+    return MemoryReactorClock()
+
+
+@pytest.fixture
+def router(reactor):
+    """A router on that reactor, with an ACL-less access policy (bridge tests)."""
+    from mqttgw.broker.access import Access
+    from mqttgw.broker.router import Router
+
+    router = Router(reactor)
+    router.access = Access()
+    return router
+

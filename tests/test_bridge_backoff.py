@@ -8,12 +8,9 @@ the same against a real mosquitto under twistd.
 
 import pytest
 from twisted.internet.endpoints import HostnameEndpoint
-from twisted.internet.testing import MemoryReactorClock
 
 from mqttgw.bridges import bridge as bridge_module
 from mqttgw.bridges.bridge import MQTTBridgeKind
-from mqttgw.broker.access import Access
-from mqttgw.broker.router import Router
 from mqttgw.wire import packets as P
 from tests import fake_network
 from tests.fake_network import Listener, accept, attempts
@@ -37,18 +34,6 @@ class Jitter:
 
     def random(self):
         return next(self._values)
-
-
-@pytest.fixture
-def reactor():
-    return MemoryReactorClock()
-
-
-@pytest.fixture
-def router(reactor):
-    router = Router(reactor)
-    router.access = Access()
-    return router
 
 
 def start_bridge(router, reactor, addresses=(FIRST, SECOND), **table):

@@ -5,28 +5,12 @@ drain rate, drops by reason, link state changes; in the admin API's
 status, /metrics and $SYS.
 """
 
-import pytest
-from twisted.internet.testing import MemoryReactorClock
 
-from mqttgw.broker.access import Access
-from mqttgw.broker.router import Router
 from mqttgw.web.metrics import Metrics
 from mqttgw.web.systopics import SysTopics
 from mqttgw.wire import packets as P
 from mqttgw.wire import reasons as R
 from tests.test_bridge_mqtt5 import Listener, connected, local5, published, start_bridge
-
-
-@pytest.fixture
-def reactor():
-    return MemoryReactorClock()
-
-
-@pytest.fixture
-def router(reactor):
-    router = Router(reactor)
-    router.access = Access()
-    return router
 
 
 def test_the_queue_its_bytes_and_its_oldest_message_while_the_link_is_down(router, reactor):

@@ -7,13 +7,9 @@ codes it is answered with logged and counted.  tests/test_bridge.py runs
 it against a real mosquitto.
 """
 
-import pytest
 from twisted.internet.address import IPv4Address
-from twisted.internet.testing import MemoryReactorClock
 
 from mqttgw.bridges.bridge import MQTTBridgeKind
-from mqttgw.broker.access import Access
-from mqttgw.broker.router import Router
 from mqttgw.testing import FakeClient
 from mqttgw.web.metrics import Metrics
 from mqttgw.wire import packets as P
@@ -22,18 +18,6 @@ from tests.fake_network import Listener, accept
 
 UPSTREAM = "127.0.0.1:1001"
 REMOTE_STATE = "$SYS/broker/connection/mqttgw-up/state"
-
-
-@pytest.fixture
-def reactor():
-    return MemoryReactorClock()
-
-
-@pytest.fixture
-def router(reactor):
-    router = Router(reactor)
-    router.access = Access()
-    return router
 
 
 def start_bridge(router, reactor, rules=("t/# out 1",), **table):

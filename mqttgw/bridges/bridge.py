@@ -589,7 +589,7 @@ class MQTTBridge(Service):
         session.pacer = None
         if s.drain_messages_per_second or s.drain_bytes_per_second:
             session.pacer = Pacer(s.drain_messages_per_second, s.drain_bytes_per_second)
-        self._subscribe_locally(2)
+        self._subscribe_locally()
         self._publish_local_state(b"0")
         self._factory = MQTTClientFactory(self._connect_packet(), self, self.reactor)
         self._service = ClientService(
@@ -600,17 +600,10 @@ class MQTTBridge(Service):
         )
         self._service.startService()
 
-    def _subscribe_locally(self, maximum_qos):
-        """
-        The bridge session's subscriptions: the out rules' local filters,
-        at their QoS, or at most the upstream's maximum QoS (5.0), since a
-        bridge may not send a PUBLISH above it ([MQTT-3.2.2-11]).
-        """
+    def _subscribe_locally(self):
+        """The bridge session's subscriptions: the out rules' local filters, at their QoS."""
         session = self.session
-        wanted = {}
-        for rule in self.settings.rules:
-            if rule.outgoing:
-                wanted[rule.local_filter] = min(rule.qos, maximum_qos)
+        wanted = {r.local_filter: r.qos for r in self.settings.rules if r.outgoing}
         for topic_filter in list(session.subscriptions):
             if topic_filter not in wanted:
                 self.router.unsubscribe(session, [topic_filter])
@@ -700,9 +693,9 @@ class MQTTBridge(Service):
             retain = encoder.retain_available
             # The upstream's receive maximum bounds the in-flight window.
             receive_maximum = server.get("receive_maximum", 65535)
-            # Nothing above its maximum QoS, queued and in flight included.
+            # Nothing above its maximum QoS, queued and in flight included
+            # ([MQTT-3.2.2-11]): the session sends at most that.
             session.max_qos = server.get("maximum_qos", 2)
-            self._subscribe_locally(session.max_qos)
             options = _NO_LOCAL | _RETAIN_AS_PUBLISHED
             incoming = [(f, q | options) for f, q in incoming]
             subscribe = P.Subscribe(1, incoming, {})

@@ -556,20 +556,13 @@ class Session:
         if self._deferred and self._writable:
             self._send_deferred(window)
         queue = self._queue
-        while queue and self._writable and len(self.inflight) < window:
-            message, qos, retain, seq, group = queue.popleft()
-            # Still stored: from the queue to the in-flight window.
-            size = len(message.payload)
-            self.queued_bytes -= size
-            stats.queued_bytes -= size
-            if message.expiry is not None and self._expired(message):
-                stats.stored_messages -= 1
-                if seq is not None:
-                    self.store.delete_delivery(self.client_id, seq)
-                continue
-            self._send(message, qos, retain, seq, True, group)
-        if self._backlog and self._writable:
-            self._drain_backlog(window)
+        if queue:
+            self._drain(queue, window, None)
+        backlog = self._backlog
+        if backlog and self._writable:
+            self._drain(backlog, window, self.pacer)
+            if not backlog and self._backlog is backlog:
+                self._backlog = _EMPTY
         # Drained queues are let go, so an idle client holds no deque.
         if not queue0 and self._queue0 is queue0:
             self._queue0 = _EMPTY
@@ -641,20 +634,21 @@ class Session:
         self._retained_call = None
         self.pump()
 
-    def _drain_backlog(self, window):
-        """The backlog, in order, as the window and the pacer allow."""
-        backlog = self._backlog
-        pacer = self.pacer
+    def _drain(self, queue, window, pacer):
+        """
+        QoS 1/2 deliveries from ``queue`` (still stored) into the in-flight
+        window, in order, as the socket, the window and ``pacer`` (the
+        backlog's, or None) allow.
+        """
         stats = self._stats
-        while backlog and self._writable and len(self.inflight) < window:
-            message = backlog[0][0]
+        while queue and self._writable and len(self.inflight) < window:
             if pacer is not None:
-                wait = pacer.take(len(message.payload), self.clock.seconds())
+                wait = pacer.take(len(queue[0][0].payload), self.clock.seconds())
                 if wait:
                     if pacer.call is None or not pacer.call.active():
                         pacer.call = self.clock.callLater(wait, self._paced)
                     return
-            message, qos, retain, seq, group = backlog.popleft()
+            message, qos, retain, seq, group = queue.popleft()
             size = len(message.payload)
             self.queued_bytes -= size
             stats.queued_bytes -= size
@@ -664,8 +658,6 @@ class Session:
                     self.store.delete_delivery(self.client_id, seq)
                 continue
             self._send(message, qos, retain, seq, True, group)
-        if not backlog:
-            self._backlog = _EMPTY
 
     def _paced(self):
         self.pacer.call = None

@@ -106,34 +106,14 @@ _PUBCOMP = P.Pubcomp
 
 _NO_METHODS = MappingProxyType({})
 
-# The reason codes a CONNACK may have ([MQTT-3.2.2-8]).
-CONNACK_CODES = frozenset((
-    R.SUCCESS, R.UNSPECIFIED_ERROR, R.MALFORMED_PACKET, R.PROTOCOL_ERROR,
-    R.IMPLEMENTATION_SPECIFIC_ERROR, R.UNSUPPORTED_PROTOCOL_VERSION,
-    R.CLIENT_IDENTIFIER_NOT_VALID, R.BAD_USER_NAME_OR_PASSWORD, R.NOT_AUTHORIZED,
-    R.SERVER_UNAVAILABLE, R.SERVER_BUSY, R.BANNED, R.BAD_AUTHENTICATION_METHOD,
-    R.TOPIC_NAME_INVALID, R.PACKET_TOO_LARGE, R.QUOTA_EXCEEDED, R.PAYLOAD_FORMAT_INVALID,
-    R.RETAIN_NOT_SUPPORTED, R.QOS_NOT_SUPPORTED, R.USE_ANOTHER_SERVER, R.SERVER_MOVED,
-    R.CONNECTION_RATE_EXCEEDED,
-))
-
-
 def connack_refusal(code):
     """``code`` if a CONNACK may refuse with it, else Not authorized."""
-    return code if code in CONNACK_CODES and code >= 0x80 else R.NOT_AUTHORIZED
-
-
-# The reason codes a DISCONNECT may have ([MQTT-3.14.2-1]), 0x80 and above.
-DISCONNECT_CODES = frozenset(range(0x80, 0xA3)) - {
-    R.UNSUPPORTED_PROTOCOL_VERSION, R.CLIENT_IDENTIFIER_NOT_VALID,
-    R.BAD_USER_NAME_OR_PASSWORD, R.SERVER_UNAVAILABLE, R.BANNED, R.BAD_AUTHENTICATION_METHOD,
-    R.PACKET_IDENTIFIER_IN_USE, R.PACKET_IDENTIFIER_NOT_FOUND,
-}
+    return code if code in R.CONNACK_CODES and code >= 0x80 else R.NOT_AUTHORIZED
 
 
 def disconnect_refusal(code):
     """``code`` if a DISCONNECT may give it, else Not authorized."""
-    return code if code in DISCONNECT_CODES else R.NOT_AUTHORIZED
+    return code if code in R.DISCONNECT_CODES and code >= 0x80 else R.NOT_AUTHORIZED
 
 
 class _Exchange:

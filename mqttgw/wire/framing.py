@@ -244,24 +244,14 @@ _DECODERS = {
 # MQTT 5.0: reason codes and properties after the message id.
 
 
-# 3.1.1 CONNACK return codes, as the 5.0 reason codes they stand for.
-_CONNACK_FROM_V3 = {
-    1: R.UNSUPPORTED_PROTOCOL_VERSION,
-    2: R.CLIENT_IDENTIFIER_NOT_VALID,
-    3: R.SERVER_UNAVAILABLE,
-    4: R.BAD_USER_NAME_OR_PASSWORD,
-    5: R.NOT_AUTHORIZED,
-}
-
-
 def _decode_connack5(flags, data, start, end, strict):
     if end - start < 2:
         raise ProtocolViolation("CONNACK truncated")
     if data[start] & 0xFE:
         raise ProtocolViolation("CONNACK reserved flags are set")
-    if end - start == 2 and data[start + 1] in _CONNACK_FROM_V3:
+    if end - start == 2 and data[start + 1] in R.CONNACK_FROM_V3:
         # A 3.1/3.1.1 server's refusal of a 5.0 CONNECT, in its own terms.
-        return P.Connack(_CONNACK_FROM_V3[data[start + 1]], False, {})
+        return P.Connack(R.CONNACK_FROM_V3[data[start + 1]], False, {})
     props, o = _properties(data, start + 2, end, P.CONNACK, strict)
     if o != end:
         raise ProtocolViolation("CONNACK has bytes after its properties")
