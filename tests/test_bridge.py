@@ -6,6 +6,7 @@ gateway restarts and SIGKILL), failover, backoff, the state topic, TLS.
 
 import re
 import signal
+import socket
 import time
 
 import pytest
@@ -207,7 +208,7 @@ def test_failover_backoff_and_state_topic(tmp_path, upstream):
     assert f"bridge up: connected to 127.0.0.1:{upstream.port}" in gw.log()
     state = client(upstream.port, "state-watch")
     # Upstream, the bridge's state is mosquitto's notification topic.
-    state.subscribe("$SYS/broker/connection/mqttgw-up/state", 1)
+    state.subscribe(f"$SYS/broker/connection/{socket.gethostname()}.up/state", 1)
     assert state.receive()[0].payload == b"1"
     # The gateway dies: the bridge's will tells the upstream.
     gw.stop(signal.SIGKILL)
@@ -423,7 +424,7 @@ def test_a_5_0_bridge_reads_the_upstreams_receive_maximum_and_loses_nothing(tmp_
         # Not one refused: never more than 2 in flight.
         assert "upstream answered" not in gw.log()
         assert "rc151" not in upstream.log()
-        assert "Sending PUBREC to mqttgw-up" in upstream.log()
+        assert f"Sending PUBREC to {socket.gethostname()}.up" in upstream.log()
     finally:
         gw.stop()
         upstream.stop()
@@ -474,7 +475,7 @@ def test_a_5_0_bridge_carries_properties_both_ways_without_loops(tmp_path, upstr
         assert sorted(m.payload for m in local.receive(2)) == [b"L", b"R"]
         assert remote.nothing_more(1.5)
         assert local.nothing_more(0.5)
-        assert "as mqttgw-up (p5," in upstream.log()
+        assert f"as {socket.gethostname()}.up (p5," in upstream.log()
     finally:
         gw.stop()
 

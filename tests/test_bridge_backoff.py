@@ -6,6 +6,8 @@ or refused by the test (tests/fake_network.py); tests/test_bridge.py does
 the same against a real mosquitto under twistd.
 """
 
+import socket
+
 import pytest
 from twisted.internet.endpoints import HostnameEndpoint
 
@@ -19,7 +21,7 @@ from tests.fake_network import Listener, accept, attempts
 # told apart by their port.
 FIRST, SECOND = "127.0.0.1:1001", "127.0.0.1:1002"
 STATE = "mqttgw/bridge/up/state"
-REMOTE_STATE = "$SYS/broker/connection/mqttgw-up/state"
+REMOTE_STATE = f"$SYS/broker/connection/{socket.gethostname()}.up/state"
 
 
 class Jitter:
@@ -223,3 +225,40 @@ def test_clients_may_not_write_the_state_topic(router, reactor):
     client.send(P.Publish(STATE, b"0", 1, True, message_id=1))
     assert client.received() == [P.Puback(1)]
     assert state(router) == b"1"
+
+
+# Client ids
+
+
+def test_the_default_client_id_is_the_host_name_and_the_bridge_name(router, reactor):
+    start_bridge(router, reactor, addresses=[FIRST], try_private=False)
+    [connect] = accept(reactor).received()
+    assert connect.client_id == f"{socket.gethostname()}.up"
+
+
+def test_a_3_1_bridge_keeps_its_default_client_id_to_23_characters(monkeypatch):
+    monkeypatch.setattr(socket, "gethostname", lambda: "a-rather-long-field-site-host")
+    settings = MQTTBridgeKind.check(
+        {"name": "centre", "addresses": [FIRST], "rules": ["t/# out 1"], "protocol": "mqttv31"}
+    )
+    # The end, where the bridge's name is.
+    assert settings.client_id == "-field-site-host.centre"
+
+
+def test_links_the_upstream_keeps_closing_at_once_suggest_a_shared_client_id(router, reactor, logged):
+    # Another bridge with the same client id: the upstream closes this
+    # one's connection each time the other connects.
+    start_bridge(router, reactor, addresses=[FIRST], client_id="site", reconnect_initial=0.5, reconnect_max=1.0)
+    for n in range(3):
+        upstream = connected(reactor)
+        reactor.advance(0.5)
+        upstream.lose()
+        assert not [line for line in logged() if "another client" in line] or n == 2
+        wait_for_attempt(reactor)
+    [warning] = [line for line in logged() if "another client" in line]
+    assert "closed 3 connections within 2 s" in warning and "'site'" in warning
+    # A link that lasts is not counted.
+    upstream = connected(reactor)
+    reactor.advance(60)
+    upstream.lose()
+    assert len([line for line in logged() if "another client" in line]) == 1

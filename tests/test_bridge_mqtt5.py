@@ -7,6 +7,8 @@ codes it is answered with logged and counted.  tests/test_bridge.py runs
 it against a real mosquitto.
 """
 
+import socket
+
 from twisted.internet.address import IPv4Address
 
 from mqttgw.bridges.bridge import MQTTBridgeKind
@@ -17,7 +19,7 @@ from mqttgw.wire import reasons as R
 from tests.fake_network import Listener, accept
 
 UPSTREAM = "127.0.0.1:1001"
-REMOTE_STATE = "$SYS/broker/connection/mqttgw-up/state"
+REMOTE_STATE = f"$SYS/broker/connection/{socket.gethostname()}.up/state"
 
 
 def start_bridge(router, reactor, rules=("t/# out 1",), **table):

@@ -7,6 +7,7 @@ read or worked on past any bound.
 
 import json
 import signal
+import socket
 import threading
 import time
 
@@ -149,7 +150,7 @@ def test_a_bridge_into_a_central_mqttgw_reports_its_state_there(gateway_with, tm
         'rules = ["site/# out 1"]\nreconnect_initial = 0.2\nreconnect_max = 1.0\n'
     )
     watch, framer = hostile.mqtt_connect(centre.port, "watch")
-    watch.sendall(P.Subscribe(1, [("$SYS/broker/connection/mqttgw-up/state", 1)]).encode())
+    watch.sendall(P.Subscribe(1, [(f"$SYS/broker/connection/{socket.gethostname()}.up/state", 1)]).encode())
     hostile.recv_packets(watch, framer, 1)
     site = start(gateway_with, "--config", str(config))
     site.wait_for_log("bridge up: upstream accepted CONNECT")

@@ -14,6 +14,7 @@ logged and counted.
 """
 
 import random
+import socket
 from collections import Counter, deque
 
 import attr
@@ -44,6 +45,15 @@ DIRECTIONS = ("in", "out", "both")
 # The protocol key's values (mosquitto's names) and the levels they stand for.
 PROTOCOLS = {"mqttv31": P.MQTT_31, "mqttv311": P.MQTT_311, "mqttv5": P.MQTT_5, "mqttv50": P.MQTT_5}
 LEVEL_NAMES = {P.MQTT_31: "mqttv31", P.MQTT_311: "mqttv311", P.MQTT_5: "mqttv5"}
+# A link the upstream closes this soon after accepting it is counted as
+# a likely takeover of its client id.
+TAKEOVER_SECONDS = 2.0
+
+
+def default_client_id(name):
+    """mosquitto's default, HOSTNAME.NAME: one config file on many sites
+    still gives each site's bridge a session of its own upstream."""
+    return f"{socket.gethostname()}.{name}"
 
 # 5.0: topic aliases the upstream may use toward the bridge.
 UPSTREAM_TOPIC_ALIASES = 64
@@ -156,7 +166,7 @@ BRIDGE_KEYS = [
     Key("bridge", "protocol", str, "mqttv311", "MQTT version spoken upstream", choices=tuple(PROTOCOLS)),
     Key("bridge", "protocol_version", int, 0, "MQTT protocol level upstream, 3, 4 or 5 (instead of protocol)", choices=(0, 3, 4, 5)),
     Key("bridge", "session_expiry_interval", int, 0xFFFFFFFF, "5.0: how long the upstream keeps the session after a link drop, s", 0, 0xFFFFFFFF),
-    Key("bridge", "client_id", str, "", "client id upstream (default mqttgw-NAME)"),
+    Key("bridge", "client_id", str, "", "client id upstream (default HOSTNAME.NAME, as mosquitto's)"),
     Key("bridge", "username", str, "", "user name upstream"),
     Key("bridge", "password", str, "", "password upstream"),
     Key("bridge", "clean_session", bool, False, "a clean session upstream"),
@@ -221,7 +231,6 @@ class MQTTBridgeKind:
         except ValueError as e:
             raise ConfigError(f"{where}: {e}") from None
         name = values["name"]
-        client_id = values["client_id"] or f"mqttgw-{name}"[:23]
         qos0_policy = values["qos0_policy"] or ("memory" if values["queue_qos0"] else "drop")
         if values["queue_qos0"] and qos0_policy != "memory":
             raise ConfigError(f"{where}: bridge.queue_qos0 and bridge.qos0_policy disagree")
@@ -230,6 +239,10 @@ class MQTTBridgeKind:
             if "protocol" in table and level != values["protocol_version"]:
                 raise ConfigError(f"{where}: bridge.protocol and bridge.protocol_version disagree")
             level = values["protocol_version"]
+        client_id = values["client_id"] or default_client_id(name)
+        if not values["client_id"] and level == P.MQTT_31:
+            # 3.1 servers may refuse a client id over 23 characters.
+            client_id = client_id[-23:]
         settings = BridgeSettings(
             name=name,
             addresses=list(values["addresses"]),
@@ -501,6 +514,7 @@ class MQTTBridge(Service):
         self.refused = 0
         # Times the link came up or went down.
         self.link_changes = 0
+        self.short_links = 0
         # (clock time, sent) samples of the last minute, for the drain rate.
         self._sent_samples = deque(maxlen=64)
 
@@ -722,6 +736,20 @@ class MQTTBridge(Service):
             name=self.settings.name,
             reason=reason.getErrorMessage(),
         )
+        since = self.connected_since
+        if self.upstream is upstream and since is not None and self.reactor.seconds() - since < TAKEOVER_SECONDS:
+            # An upstream closes a session's older connection when another
+            # client connects with its client id: two bridges sharing one id
+            # take each other's messages and packet ids.
+            self.short_links += 1
+            if self.short_links in (3, 30, 300):
+                log.warn(
+                    "bridge {name}: the upstream closed {count} connections within {seconds:g} s"
+                    " of accepting them: is another client connecting as {client_id!r}?"
+                    " Each site's bridge needs its own client_id",
+                    name=self.settings.name, count=self.short_links, seconds=TAKEOVER_SECONDS,
+                    client_id=self.settings.client_id,
+                )
         if self.upstream is upstream:
             self.upstream = None
             self.link_changes += 1
