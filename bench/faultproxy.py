@@ -110,6 +110,9 @@ class Link:
         self.server = None
         self.half_open = False
         self.closed = False
+        # The side that closed cleanly while what it sent was still held:
+        # the other side is closed once that is delivered.
+        self.closing = None
         # Per direction: (due, data) in order, and the bytes held.
         self.queues = {}
         self.held = {}
@@ -148,6 +151,10 @@ class Link:
                 self.held[source] = before - len(data)
                 if before > faults.buffer >= self.held[source]:
                     source.transport.resumeProducing()
+            if source is self.closing and not queue:
+                self.closed = True
+                sink.transport.loseConnection()
+                return
 
     def reset(self):
         """Both sockets closed with an RST, as a router that lost state sends."""
@@ -164,8 +171,13 @@ class Link:
     def lost(self, side):
         if self.half_open:
             return
-        self.closed = True
         self.faults.links.discard(self)
+        if not self.closed and self.queues.get(side):
+            # A clean close comes after the data before it (a CONNACK
+            # refusal, say), delay and all.
+            self.closing = side
+            return
+        self.closed = True
         other = self.server if side is self.client else self.client
         if other is not None and other.transport is not None:
             other.transport.loseConnection()

@@ -109,3 +109,25 @@ def test_a_stall_holds_data_then_lets_it_through(proxy):
     for i in range(50):
         pub.client.publish("t", str(i).encode(), 1)
     assert [int(m.payload) for m in sub.receive(50, timeout=30)] == list(range(50))
+
+
+def test_what_came_before_a_clean_close_is_delivered_before_it(proxy):
+    # A CONNACK refusal is followed at once by the server's close: the
+    # delayed CONNACK still reaches the client, then the close.
+    import socket
+
+    from mqttgw.wire import packets as P
+
+    p = proxy("--delay", "0.3")
+    sock = socket.create_connection(("127.0.0.1", p.port), timeout=10)
+    connect = P.Connect(client_id="odd").encode()
+    # Protocol level 9: the gateway answers CONNACK 1 and closes.
+    level_at = connect.index(b"MQTT") + 4
+    sock.sendall(connect[:level_at] + b"\x09" + connect[level_at + 1:])
+    got = b""
+    while True:
+        chunk = sock.recv(64)
+        if not chunk:
+            break
+        got += chunk
+    assert got == P.Connack(1).encode()
