@@ -1,0 +1,169 @@
+"""
+A field site's devices: one MQTT connection each (paho, MQTT 3.1.1,
+persistent sessions), each publishing a reading every ``--interval``
+seconds at its own QoS (device ``k`` at QoS ``k % 3``) and subscribed at
+QoS 1 to ``commands/DEVICE``.  A device whose broker goes away keeps its
+readings, reconnects by itself and resends what was not acknowledged
+before it sends anything new (paho would otherwise send a new reading
+between the CONNECT and the CONNACK, ahead of the ones it resends after
+the CONNACK), so each device's readings leave it in order.
+
+What each device published, which of those the broker acknowledged and
+which commands it received are written to ``--out`` as JSON every second
+(and at the end), for the topology tests and benchmarks to read.  After
+``--duration`` seconds the devices stop publishing and go on receiving
+until SIGTERM.
+
+    python -m bench.devices --host 10.78.1.2 --site 1 --devices 100 --out s1.json
+"""
+
+import argparse
+import json
+import os
+import random
+import signal
+import threading
+import time
+
+import paho.mqtt.client as mqtt
+
+
+class Device:
+    def __init__(self, host, port, site, index, interval):
+        self.name = f"s{site}d{index:03d}"
+        self.qos = index % 3
+        self.interval = interval
+        self.sent = []  # [seq, qos, unix time]
+        # Message ids, unique over a run (under 65,535 readings a device):
+        # paho may call on_publish before publish() returns.
+        self._acked_mids = []
+        self._acked = set()
+        self._mids = {}
+        self.commands = []
+        self.ready = threading.Event()
+        # Readings not yet handed to paho; what paho resends first.
+        self.backlog = []
+        self.connected = False
+        self._resending = set()
+        c = self.client = mqtt.Client(
+            mqtt.CallbackAPIVersion.VERSION2, client_id=self.name, clean_session=False,
+            protocol=mqtt.MQTTv311,
+        )
+        c.max_inflight_messages_set(20)
+        c.reconnect_delay_set(0.5, 4)
+        c.on_connect = self._connected
+        c.on_publish = self._acked
+        c.on_message = self._command
+        c.on_subscribe = lambda *_: self.ready.set()
+        c.on_disconnect = self._disconnected
+        c.connect_async(host, port, 30)
+        c.loop_start()
+
+    def _connected(self, client, userdata, flags, reason, properties):
+        if reason.is_failure:
+            return
+        if self.qos:
+            self._resending = {m for m in list(self._mids) if m not in self._acked}
+        self.connected = True
+        if flags.session_present:
+            self.ready.set()
+        else:
+            client.subscribe(f"commands/{self.name}", 1)
+
+    def _disconnected(self, *_):
+        self.connected = False
+
+    def _acked(self, client, userdata, mid, reason, properties):
+        self._acked_mids.append(mid)
+        self._acked.add(mid)
+
+    def _command(self, client, userdata, message):
+        self.commands.append(int(message.payload))
+
+    def read(self, seq):
+        """A reading taken now, sent when the link allows."""
+        now = time.time()
+        payload = json.dumps({"d": self.name, "n": seq, "t": now, "q": self.qos, "v": random.random()})
+        self.backlog.append((seq, payload))
+        self.sent.append([seq, self.qos, now])
+        self.flush()
+
+    def flush(self):
+        if not self.connected or not self._resending <= self._acked:
+            return
+        while self.backlog:
+            seq, payload = self.backlog.pop(0)
+            info = self.client.publish(f"sensors/{self.name}", payload, self.qos)
+            self._mids[info.mid] = seq
+
+    def report(self):
+        acked = [self._mids[m] for m in list(self._acked_mids) if m in self._mids] if self.qos else []
+        return {"qos": self.qos, "sent": list(self.sent), "acked": acked, "commands": list(self.commands)}
+
+    def stop(self):
+        self.client.disconnect()
+        self.client.loop_stop()
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m bench.devices", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--host", required=True)
+    parser.add_argument("--port", type=int, default=1883)
+    parser.add_argument("--site", type=int, required=True)
+    parser.add_argument("--devices", type=int, default=100)
+    parser.add_argument("--interval", type=float, default=2.0, help="seconds between a device's readings")
+    parser.add_argument("--duration", type=float, default=120.0, help="seconds of publishing")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+
+    stopping = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+    devices = [Device(args.host, args.port, args.site, k, args.interval) for k in range(args.devices)]
+
+    started = None
+
+    def write():
+        tmp = args.out + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump({"started": started, "devices": {d.name: d.report() for d in devices}}, f)
+        os.replace(tmp, args.out)
+
+    # Every device connected and subscribed before the first reading.
+    deadline = time.monotonic() + 60
+    for d in devices:
+        if not d.ready.wait(max(0.0, deadline - time.monotonic())):
+            raise SystemExit(f"bench.devices: {d.name} did not connect and subscribe within 60 s")
+    started = time.time()
+    # Readings spread evenly over the interval, device after device.
+    start = time.monotonic()
+    step = args.interval / len(devices)
+    # Whole rounds: every device takes the same number of readings.
+    total = round(args.duration / args.interval) * len(devices)
+    seq = 0
+    last_write = start
+    tick = 0
+    while not stopping.is_set():
+        now = time.monotonic()
+        publishing = tick < total
+        if publishing:
+            devices[tick % len(devices)].read(seq)
+            tick += 1
+            if tick % len(devices) == 0:
+                seq += 1
+        if now - last_write >= 1.0:
+            for d in devices:
+                d.flush()
+            write()
+            last_write = now
+        if publishing:
+            stopping.wait(max(0.0, start + tick * step - time.monotonic()))
+        else:
+            stopping.wait(0.2)
+    write()
+    for d in devices:
+        d.stop()
+    write()
+
+
+if __name__ == "__main__":
+    main()
