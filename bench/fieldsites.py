@@ -64,7 +64,7 @@ class Plan:
     centre_down: float = 5.0  # seconds the centre is away when it restarts
     command_every: float = 10.0  # between commands to one device
     window: int = 20  # in-flight messages on each bridge
-    pace: int = 100  # drain_messages_per_second of the "mqttgw-paced" field broker
+    pace: int = 50  # drain_messages_per_second of the "mqttgw-paced" field broker
     drain_timeout: float = 240.0
 
 
@@ -570,7 +570,11 @@ def figures(field, centre_kind, plan, t0, events, reports, readings, commander, 
             arrival.setdefault((n, seq), (sent, arrived))
     backlog = [v for v in arrival.values() if v[0] < heal]
     drained = max((a for s, a in backlog), default=heal)
-    live = [a - s for s, a in arrival.values() if heal <= s <= drained]
+    # The link is back when the first reading crosses it; live readings
+    # are those taken from then until the backlog has drained (those
+    # taken between the heal and the relink waited with the backlog).
+    relinked = min((a for s, a in arrival.values() if a >= heal), default=heal)
+    live = [a - s for s, a in arrival.values() if relinked <= s <= drained]
     # After the centre's restart: the other sites' readings sent before it came back.
     back = events["centre_back_done"]
     others = [
@@ -605,6 +609,7 @@ def figures(field, centre_kind, plan, t0, events, reports, readings, commander, 
         "commands": sum(len(v) for v in commander.sent.values()),
         "commands_lost": commands_lost,
         "commands_out_of_order": len(commands_out_of_order),
+        "partition_relink_s": round(relinked - heal, 1),
         "partition_drain_s": round(drained - heal, 1),
         "live_delay_during_drain_p50_s": round(statistics.median(live), 2) if live else None,
         "live_delay_during_drain_max_s": round(max(live), 2) if live else None,
