@@ -6,6 +6,22 @@ from twisted.logger import formatEvent, globalLogPublisher
 
 from mqttgw.testing import FakeBroker
 
+# The in-process tests of the hot path's modules (no subprocess, no
+# network): ``pytest -m unit``, which the README's test command runs again
+# on the plain Python build (MQTTGW_NO_EXTENSIONS=1).
+UNIT_MODULES = {
+    "test_build", "test_framing", "test_framing5", "test_topics", "test_protocol", "test_mqtt5",
+    "test_mqtt5_bounds", "test_bridge_backoff", "test_bridge_mqtt5", "test_bridge_counters",
+    "test_bridge_relay", "test_total_queue_bound", "test_enhanced_auth", "test_websocket_frames",
+    "test_store",
+}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if item.module.__name__.rpartition(".")[2] in UNIT_MODULES:
+            item.add_marker(pytest.mark.unit)
+
 
 @pytest.fixture
 def broker():

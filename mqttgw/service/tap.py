@@ -14,6 +14,7 @@ from twisted.python.threadpool import ThreadPool
 
 from mqttgw import __version__
 from mqttgw.broker.access import Access
+from mqttgw.compiled import build
 from mqttgw.schema import ConfigError, check_value, type_name
 from mqttgw.security.passwords import PasswordChecker
 from mqttgw.security.portal import (
@@ -89,7 +90,9 @@ class Options(usage.Options):
 
         import twisted
 
-        print(f"mqttgw {__version__} (Twisted {twisted.__version__}, Python {platform.python_version()})")
+        print(
+            f"mqttgw {__version__} (Twisted {twisted.__version__}, Python {platform.python_version()}; {build()})"
+        )
         sys.exit(0)
 
     def __init__(self):
