@@ -37,7 +37,7 @@ class Device:
         # Message ids, unique over a run (under 65,535 readings a device):
         # paho may call on_publish before publish() returns.
         self._acked_mids = []
-        self._acked = set()
+        self._acked_set = set()
         self._mids = {}
         self.commands = []
         self.ready = threading.Event()
@@ -63,7 +63,7 @@ class Device:
         if reason.is_failure:
             return
         if self.qos:
-            self._resending = {m for m in list(self._mids) if m not in self._acked}
+            self._resending = {m for m in list(self._mids) if m not in self._acked_set}
         self.connected = True
         if flags.session_present:
             self.ready.set()
@@ -75,7 +75,7 @@ class Device:
 
     def _acked(self, client, userdata, mid, reason, properties):
         self._acked_mids.append(mid)
-        self._acked.add(mid)
+        self._acked_set.add(mid)
 
     def _command(self, client, userdata, message):
         self.commands.append(int(message.payload))
@@ -89,7 +89,7 @@ class Device:
         self.flush()
 
     def flush(self):
-        if not self.connected or not self._resending <= self._acked:
+        if not self.connected or not self._resending <= self._acked_set:
             return
         while self.backlog:
             seq, payload = self.backlog.pop(0)

@@ -540,11 +540,15 @@ def run(field, centre_kind, plan, workdir, say=print):
 def figures(field, centre_kind, plan, t0, events, reports, readings, commander, local, dash, bridge_during, brokers):
     lost, lost_qos0, duplicates, out_of_order = 0, 0, {1: 0, 2: 0}, []
     lost_which, duplicated_which = [], []
-    sent_total = 0
+    sent_total = acknowledged = unacknowledged = 0
     for name, d in reports.items():
         got = [r[0] for r in readings.by_device.get(name, ())]
         sent_total += len(d["sent"])
         if d["qos"]:
+            # Readings the field broker never acknowledged, though the
+            # device kept trying until the end.
+            acknowledged += len(set(d["acked"]))
+            unacknowledged += len({s[0] for s in d["sent"]} - set(d["acked"]))
             missing = sorted(set(d["acked"]) - set(got))
             lost += len(missing)
             lost_which += [(name, n) for n in missing]
@@ -601,6 +605,8 @@ def figures(field, centre_kind, plan, t0, events, reports, readings, commander, 
         "sites": plan.sites,
         "devices": plan.sites * plan.devices,
         "readings": sent_total,
+        "acknowledged": acknowledged,
+        "unacknowledged": unacknowledged,
         "lost": lost,
         "lost_qos0": lost_qos0,
         "duplicates_qos1": duplicates[1],
