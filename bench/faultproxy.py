@@ -153,6 +153,7 @@ class Link:
                     source.transport.resumeProducing()
             if source is self.closing and not queue:
                 self.closed = True
+                faults.links.discard(self)
                 sink.transport.loseConnection()
                 return
 
@@ -171,12 +172,12 @@ class Link:
     def lost(self, side):
         if self.half_open:
             return
-        self.faults.links.discard(self)
         if not self.closed and self.queues.get(side):
             # A clean close comes after the data before it (a CONNACK
-            # refusal, say), delay and all.
+            # refusal, say), delay and all; a stall's end flushes it too.
             self.closing = side
             return
+        self.faults.links.discard(self)
         self.closed = True
         other = self.server if side is self.client else self.client
         if other is not None and other.transport is not None:

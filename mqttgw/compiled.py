@@ -64,6 +64,18 @@ def compiled_modules():
     ]
 
 
+def stale():
+    """Compiled modules older than their .py files: an in-place build
+    (pip install -e) not redone after an edit runs the old code."""
+    out = []
+    for name in compiled_modules():
+        compiled = sys.modules[name].__file__
+        source = os.path.join(os.path.dirname(compiled), name.rpartition(".")[2] + ".py")
+        if os.path.exists(source) and os.path.getmtime(source) > os.path.getmtime(compiled):
+            out.append(name)
+    return out
+
+
 def build():
     """Which build this is, in a few words: for the start-up log and --version."""
     for name in HOT_PATH:

@@ -6,8 +6,8 @@ from twisted.logger import formatEvent, globalLogPublisher
 
 from mqttgw.testing import FakeBroker
 
-# The in-process tests of the hot path's modules (no subprocess, no
-# network): ``pytest -m unit``, which the README's test command runs again
+# The tests of the hot path's modules, in process but for test_build's
+# last two: ``pytest -m unit``, which the README's test command runs again
 # on the plain Python build (MQTTGW_NO_EXTENSIONS=1).
 UNIT_MODULES = {
     "test_build", "test_framing", "test_framing5", "test_topics", "test_protocol", "test_mqtt5",

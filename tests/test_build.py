@@ -10,7 +10,7 @@ import runpy
 import subprocess
 import sys
 
-from mqttgw.compiled import HOT_PATH, build, compiled_modules, pure_requested
+from mqttgw.compiled import HOT_PATH, build, compiled_modules, pure_requested, stale
 from tests.gateway import REPO, TWISTD, Gateway, gateway_env
 
 SETUP = os.path.join(REPO, "setup.py")
@@ -27,13 +27,18 @@ def test_the_build_is_the_one_asked_for():
         assert line == f"compiled build: {len(HOT_PATH)} hot-path modules in C (Cython)", line
 
 
+def test_no_compiled_module_is_older_than_its_source():
+    build()
+    assert stale() == [], "edited since compiled: run pip install -e . again (or MQTTGW_NO_EXTENSIONS=1)"
+
+
 def test_the_environment_variable_turns_the_extensions_off_at_install_time(monkeypatch):
     setup = runpy.run_path(SETUP, run_name="setup")
     monkeypatch.setenv("MQTTGW_NO_EXTENSIONS", "1")
     assert setup["extensions"]() == []
     monkeypatch.setenv("MQTTGW_NO_EXTENSIONS", "0")
     names = [e.name for e in setup["extensions"]()]
-    # Cython is a build requirement, and installed for the tests.
+    # Cython: a build requirement, and in the test extra.
     assert names == list(HOT_PATH)
 
 

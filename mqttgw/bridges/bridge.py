@@ -512,7 +512,8 @@ class MQTTBridge(Service):
         # by "PACKET reason name"; and how many said a message was refused.
         self.reason_codes = Counter()
         self.refused = 0
-        # Times the link came up or went down.
+        # Times the link came up or went down; links lost in a row soon
+        # after they were accepted.
         self.link_changes = 0
         self.short_links = 0
         # (clock time, sent) samples of the last minute, for the drain rate.
@@ -737,16 +738,19 @@ class MQTTBridge(Service):
             reason=reason.getErrorMessage(),
         )
         since = self.connected_since
-        if self.upstream is upstream and since is not None and self.reactor.seconds() - since < TAKEOVER_SECONDS:
-            # An upstream closes a session's older connection when another
-            # client connects with its client id: two bridges sharing one id
-            # take each other's messages and packet ids.
-            self.short_links += 1
+        if self.upstream is upstream and since is not None:
+            if self.reactor.seconds() - since >= TAKEOVER_SECONDS:
+                self.short_links = 0
+            else:
+                # An upstream closes a session's older connection when
+                # another client connects with its client id: two bridges
+                # sharing one id take each other's messages and packet ids.
+                self.short_links += 1
             if self.short_links in (3, 30, 300):
                 log.warn(
-                    "bridge {name}: the upstream closed {count} connections within {seconds:g} s"
-                    " of accepting them: is another client connecting as {client_id!r}?"
-                    " Each site's bridge needs its own client_id",
+                    "bridge {name}: {count} connections in a row were lost within {seconds:g} s"
+                    " of the upstream accepting them: is another client connecting as"
+                    " {client_id!r}? Each site's bridge needs its own client_id",
                     name=self.settings.name, count=self.short_links, seconds=TAKEOVER_SECONDS,
                     client_id=self.settings.client_id,
                 )
