@@ -33,6 +33,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -625,6 +626,7 @@ def figures(field, centre_kind, plan, t0, events, reports, readings, commander, 
             "events": {k: round(v - t0, 2) for k, v in events.items()},
             "out_of_order_devices": [(n, [r[0] for r in readings.by_device.get(n, ())]) for n in out_of_order[:5]],
             "lost": lost_which[:20],
+            "lost_by_site": dict(Counter(name[: name.index("d")] for name, _ in lost_which)),
             "duplicated": duplicated_which[:5],
             "commands_lost": commands_lost_which[:10],
             "commands_out_of_order_devices": commands_out_of_order[:10],
