@@ -24,6 +24,7 @@ import random
 import signal
 import threading
 import time
+from collections import deque
 
 import paho.mqtt.client as mqtt
 
@@ -42,7 +43,7 @@ class Device:
         self.commands = []
         self.ready = threading.Event()
         # Readings not yet handed to paho; what paho resends first.
-        self.backlog = []
+        self.backlog = deque()
         self.connected = False
         self._resending = set()
         c = self.client = mqtt.Client(
@@ -92,7 +93,7 @@ class Device:
         if not self.connected or not self._resending <= self._acked_set:
             return
         while self.backlog:
-            seq, payload = self.backlog.pop(0)
+            seq, payload = self.backlog.popleft()
             info = self.client.publish(f"sensors/{self.name}", payload, self.qos)
             self._mids[info.mid] = seq
 

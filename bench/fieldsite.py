@@ -14,46 +14,14 @@ after the heal) arrived while it drained.  Needs root and iproute2.
 import argparse
 import json
 import os
-import shutil
 import statistics
 import tempfile
-import threading
 import time
 from pathlib import Path
 
-import paho.mqtt.client as mqtt
-
+from bench.fieldsites import Client, MosquittoBroker
 from tests.gateway import Gateway
 from tests.topology import Topology
-
-
-def _centre(topology, workdir):
-    binary = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
-    workdir.mkdir(parents=True, exist_ok=True)
-    (workdir / "m.conf").write_text(
-        "listener 1883\nallow_anonymous true\nmax_queued_messages 1000000\n"
-        f"log_dest file {workdir}/mosquitto.log\nuser root\n"
-    )
-    process = topology.centre.popen([binary, "-c", str(workdir / "m.conf")])
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
-        log = workdir / "mosquitto.log"
-        if log.exists() and "listen socket on port 1883" in log.read_text():
-            return process
-        time.sleep(0.05)
-    raise RuntimeError("mosquitto did not start")
-
-
-def _client(host, client_id):
-    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, clean_session=True)
-    c.max_inflight_messages_set(100)
-    connected = threading.Event()
-    c.on_connect = lambda *a: connected.set()
-    c.connect(host, 1883, 60)
-    c.loop_start()
-    if not connected.wait(10):
-        raise RuntimeError(f"{client_id} did not connect")
-    return c
 
 
 def run(pace, outage, rate, uplink, payload, workdir, after=60.0):
@@ -63,7 +31,7 @@ def run(pace, outage, rate, uplink, payload, workdir, after=60.0):
     clients = []
     try:
         topology.cap(site, uplink, burst="16kbit", latency="2s")
-        centre = _centre(topology, workdir / "centre")
+        centre = MosquittoBroker(topology.centre, workdir / "centre")
         (workdir / "site").mkdir(parents=True, exist_ok=True)
         lines = [
             "[[bridge]]", 'name = "centre"', f'addresses = ["{site.centre_address}:1883"]',
@@ -80,15 +48,15 @@ def run(pace, outage, rate, uplink, payload, workdir, after=60.0):
         )
         gw.wait_for_log("bridge centre: upstream accepted CONNECT", timeout=20)
         arrivals = {}
-        watcher = _client(topology.centre.address, "watch")
+        watcher = Client(topology.centre.address, "watch")
         clients.append(watcher)
-        watcher.on_message = lambda c, u, m: arrivals.setdefault(int(m.payload[:12]), time.time())
+        watcher.client.on_message = lambda c, u, m: arrivals.setdefault(int(m.payload[:12]), time.time())
         watcher.subscribe("sensors/#", 1)
-        device = _client(site.address, "device")
+        device = Client(site.address, "device")
         clients.append(device)
         # When the bridge's link is up again: its retained state topic says 1.
         link_up = []
-        device.on_message = lambda c, u, m: m.payload == b"1" and link_up.append(time.time())
+        device.client.on_message = lambda c, u, m: m.payload == b"1" and link_up.append(time.time())
         device.subscribe("mqttgw/bridge/centre/state", 0)
         sent = {}
         pad = b"x" * max(0, payload - 12)
@@ -98,7 +66,7 @@ def run(pace, outage, rate, uplink, payload, workdir, after=60.0):
             t0 = time.monotonic()
             while time.monotonic() - t0 < seconds:
                 sent[n] = time.time()
-                device.publish("sensors/t", b"%012d" % n + pad, 1)
+                device.client.publish("sensors/t", b"%012d" % n + pad, 1)
                 n += 1
                 time.sleep(max(0.0, t0 + (n - start) / rate - time.monotonic()))
             return n
@@ -135,13 +103,11 @@ def run(pace, outage, rate, uplink, payload, workdir, after=60.0):
         }
     finally:
         for c in clients:
-            c.disconnect()
-            c.loop_stop()
+            c.stop()
         if gw is not None:
             gw.stop()
         if centre is not None:
-            centre.terminate()
-            centre.wait(10)
+            centre.stop()
         topology.close()
 
 

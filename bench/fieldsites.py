@@ -235,20 +235,28 @@ def dashboard_token(host):
         return json.load(r)["token"]
 
 
-def start_proxy(site, workdir, plan):
-    """The fault proxy in the uplink: the field broker's bridge dials it."""
+def start_proxy(site, workdir, *faults):
+    """The fault proxy in the site's uplink: the field broker's bridge dials
+    127.0.0.1:11883 in the site, the proxy dials the centre."""
     log_path = Path(workdir) / "faultproxy.log"
     log = open(log_path, "w")
     process = site.popen(
         [sys.executable, "-m", "bench.faultproxy", "--listen", "127.0.0.1:11883",
-         "--target", f"{site.centre_address}:1883", "--delay", str(plan.delay), "--jitter", str(plan.jitter),
-         "--stall-every", str(plan.stall_every), "--stall-for", str(plan.stall_for),
-         "--reset-every", str(plan.reset_every), "--seed", str(site.index)],
+         "--target", f"{site.centre_address}:1883", *faults],
         cwd=REPO, env=gateway_env(), stdout=log, stderr=subprocess.STDOUT,
     )
     _wait("fault proxy start", lambda: "listening on" in log_path.read_text() or process.poll() is not None, 15, 0.05)
+    if process.poll() is not None:
+        raise RuntimeError(f"the fault proxy exited: {log_path.read_text()}")
     process.log_path = log_path
     return process
+
+
+def plan_faults(plan, site):
+    return [
+        "--delay", str(plan.delay), "--jitter", str(plan.jitter), "--stall-every", str(plan.stall_every),
+        "--stall-for", str(plan.stall_for), "--reset-every", str(plan.reset_every), "--seed", str(site.index),
+    ]
 
 
 class Client:
@@ -379,7 +387,7 @@ def run(field, centre_kind, plan, workdir, say=print):
         for site in sites:
             topology.cap(site, plan.uplink)
             (workdir / f"site-{site.index}").mkdir(parents=True)
-            proxies.append(start_proxy(site, workdir / f"site-{site.index}", plan))
+            proxies.append(start_proxy(site, workdir / f"site-{site.index}", *plan_faults(plan, site)))
         for site in sites:
             brokers.append(field_broker(field, site, workdir / f"site-{site.index}" / "broker", plan,
                                         dashboard=site.index == 1))

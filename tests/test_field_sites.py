@@ -14,7 +14,6 @@ restart of the centre, into mosquitto and into mqttgw.
 
 import os
 import socket
-import subprocess
 import time
 
 import pytest
@@ -58,30 +57,10 @@ def clients():
 
 
 def start_centre(topology, workdir):
+    """The centre's mosquitto, logging every packet."""
     os.environ["PATH"] = os.environ["PATH"] + ":/usr/sbin"
-    binary = require_program("mosquitto")
-    workdir.mkdir(parents=True, exist_ok=True)
-    conf = workdir / "mosquitto.conf"
-    lines = [
-        "listener 1883",
-        "allow_anonymous true",
-        "persistence true",
-        f"persistence_location {workdir}/",
-        "max_queued_messages 100000",
-        f"log_dest file {workdir}/mosquitto.log",
-        "log_type all",
-        "user root",
-    ]
-    conf.write_text("\n".join(lines) + "\n")
-    log = open(workdir / "stdout.log", "wb")
-    process = topology.centre.popen([binary, "-c", str(conf)], stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
-        if (workdir / "mosquitto.log").exists() and "Opening ipv4 listen socket on port 1883" in (workdir / "mosquitto.log").read_text():
-            return process
-        time.sleep(0.05)
-    process.kill()
-    raise RuntimeError("the centre's mosquitto did not start")
+    require_program("mosquitto")
+    return fieldsites.MosquittoBroker(topology.centre, workdir, ["log_type all"])
 
 
 def start_site(topology, site, workdir):
@@ -157,29 +136,7 @@ def test_a_partitioned_site_loses_nothing_and_keeps_serving_locally(tmp_path, to
     finally:
         if gw is not None:
             gw.stop()
-        centre.terminate()
-        centre.wait(15)
-
-
-def start_proxy(site, workdir, *faults):
-    """The fault proxy in the site's uplink: the bridge dials it, it dials the centre."""
-    import sys
-
-    from tests.gateway import REPO, gateway_env
-
-    log_path = workdir / "faultproxy.log"
-    log = open(log_path, "w")
-    process = site.popen(
-        [sys.executable, "-m", "bench.faultproxy", "--listen", "127.0.0.1:11883",
-         "--target", f"{site.centre_address}:1883", *faults],
-        cwd=REPO, env=gateway_env(), stdout=log, stderr=subprocess.STDOUT,
-    )
-    deadline = time.monotonic() + 15
-    while "listening on" not in log_path.read_text():
-        assert process.poll() is None and time.monotonic() < deadline, log_path.read_text()
-        time.sleep(0.05)
-    process.log_path = log_path
-    return process
+        centre.stop()
 
 
 def test_delay_jitter_stalls_and_resets_lose_nothing_both_ways(tmp_path, topology, clients):
@@ -187,7 +144,7 @@ def test_delay_jitter_stalls_and_resets_lose_nothing_both_ways(tmp_path, topolog
     topology.cap(site, "2mbit")
     centre = start_centre(topology, tmp_path / "centre")
     (tmp_path / "site").mkdir()
-    proxy = start_proxy(
+    proxy = fieldsites.start_proxy(
         site, tmp_path / "site", "--delay", "0.08", "--jitter", "0.02",
         "--stall-every", "6", "--stall-for", "3", "--reset-every", "9",
     )
@@ -212,9 +169,8 @@ def test_delay_jitter_stalls_and_resets_lose_nothing_both_ways(tmp_path, topolog
         )
         gw.wait_for_log("bridge centre: upstream accepted CONNECT", timeout=20)
         # The bridge's subscription for commands is in place at the centre.
-        mosquitto_log = tmp_path / "centre" / "mosquitto.log"
         deadline = time.monotonic() + 20
-        while f"Sending SUBACK to {socket.gethostname()}.centre" not in mosquitto_log.read_text():
+        while f"Sending SUBACK to {socket.gethostname()}.centre" not in centre.log():
             assert time.monotonic() < deadline
             time.sleep(0.05)
         watcher = clients(topology.centre.address, "centre-watch-2", clean_session=False)
@@ -271,8 +227,7 @@ def test_delay_jitter_stalls_and_resets_lose_nothing_both_ways(tmp_path, topolog
             gw.stop()
         proxy.terminate()
         proxy.wait(10)
-        centre.terminate()
-        centre.wait(15)
+        centre.stop()
 
 
 def test_the_drain_benchmark_reports_both_runs_and_loses_nothing():
