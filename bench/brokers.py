@@ -191,6 +191,8 @@ class Mosquitto(Broker):
             f"listener {self.ws_port}\n"
             "protocol websockets\n"
             + "".join(f"{key} {path}\n" for key, path in self.auth.items())
+            # Extra configuration lines (a bridge's).
+            + "".join(f"{line}\n" for line in self.options)
             # As root it would drop to its own user, who cannot read the
             # files in the run's private directory.
             + ("user root\n" if self.auth and os.geteuid() == 0 else "")

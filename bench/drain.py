@@ -5,6 +5,10 @@ was down, then delivered to a client.
 - ``bridge`` (mqttgw): a bridge's outage queue forwarded into a real
   mosquitto, once a reload points the bridge at it, with the client
   subscribed there.
+- ``mosquitto_bridge``: the reference for the bridge drain, mosquitto
+  with its own bridge: the same backlog queued while the bridge's upstream
+  (another mosquitto, on the same port as before) was down, drained with
+  the same in-flight window once it is back.
 - ``backlog`` (any broker): the broker delivering the same backlog to a
   client whose persistent session held it while it was away.
 
@@ -16,6 +20,7 @@ acknowledges each message as it goes.
 import os
 import select
 import signal
+import socket
 import struct
 import time
 
@@ -209,6 +214,71 @@ def bridge(mqttgw, config, count, workdir, cpu, ctx, runner):
         return _finish(p, count, results, queued_in)
     finally:
         upstream.stop()
+
+
+def mosquitto_bridge_lines(upstream_port):
+    """mosquitto.conf lines for its own bridge of the drain topic."""
+    return [
+        "connection drain",
+        f"address 127.0.0.1:{upstream_port}",
+        "topic drain/# out 1",
+        # Its session at the upstream and its queue are kept across the outage.
+        "cleansession false",
+        "keepalive_interval 60",
+        # Dialled again every second while the upstream is away.
+        "restart_timeout 1",
+    ]
+
+
+def mosquitto_bridge(field, upstream_port, count, workdir, cpu, ctx, runner):
+    """
+    ``field`` (a mosquitto started with ``mosquitto_bridge_lines``) bridges
+    into an upstream on ``upstream_port``.  Once the bridge has carried a
+    message, the upstream stops, the backlog is published to ``field``,
+    and the upstream starts again on the same port with the client
+    subscribed there; the bridge finds it on its next dial.
+    """
+    upstream = _upstream(workdir, cpu, count, upstream_port).start()
+    try:
+        _bridged(field.port, upstream.port)
+    finally:
+        upstream.stop()
+    started = time.monotonic()
+    publish(field.port, count)
+    queued_in = time.monotonic() - started
+    upstream = _upstream(workdir, cpu, count, upstream_port).start()
+    try:
+        p, results = _start_client(ctx, runner, upstream.port, f"bench-drain-up-{os.getpid()}", count, True)
+        return _finish(p, count, results, queued_in)
+    finally:
+        upstream.stop()
+
+
+def _upstream(workdir, cpu, count, port):
+    upstream = Mosquitto(workdir, cpu, max_queued=count)
+    upstream.port = port
+    return upstream
+
+
+def _bridged(field_port, upstream_port, timeout=30):
+    """Wait until a message published to the field broker reaches the upstream."""
+    sub = connect(upstream_port, f"bench-drain-probe-{os.getpid()}")
+    subscribe(sub, "drain/probe", 0)
+    sub.settimeout(0.5)
+    pub = connect(field_port, f"bench-drain-probe-pub-{os.getpid()}")
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            pub.sendall(P.Publish("drain/probe", b"", 0).encode())
+            try:
+                if sub.recv(4096):
+                    return
+            except socket.timeout:
+                pass
+        raise RuntimeError("mosquitto's bridge did not connect to its upstream")
+    finally:
+        sub.close()
+        pub.close()
 
 
 def _repoint(config, port):

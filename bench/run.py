@@ -291,6 +291,9 @@ def main(argv=None):
                     if scenario == BRIDGE_DRAIN and name.startswith("mqttgw"):
                         bridge_config = drain.bridge_config(Path(workdir), free_port(), args.backlog)
                         options = options + ["--config", str(bridge_config)]
+                    elif scenario == BRIDGE_DRAIN:
+                        upstream_port = free_port()
+                        options = drain.mosquitto_bridge_lines(upstream_port)
                 if scenario == DASHBOARD:
                     if name != "mqttgw":
                         continue
@@ -365,8 +368,12 @@ def main(argv=None):
                         runner = functools.partial(_pinned, load_cpu)
                         if bridge_config is not None:
                             r = drain.bridge(broker, bridge_config, args.backlog, Path(workdir), load_cpu, _ctx(), runner)
+                        elif scenario == BRIDGE_DRAIN:
+                            # mosquitto's own bridge, into the same upstream.
+                            r = drain.mosquitto_bridge(
+                                broker, upstream_port, args.backlog, Path(workdir), load_cpu, _ctx(), runner
+                            )
                         else:
-                            # mosquitto's row of the bridge scenario: to a client.
                             r = drain.backlog(broker, args.backlog, _ctx(), runner)
                         print(
                             f"{r['received']:,} of {r['messages']:,} in {r['seconds']} s"
