@@ -7,7 +7,8 @@ import sqlite3
 
 import pytest
 
-from mqttgw.broker.session import INTERNAL_PREFIX
+from mqttgw.broker import writes
+from mqttgw.broker.session import INTERNAL_PREFIX, SessionLimits
 from mqttgw.broker.store import Store, StoreError
 from mqttgw.testing import FakeBroker
 from mqttgw.wire import packets as P
@@ -185,6 +186,141 @@ def test_unacknowledged_deliveries_come_back_with_dup_and_the_same_id(broker):
     assert after.restart().router.sessions["s"].inflight == {}
 
 
+def statements_of(store):
+    """Every statement the store's database runs from now on, as text."""
+    seen = []
+    store._db.set_trace_callback(seen.append)
+    return seen
+
+
+def test_queued_qos1_sent_before_a_restart_comes_back_dup_and_one_never_sent_does_not(broker):
+    sub = persistent_subscriber(broker, "s", ("a", 1))
+    sub.lose_connection()
+    pub = connected(broker, "p")
+    for i in range(3):
+        pub.send(P.Publish("a", b"%d" % i, 1, message_id=i + 1))
+    broker.commit()
+    # Sent from the queue, not acknowledged; two more queue behind them.
+    back = broker.client(client_id="s", clean_session=False)
+    assert [(p.payload, p.dup) for p in publishes_packets(back.received())] == [
+        (b"0", False), (b"1", False), (b"2", False)
+    ]
+    back.lose_connection()
+    for i in range(3, 5):
+        pub.send(P.Publish("a", b"%d" % i, 1, message_id=i + 1))
+    broker.commit()
+    after = broker.restart()
+    again = after.client(client_id="s", clean_session=False)
+    after.commit()
+    got = publishes_packets(again.received() + again.received())
+    assert [(p.payload, p.dup) for p in got] == [
+        (b"0", True), (b"1", True), (b"2", True), (b"3", False), (b"4", False)
+    ]
+    again.send(*[P.Puback(p.message_id) for p in got])
+    after.commit()
+    assert after.restart().router.sessions["s"].inflight == {}
+
+
+def test_a_backlog_drains_without_an_update_per_qos1_delivery_or_a_delete_per_ack(broker):
+    sub = persistent_subscriber(broker, "s", ("a", 1))
+    sub.lose_connection()
+    pub = connected(broker, "p")
+    for i in range(60):
+        pub.send(P.Publish("a", b"%d" % i, 1, message_id=i + 1))
+    broker.commit()
+    seen = statements_of(broker.store)
+    back = broker.client(client_id="s", clean_session=False)
+    # The client acknowledges each window as it arrives; one commit at the end.
+    got = []
+    for _ in range(10):
+        window = publishes_packets(back.received())
+        if not window:
+            break
+        got += window
+        back.send(*[P.Puback(p.message_id) for p in window])
+    broker.commit()
+    assert [p.payload for p in got] == [b"%d" % i for i in range(60)]
+    deliveries = [s for s in seen if "deliveries" in s]
+    assert not [s for s in deliveries if s.startswith("UPDATE")]
+    # The acknowledged run of sequence numbers goes as one range.
+    assert len([s for s in deliveries if s.startswith("DELETE")]) == 1
+    assert broker.store._db.execute("SELECT count(*) FROM deliveries").fetchone() == (0,)
+
+
+def test_a_delivery_acknowledged_before_its_commit_never_reaches_the_disk(broker):
+    sub = persistent_subscriber(broker, "s", ("a", 1))
+    pub = connected(broker, "p")
+    seen = statements_of(broker.store)
+    pub.send(P.Publish("a", b"x", 1, message_id=1))
+    [message] = publishes_packets(sub.received())
+    assert pub.received() == []
+    # Its only receiver has it: nothing is left that a crash could lose,
+    # so the publisher's ack need not wait for the commit.
+    sub.send(P.Puback(message.message_id))
+    assert pub.received() == [P.Puback(1)]
+    broker.commit()
+    assert not [s for s in seen if "deliveries" in s]
+    assert broker.store.ops_folded == 2
+
+
+def test_an_ack_waits_for_the_commit_while_any_stored_copy_is_unacknowledged(broker):
+    first = persistent_subscriber(broker, "s1", ("a", 1))
+    second = persistent_subscriber(broker, "s2", ("a", 1))
+    pub = connected(broker, "p")
+    pub.send(P.Publish("a", b"x", 1, message_id=1))
+    [copy] = publishes_packets(first.received())
+    first.send(P.Puback(copy.message_id))
+    assert pub.received() == []
+    [copy] = publishes_packets(second.received())
+    second.send(P.Puback(copy.message_id))
+    assert pub.received() == [P.Puback(1)]
+
+
+def test_a_copy_queued_behind_the_window_releases_the_ack_once_sent_and_acknowledged(tmp_path):
+    broker = FakeBroker(SessionLimits(max_inflight_messages=1), store_dir=tmp_path)
+    sub = persistent_subscriber(broker, "s", ("a", 1))
+    pub = connected(broker, "p")
+    pub.send(P.Publish("a", b"1", 1, message_id=1), P.Publish("a", b"2", 1, message_id=2))
+    [first] = publishes_packets(sub.received())
+    sub.send(P.Puback(first.message_id))
+    assert pub.received() == [P.Puback(1)]
+    [second] = publishes_packets(sub.received())
+    sub.send(P.Puback(second.message_id))
+    assert pub.received() == [P.Puback(2)]
+
+
+def test_an_ack_waits_for_the_commit_when_a_copy_was_queued_or_retained(broker):
+    online = persistent_subscriber(broker, "on", ("a", 1))
+    away = persistent_subscriber(broker, "away", ("a", 1))
+    away.lose_connection()
+    pub = connected(broker, "p")
+    pub.send(P.Publish("a", b"x", 1, message_id=1))
+    [copy] = publishes_packets(online.received())
+    online.send(P.Puback(copy.message_id))
+    assert pub.received() == []
+    broker.commit()
+    assert pub.received() == [P.Puback(1)]
+    pub.send(P.Publish("a", b"kept", 1, retain=True, message_id=2))
+    [copy] = publishes_packets(online.received())
+    online.send(P.Puback(copy.message_id))
+    assert pub.received() == []
+    broker.commit()
+    assert pub.received() == [P.Puback(2)]
+
+
+def test_an_ack_released_early_still_waits_behind_an_earlier_one(broker):
+    slow = persistent_subscriber(broker, "slow", ("a", 1))
+    quick = persistent_subscriber(broker, "quick", ("b", 1))
+    pub = connected(broker, "p")
+    pub.send(P.Publish("a", b"1", 1, message_id=1), P.Publish("b", b"2", 1, message_id=2))
+    assert len(publishes_packets(slow.received())) == 1
+    [copy] = publishes_packets(quick.received())
+    quick.send(P.Puback(copy.message_id))
+    assert pub.received() == []
+    broker.commit()
+    assert pub.received() == [P.Puback(1), P.Puback(2)]
+
+
 def test_inbound_qos2_id_survives_a_restart_so_a_resend_is_not_routed_twice(broker):
     persistent_subscriber(broker, "s", ("a", 2))
     pub = connected(broker, "p", clean_session=False)
@@ -289,3 +425,52 @@ def test_a_version_1_store_is_upgraded_and_its_sessions_kept(tmp_path):
     _, sessions = store.load()
     assert sessions[0].last_seen == 1234.5
     store.stop()
+
+
+# How a batch of ops is folded (mqttgw.broker.writes)
+
+
+def folded(*ops):
+    compaction = writes.Compaction()
+    compaction.add(list(ops))
+    return [(sql.split()[0], sql.split()[2], args) for sql, args in compaction.statements()]
+
+
+def test_removals_of_consecutive_deliveries_go_as_ranges():
+    assert list(writes.ranges({7, 3, 4, 5, 9, 10})) == [(3, 5), (7, 7), (9, 10)]
+    assert folded(*[(writes.DELETE, "c", seq) for seq in (1, 2, 3, 5)]) == [
+        ("DELETE", "deliveries", [("c", 1, 3), ("c", 5, 5)])
+    ]
+
+
+def test_an_update_of_a_delivery_added_in_the_batch_goes_into_its_row():
+    message = P.Publish("t", b"p", 2)
+    [(verb, _, rows)] = folded(
+        (writes.ADD, "c", 1, message, 2, False, None, 0), (writes.UPDATE, "c", 1, 7, 1)
+    )
+    assert verb == "INSERT" and rows[0][:8] == ["c", 1, "t", b"p", 2, 0, 7, 1]
+
+
+def test_a_qos2_id_removed_added_and_removed_again_in_one_batch_is_removed():
+    assert folded(
+        (writes.PUBREL_DELETE, "c", 4), (writes.PUBREL_ADD, "c", 4), (writes.PUBREL_DELETE, "c", 4)
+    ) == [("DELETE", "awaiting_pubrel", [("c", 4)])]
+    assert folded((writes.PUBREL_ADD, "c", 4), (writes.PUBREL_DELETE, "c", 4)) == []
+    assert folded((writes.PUBREL_DELETE, "c", 4), (writes.PUBREL_ADD, "c", 4)) == [
+        ("INSERT", "IGNORE", [("c", 4)])
+    ]
+
+
+def test_a_dropped_session_supersedes_its_earlier_ops_and_not_its_later_ones():
+    message = P.Publish("t", b"p", 1)
+    got = folded(
+        (writes.ADD, "c", 1, message, 1, False, None, 0),
+        (writes.DELETE, "c", 0),
+        (writes.SENT, "c", 1),
+        (writes.DROP_SESSION, "c"),
+        (writes.ADD, "c", 1, message, 1, False, None, 0),
+    )
+    assert [(verb, table) for verb, table, _ in got] == [
+        ("DELETE", "sessions"), ("DELETE", "subscriptions"), ("DELETE", "deliveries"),
+        ("DELETE", "awaiting_pubrel"), ("INSERT", "deliveries"),
+    ]

@@ -360,6 +360,8 @@ class Router:
         retain = message.retain
         if retain:
             durable = self._retain(message)
+            if durable and message.held is not None:
+                message.held.blocked = True
         subscribers = self.subscriptions.match(message.topic)
         if self.recorder is not None:
             self.recorder.published(message, sender, subscribers)

@@ -105,6 +105,7 @@ class Pacer:
 class _InFlight:
     __slots__ = (
         "message", "qos", "retain", "seq", "state", "due", "attempts", "group", "deferred",
+        "held",
     )
 
     def __init__(self, message, qos, retain, seq, due, state=AWAITING_ACK, group=None):
@@ -121,6 +122,9 @@ class _InFlight:
         # Not sent again yet after a reconnection: past the receiver's
         # receive maximum, it waits for an earlier one to complete.
         self.deferred = False
+        # The publisher's acknowledgement that waits for this delivery or
+        # its commit (store.Held), if any.
+        self.held = None
 
 
 class Session:
@@ -140,7 +144,7 @@ class Session:
         "_gated", "filter_bytes", "internal", "encoder", "options", "window",
         "expiry_interval", "expiry_call", "will_call", "will_delay",
         "max_qos", "_deferred", "dropped_too_large", "dropped_expired",
-        "pacer", "_backlog",
+        "pacer", "_backlog", "_dup_through",
     )
 
     def __init__(
@@ -165,6 +169,9 @@ class Session:
         # Persistent sessions keep their state in the store, if there is one.
         self.store = None if clean_session else store
         self._seq = 0
+        # Restored queued QoS 1 deliveries up to this seq may have gone out
+        # before a restart: they go again marked DUP.
+        self._dup_through = 0
         # topic filter -> granted QoS, and the filters' UTF-8 bytes in all.
         self.subscriptions = {}
         self.filter_bytes = 0
@@ -403,6 +410,10 @@ class Session:
         else:
             if seq is not None:
                 self.store.add_delivery(self.client_id, seq, message, qos, retain)
+                if message.held is not None:
+                    # Counted now, as if in flight: when it is sent and
+                    # acknowledged, its publisher's ack need wait no more.
+                    message.held.pending += 1
             if not self._queue:
                 self._queue = deque()
             self._enqueue(self._queue, message, qos, retain, seq, group)
@@ -416,6 +427,8 @@ class Session:
             return False
         self._seq = seq = self._seq + 1
         self.store.add_delivery(self.client_id, seq, message, 0, retain)
+        if message.held is not None:
+            message.held.blocked = True
         if not self._queue:
             self._queue = deque()
         self._enqueue(self._queue, message, 0, retain, seq, group)
@@ -704,10 +717,11 @@ class Session:
                 self._write5(message, 0, None, retain, False, group)
             return
         mid = self._next_message_id()
+        dup = stored and seq is not None and seq <= self._dup_through and qos == 1
         if self.encoder is None:
-            frame = message.frame(qos, mid, retain)
+            frame = message.frame(qos, mid, retain, dup)
         else:
-            frame = self._frame5(message, qos, mid, retain, False, group)
+            frame = self._frame5(message, qos, mid, retain, dup, group)
             if frame is None:
                 self._stats.stored_messages -= 1
                 if seq is not None and stored:
@@ -715,16 +729,25 @@ class Session:
                 return
         if self.inflight is _NO_FLIGHTS:
             self.inflight = {}
-        self.inflight[mid] = _InFlight(
+        self.inflight[mid] = flight = _InFlight(
             message, qos, retain, seq, self.clock.seconds() + self.limits.retry_interval,
             AWAITING_ACK, group,
         )
+        held = message.held
+        if held is not None and seq is not None:
+            flight.held = held
+            if not stored:
+                held.pending += 1
         if seq is None:
             self.connection.write(frame)
         else:
-            # The message id is on disk before the client can see it, so a
-            # restart re-sends it under the same id: exactly once holds.
-            if stored:
+            if stored and qos == 1:
+                # At least once needs no id on disk: after a restart it goes
+                # again, under a new id, marked DUP.
+                self.store.sent(self.client_id, seq)
+            elif stored:
+                # The message id is on disk before the client can see it, so
+                # a restart re-sends it under the same id: exactly once holds.
                 self.store.update_delivery(self.client_id, seq, mid, AWAITING_ACK)
             else:
                 self.store.add_delivery(
@@ -847,6 +870,8 @@ class Session:
     def _complete(self, mid, flight):
         del self.inflight[mid]
         self._stats.stored_messages -= 1
+        if flight.held is not None:
+            flight.held.delivered()
         if flight.seq is not None:
             self.store.delete_delivery(self.client_id, flight.seq)
         self.pump()
@@ -879,6 +904,9 @@ class Session:
         stats.stored_messages += self.queued + len(self.inflight) - stored_before
         stats.queued_bytes += self.queued_bytes - queued_bytes_before
         self.awaiting_pubrel = set(stored.awaiting_pubrel)
+        if stored.sent_seq:
+            self._dup_through = stored.sent_seq
+            self._seq = max(self._seq, stored.sent_seq)
 
     # Inbound QoS 2, from this session's client
 

@@ -12,12 +12,15 @@ import queue
 import sqlite3
 import threading
 import time
+from collections import deque
+from functools import partial
 from pathlib import Path
 
 import attr
 from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 
+from mqttgw.broker import writes
 from mqttgw.wire.properties import PUBLISH, decode_properties, encode_properties
 
 log = Logger()
@@ -25,8 +28,19 @@ log = Logger()
 DB_NAME = "mqttgw.db"
 LOCK_NAME = "mqttgw.lock"
 # 2: sessions.last_seen; 3: MQTT 5.0's session expiry, and message
-# properties and expiry (older stores are upgraded in place).
-SCHEMA_VERSION = 3
+# properties and expiry; 4: sessions.sent_seq (older stores are upgraded
+# in place).
+SCHEMA_VERSION = 4
+
+# A commit takes about this long at most: batches are sized from the
+# measured cost per op.
+COMMIT_TARGET = 0.05
+# While nobody waits for its commits, or most of what it is handed cancels
+# out (receivers acknowledge before the commit), the writer lets a batch
+# gather for GATHER_COMMITS times the last commit's duration, within
+# GATHER_BOUNDS seconds: fewer commits, and more that never reaches disk.
+GATHER_COMMITS = 4
+GATHER_BOUNDS = (0.001, 0.01)
 
 # --durability: what a commit survives, as SQLite's synchronous setting.
 DURABILITY = {
@@ -40,7 +54,8 @@ CREATE TABLE IF NOT EXISTS retained (
     topic TEXT PRIMARY KEY, payload BLOB NOT NULL, qos INTEGER NOT NULL,
     properties BLOB, expiry REAL);
 CREATE TABLE IF NOT EXISTS sessions (
-    client_id TEXT PRIMARY KEY, last_seen REAL, expiry_interval INTEGER);
+    client_id TEXT PRIMARY KEY, last_seen REAL, expiry_interval INTEGER,
+    sent_seq INTEGER);
 CREATE TABLE IF NOT EXISTS subscriptions (
     client_id TEXT NOT NULL, topic_filter TEXT NOT NULL, qos INTEGER NOT NULL,
     PRIMARY KEY (client_id, topic_filter));
@@ -64,6 +79,7 @@ _ADDED_COLUMNS = [
     ("retained", "expiry", "REAL"),
     ("deliveries", "properties", "BLOB"),
     ("deliveries", "expiry", "REAL"),
+    ("sessions", "sent_seq", "INTEGER"),
 ]
 
 
@@ -97,6 +113,8 @@ class StoredSession:
     last_seen = attr.ib(default=None)
     # MQTT 5.0's session expiry interval, or None (3.1.1).
     expiry_interval = attr.ib(default=None)
+    # Queued QoS 1 deliveries up to this seq may have been sent.
+    sent_seq = attr.ib(default=None)
     subscriptions = attr.ib(factory=dict)
     deliveries = attr.ib(factory=list)
     awaiting_pubrel = attr.ib(factory=set)
@@ -157,6 +175,14 @@ class Store:
         self.failed = None
         self._queue = queue.SimpleQueue()
         self._thread = None
+        # Ops of this reactor turn, not yet handed to the writer.
+        self._ops = []
+        self._seconds_per_op = None
+        # Seconds the writer lets a batch gather before it commits.
+        self._gather = 0
+        # Ops committed, and those that cancelled out before reaching disk.
+        self.ops_written = 0
+        self.ops_folded = 0
         # Work waiting for the commit of what was written this reactor turn.
         self._after_commit = []
         self._turn_end = None
@@ -210,9 +236,9 @@ class Store:
                 "SELECT topic, payload, qos, properties, expiry FROM retained"
             ).fetchall()
             sessions = {
-                cid: StoredSession(cid, last_seen, expiry_interval)
-                for (cid, last_seen, expiry_interval) in db.execute(
-                    "SELECT client_id, last_seen, expiry_interval FROM sessions"
+                cid: StoredSession(cid, last_seen, expiry_interval, sent_seq)
+                for (cid, last_seen, expiry_interval, sent_seq) in db.execute(
+                    "SELECT client_id, last_seen, expiry_interval, sent_seq FROM sessions"
                 )
             }
             for cid, topic_filter, qos in db.execute(
@@ -245,6 +271,7 @@ class Store:
     def stop(self):
         """Commit everything submitted, then close (blocks: for shutdown)."""
         if self._thread is not None:
+            self._hand_over()
             self._queue.put(_STOP)
             self._thread.join()
             self._thread = None
@@ -263,13 +290,27 @@ class Store:
         """
         self._queue.put(_PROBE)
 
-    # Writes, from the reactor thread
+    # Writes, from the reactor thread: ops gathered for the turn, handed
+    # to the writer thread as one list when the turn ends (or a barrier
+    # asks for them).  No row or SQL is made here (see writes.py).
+
+    def _put(self, op):
+        self._ops.append(op)
+        # Without a reactor (tools, tests) ops wait for a barrier or stop.
+        if self._turn_end is None and self.reactor is not None:
+            self._turn_end = self.reactor.callLater(0, self._end_turn)
+
+    def _hand_over(self):
+        if self._ops:
+            self._queue.put(self._ops)
+            self._ops = []
 
     def write(self, sql, args=()):
-        self._queue.put((sql, args))
+        self._put((writes.SQL, sql, args))
 
     def barrier(self):
         """A Deferred fired once every write submitted so far is committed."""
+        self._hand_over()
         barrier = _Barrier()
         self._queue.put(barrier)
         return barrier.deferred
@@ -286,21 +327,22 @@ class Store:
 
     def _end_turn(self):
         self._turn_end = None
-        waiting, self._after_commit = self._after_commit, []
-        self.barrier().addCallbacks(_run_all, _fail_all, (waiting,), None, (waiting,))
+        self._hand_over()
+        if self._after_commit:
+            waiting, self._after_commit = self._after_commit, []
+            self.barrier().addCallbacks(_run_all, _fail_all, (waiting,), None, (waiting,))
 
     def set_retained(self, message):
-        self.write(
-            "INSERT OR REPLACE INTO retained VALUES (?, ?, ?, ?, ?)",
-            (message.topic, message.payload, message.qos, *_message_columns(message)),
-        )
+        self.write(_SET_RETAINED, (message.topic, message.payload, message.qos, message))
 
     def delete_retained(self, topic):
         self.write("DELETE FROM retained WHERE topic = ?", (topic,))
 
     def add_session(self, client_id, expiry_interval=None):
         self.write(
-            "INSERT OR REPLACE INTO sessions VALUES (?, NULL, ?)", (client_id, expiry_interval)
+            "INSERT OR REPLACE INTO sessions (client_id, last_seen, expiry_interval)"
+            " VALUES (?, NULL, ?)",
+            (client_id, expiry_interval),
         )
 
     def set_session_expiry(self, client_id, expiry_interval):
@@ -313,8 +355,7 @@ class Store:
         self.write("UPDATE sessions SET last_seen = ? WHERE client_id = ?", (last_seen, client_id))
 
     def delete_session(self, client_id):
-        for table in ("sessions", "subscriptions", "deliveries", "awaiting_pubrel"):
-            self.write(f"DELETE FROM {table} WHERE client_id = ?", (client_id,))
+        self._put((writes.DROP_SESSION, client_id))
 
     def subscribe(self, client_id, topic_filter, qos):
         self.write(
@@ -329,43 +370,56 @@ class Store:
         )
 
     def add_delivery(self, client_id, seq, message, qos, retain, message_id=None, state=0):
-        self.write(
-            "INSERT INTO deliveries VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                client_id, seq, message.topic, message.payload, qos, int(retain),
-                message_id, state, *_message_columns(message),
-            ),
-        )
+        self._put((writes.ADD, client_id, seq, message, qos, retain, message_id, state))
 
     def update_delivery(self, client_id, seq, message_id, state):
-        self.write(
-            "UPDATE deliveries SET message_id = ?, state = ? WHERE client_id = ? AND seq = ?",
-            (message_id, state, client_id, seq),
-        )
+        self._put((writes.UPDATE, client_id, seq, message_id, state))
+
+    def sent(self, client_id, seq):
+        """
+        A queued QoS 1 delivery went out (under an id not recorded): after
+        a restart it is sent again marked DUP, as every one up to ``seq``.
+        """
+        self._put((writes.SENT, client_id, seq))
 
     def delete_delivery(self, client_id, seq):
-        self.write("DELETE FROM deliveries WHERE client_id = ? AND seq = ?", (client_id, seq))
+        self._put((writes.DELETE, client_id, seq))
 
     def add_awaiting_pubrel(self, client_id, message_id):
-        self.write("INSERT OR IGNORE INTO awaiting_pubrel VALUES (?, ?)", (client_id, message_id))
+        self._put((writes.PUBREL_ADD, client_id, message_id))
 
     def delete_awaiting_pubrel(self, client_id, message_id):
-        self.write(
-            "DELETE FROM awaiting_pubrel WHERE client_id = ? AND message_id = ?",
-            (client_id, message_id),
-        )
+        self._put((writes.PUBREL_DELETE, client_id, message_id))
 
     # The writer thread
+
+    def _commit_limit(self):
+        """
+        Ops per commit: as many as the measured cost per op fits in
+        COMMIT_TARGET seconds, so a commit stays short under any load while
+        a fast disk takes large batches.
+        """
+        per_op = self._seconds_per_op
+        if not per_op:
+            return self.batch
+        return max(self.batch, int(COMMIT_TARGET / per_op))
 
     def _write_loop(self):
         while True:
             batch = [self._queue.get()]
-            # Group commit: everything already waiting goes in this batch.
-            while len(batch) < self.batch:
+            if self._gather:
+                # More of what is coming cancels out or shares the commit.
+                time.sleep(self._gather)
+            ops = len(batch[0]) if type(batch[0]) is list else 1
+            # Group commit: what is already waiting goes in this batch.
+            limit = self._commit_limit()
+            while ops < limit:
                 try:
-                    batch.append(self._queue.get_nowait())
+                    item = self._queue.get_nowait()
                 except queue.Empty:
                     break
+                batch.append(item)
+                ops += len(item) if type(item) is list else 1
             if not self._commit(batch, self.reactor.callFromThread):
                 return
 
@@ -377,6 +431,7 @@ class Store:
         if self._turn_end is not None and self._turn_end.active():
             self._turn_end.cancel()
             self._end_turn()
+        self._hand_over()
         batch = []
         while True:
             try:
@@ -391,25 +446,24 @@ class Store:
         barriers = []
         carry_on = True
         probe = False
-        # Runs of the same statement go to SQLite as one executemany.
-        runs = []
+        compaction = writes.Compaction()
         for item in batch:
-            if item is _STOP:
+            if type(item) is list:
+                compaction.add(item)
+            elif item is _STOP:
                 carry_on = False
             elif item is _PROBE:
                 probe = True
-            elif isinstance(item, _Barrier):
-                barriers.append(item)
-            elif runs and runs[-1][0] == item[0]:
-                runs[-1][1].append(item[1])
             else:
-                runs.append((item[0], [item[1]]))
+                barriers.append(item)
         started = time.perf_counter()
         try:
             if probe:
                 self._probe_directory()
             db.execute("BEGIN")
-            for sql, args in runs:
+            for sql, args in compaction.statements():
+                if sql is _SET_RETAINED:
+                    sql, args = _retained_rows(args)
                 db.executemany(sql, args)
             if probe:
                 db.execute("UPDATE meta SET value = value WHERE key = 'schema'")
@@ -432,6 +486,11 @@ class Store:
             return carry_on
         elapsed = time.perf_counter() - started
         self.commits += 1
+        self.ops_written += compaction.ops
+        self.ops_folded += compaction.folded
+        if compaction.ops:
+            self._seconds_per_op = elapsed / compaction.ops
+        self._gather = _gather(elapsed, compaction, barriers)
         self.last_commit_seconds = elapsed
         self.last_commit_at = time.monotonic()
         if self.on_commit is not None:
@@ -468,42 +527,85 @@ class Store:
             self.on_state_change(error)
 
 
+class Held:
+    """
+    A routed publish whose acknowledgement waits for the store.  It may go
+    before the commit once every copy written for it has been acknowledged
+    by its receiver: then there is nothing left that a crash could lose.
+    A retained message, or a QoS 0 copy kept for a receiver that is away,
+    is ``blocked``: its ack waits for the commit.
+    """
+
+    __slots__ = ("pending", "blocked", "release")
+
+    def __init__(self):
+        # Stored copies in flight, not yet acknowledged by their receivers.
+        self.pending = 0
+        self.blocked = False
+        self.release = None
+
+    def delivered(self):
+        self.pending -= 1
+        if not self.pending and not self.blocked and self.release is not None:
+            self.release()
+
+
 class OrderedAcks:
     """
     Ack means safe: an ack for a message written to the store waits for
-    its commit, and every later ack of the same connection waits behind
-    it, since acks go out in the order their packets came in.
+    its commit (or, see Held, for its receivers' acks), and every later ack
+    of the same connection waits behind it, since acks go out in the order
+    their packets came in.
     """
 
     def __init__(self, store, write):
         self._store = store
         self._write = write
-        self._waiting = 0
+        # [ack, ready] in the order the packets came.
+        self._held = deque()
 
-    def send(self, ack, durable):
-        if self._store is None or not (durable or self._waiting):
+    def send(self, ack, durable, held=None):
+        if self._store is None or not (durable or self._held):
             self._write(ack)
             return
-        self._waiting += 1
-        self._store.after_commit(self._release, ack)
+        entry = [ack, not durable, held]
+        self._held.append(entry)
+        if durable:
+            self._store.after_commit(self._release, entry)
+            if held is not None:
+                held.release = partial(self._release, entry)
 
     @property
     def waiting(self):
-        """Acks held back for a commit."""
-        return self._waiting
+        """Acks held back."""
+        return len(self._held)
 
-    def _release(self, ack):
-        self._waiting -= 1
-        self._write(ack)
+    def _release(self, entry):
+        entry[1] = True
+        if entry[2] is not None:
+            # Its copies may wait in queues for long: they keep no hold on
+            # this connection.
+            entry[2].release = entry[2] = None
+        held = self._held
+        while held and held[0][1]:
+            self._write(held.popleft()[0])
 
     # Called instead of _release when the commit failed.
     on_failure = None
 
 
-def _message_columns(message):
-    """A message's 5.0 properties (encoded) and expiry, as stored."""
-    props = message.properties
-    return (encode_properties(props) if props else None), message.expiry
+_SET_RETAINED = "INSERT OR REPLACE INTO retained VALUES (?, ?, ?, ?, ?)"
+
+
+def _retained_rows(args):
+    """Retained messages' rows, made in the writer thread."""
+    rows = []
+    for topic, payload, qos, message in args:
+        props = message.properties
+        rows.append(
+            (topic, payload, qos, encode_properties(props) if props else None, message.expiry)
+        )
+    return _SET_RETAINED, rows
 
 
 def _properties(blob):
@@ -511,6 +613,14 @@ def _properties(blob):
         return None
     blob = bytes(blob)
     return decode_properties(blob, 0, len(blob), PUBLISH)[0]
+
+
+def _gather(elapsed, compaction, barriers):
+    """Seconds to let the next batch gather (see GATHER_COMMITS)."""
+    if not compaction.ops or (barriers and compaction.folded * 2 < compaction.ops):
+        return 0
+    low, high = GATHER_BOUNDS
+    return min(high, max(low, GATHER_COMMITS * elapsed))
 
 
 def _run_all(_, callbacks):

@@ -19,7 +19,7 @@ from twisted.logger import Logger
 
 from mqttgw.broker.access import BRIDGE_STATE_PREFIX, READ, WRITE
 from mqttgw.broker.delivery_budget import DeliveryBudget
-from mqttgw.broker.store import OrderedAcks
+from mqttgw.broker.store import Held, OrderedAcks
 from mqttgw.broker.subscriptions import (
     SEND_RETAINED_IF_NEW,
     SubscriptionOptions,
@@ -632,7 +632,8 @@ class MQTTServerProtocol(MQTTConnection):
             if router.may_be_durable(packet):
                 if router.store.failed is not None:
                     return self._store_failed(packet)
-                self._acknowledge(ack, router.publish(packet, session))
+                packet.held = held = Held()
+                self._acknowledge(ack, router.publish(packet, session), held)
             else:
                 self._acknowledge(ack, False)
                 router.publish(packet, session)
@@ -648,8 +649,13 @@ class MQTTServerProtocol(MQTTConnection):
         elif router.store.failed is not None:
             session.qos2_released(mid)
             return self._store_failed(packet)
+        elif session.store is not None:
+            # Its id is recorded as received: the ack waits for that commit.
+            router.publish(packet, session)
+            self._acknowledge(ack, True)
         else:
-            self._acknowledge(ack, router.publish(packet, session) or session.store is not None)
+            packet.held = held = Held()
+            self._acknowledge(ack, router.publish(packet, session), held)
 
     def _publish5(self, packet):
         """
@@ -735,11 +741,11 @@ class MQTTServerProtocol(MQTTConnection):
             self.session.qos2_received(packet.message_id)
             self._acknowledge(_PUBREC(packet.message_id).encode(), False)
 
-    def _acknowledge(self, ack, durable):
+    def _acknowledge(self, ack, durable, held=None):
         if self._acks is None:
             self._acks = OrderedAcks(self.router.store, self._write_if_connected)
             self._acks.on_failure = self._store_failed
-        self._acks.send(ack, durable)
+        self._acks.send(ack, durable, held)
 
     def _write_if_connected(self, data):
         if self.state is CONNECTED:
