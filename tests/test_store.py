@@ -474,3 +474,21 @@ def test_a_dropped_session_supersedes_its_earlier_ops_and_not_its_later_ones():
         ("DELETE", "sessions"), ("DELETE", "subscriptions"), ("DELETE", "deliveries"),
         ("DELETE", "awaiting_pubrel"), ("INSERT", "deliveries"),
     ]
+
+
+def test_a_row_that_cannot_be_made_fails_its_batch_and_the_writer_goes_on(tmp_path):
+    store = Store(tmp_path, None)
+    failures = []
+    store.on_state_change = failures.append
+    bad = P.Publish("t", b"p", 1, properties={"no_such_property": 1})
+    store.add_delivery("c", 1, bad, 1, False)
+    waited = store.barrier()
+    errors = []
+    waited.addErrback(errors.append)
+    store.run_pending()
+    assert store.state == "failed" and len(errors) == 1 and len(failures) == 1
+    store.add_session("c")
+    store.probe()
+    store.run_pending()
+    assert store.state == "ok"
+    store.stop()

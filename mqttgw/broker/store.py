@@ -468,11 +468,11 @@ class Store:
             if probe:
                 db.execute("UPDATE meta SET value = value WHERE key = 'schema'")
             db.execute("COMMIT")
-        except (sqlite3.Error, OSError) as e:
-            # The disk failed us: nothing in this batch is acknowledged as
-            # safe.  Those waiting are told, so their clients see it (the
-            # connection closes, and they send again) instead of waiting for
-            # ever.
+        except Exception as e:
+            # The disk failed us (or a row could not be made): nothing in
+            # this batch is acknowledged as safe.  Those waiting are told,
+            # so their clients see it (the connection closes, and they send
+            # again) instead of waiting for ever.
             was_ok = self.failed is None
             self.failed = e
             if was_ok:
