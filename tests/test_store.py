@@ -193,13 +193,19 @@ def statements_of(store):
     return seen
 
 
-def test_queued_qos1_sent_before_a_restart_comes_back_dup_and_one_never_sent_does_not(broker):
+def queued_while_away(broker, count):
+    """``count`` QoS 1 messages on "a", committed to the queue of "s" (away)."""
     sub = persistent_subscriber(broker, "s", ("a", 1))
     sub.lose_connection()
     pub = connected(broker, "p")
-    for i in range(3):
+    for i in range(count):
         pub.send(P.Publish("a", b"%d" % i, 1, message_id=i + 1))
     broker.commit()
+    return pub
+
+
+def test_queued_qos1_sent_before_a_restart_comes_back_dup_and_one_never_sent_does_not(broker):
+    pub = queued_while_away(broker, 3)
     # Sent from the queue, not acknowledged; two more queue behind them.
     back = broker.client(client_id="s", clean_session=False)
     assert [(p.payload, p.dup) for p in publishes_packets(back.received())] == [
@@ -222,12 +228,7 @@ def test_queued_qos1_sent_before_a_restart_comes_back_dup_and_one_never_sent_doe
 
 
 def test_a_backlog_drains_without_an_update_per_qos1_delivery_or_a_delete_per_ack(broker):
-    sub = persistent_subscriber(broker, "s", ("a", 1))
-    sub.lose_connection()
-    pub = connected(broker, "p")
-    for i in range(60):
-        pub.send(P.Publish("a", b"%d" % i, 1, message_id=i + 1))
-    broker.commit()
+    queued_while_away(broker, 60)
     seen = statements_of(broker.store)
     back = broker.client(client_id="s", clean_session=False)
     # The client acknowledges each window as it arrives; one commit at the end.
