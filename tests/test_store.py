@@ -6,12 +6,15 @@ means safe, what survives a restart, and a store that cannot be used.
 import sqlite3
 
 import pytest
+from twisted.internet.testing import MemoryReactorClock
 
+from mqttgw.bridges.bridge import MQTTBridgeKind
 from mqttgw.broker import writes
 from mqttgw.broker.session import INTERNAL_PREFIX, SessionLimits
 from mqttgw.broker.store import Store, StoreError
 from mqttgw.testing import FakeBroker
 from mqttgw.wire import packets as P
+from tests.fake_network import accept
 from tests.test_protocol import connected, publishes
 
 
@@ -493,3 +496,23 @@ def test_a_row_that_cannot_be_made_fails_its_batch_and_the_writer_goes_on(tmp_pa
     store.run_pending()
     assert store.state == "ok"
     store.stop()
+
+
+def test_a_bridge_acknowledges_upstream_once_the_stored_local_copy_is_acknowledged(broker):
+    sub = persistent_subscriber(broker, "s", ("t/#", 1))
+    reactor = MemoryReactorClock()
+    settings = MQTTBridgeKind.check(
+        {"name": "up", "addresses": ["127.0.0.1:1001"], "rules": ["t/# in 1"]}
+    )
+    bridge = MQTTBridgeKind.make_service(broker.router, settings, reactor)
+    bridge.startService()
+    upstream = accept(reactor)
+    upstream.received()
+    upstream.send(P.Connack(0))
+    upstream.received()
+    upstream.send(P.Publish("t/a", b"x", 1, message_id=7))
+    assert P.Puback(7) not in upstream.received()
+    [copy] = publishes_packets(sub.received())
+    sub.send(P.Puback(copy.message_id))
+    assert P.Puback(7) in upstream.received()
+    bridge.stopService()
