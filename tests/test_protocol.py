@@ -9,6 +9,8 @@ import pytest
 from mqttgw.broker.session import SessionLimits
 from mqttgw.testing import FakeBroker
 from mqttgw.wire import packets as P
+from mqttgw.wire.encoding import encode_string
+from mqttgw.wire.packets import _frame
 
 V31 = {"protocol_level": P.MQTT_31}
 V311 = {"protocol_level": P.MQTT_311}
@@ -834,18 +836,44 @@ def test_retained_messages_wait_for_a_paused_connection():
 
 def test_a_subscribe_with_many_filters_is_handled_over_several_turns_in_order(broker):
     client = connected(broker, "c")
-    filters = [(f"f/{i}", 1) for i in range(2500)] + [("bad#", 0)]
+    filters = [(f"f/{i}", 1) for i in range(1500)] + [("bad#", 0)]
     client.protocol.dataReceived(P.Subscribe(7, filters).encode() + P.Pingreq().encode())
     client.protocol.flush()
-    # Nothing answered in the first turn: 1,000 filters done of 2,501.
+    # Nothing answered in the first turn: one step's filters done of 1,501.
     assert client.transport.value() == b""
-    assert len(broker.router.sessions["c"].subscriptions) == 1000
+    step = client.protocol.FILTERS_PER_STEP
+    assert step < 1500
+    assert len(broker.router.sessions["c"].subscriptions) == step
     assert client.transport.producerState == "paused"
-    assert client.received() == [P.Suback(7, [1] * 2500 + [P.SUBACK_FAILURE]), P.Pingresp()]
+    assert client.received() == [P.Suback(7, [1] * 1500 + [P.SUBACK_FAILURE]), P.Pingresp()]
     assert client.transport.producerState == "producing"
     client.send(P.Unsubscribe(8, [f for f, _ in filters]))
     assert client.received() == [P.Unsuback(8)]
     assert broker.router.subscriptions.count == 0
+
+
+def test_a_large_subscribe_is_decoded_over_several_turns_and_checked_whole_before_use(broker):
+    client = connected(broker, "c")
+    good = b"".join(encode_string(f"f/{i}") + b"\x01" for i in range(5000))
+    bad = b"\x00\x02\xff\xfe\x01"  # a filter that is not UTF-8, at the end
+    client.protocol.dataReceived(_frame(0x82, b"\x00\x07" + good + bad))
+    client.protocol.flush()
+    # Decoding takes turns of its own; nothing is subscribed meanwhile.
+    assert client.transport.value() == b""
+    assert client.transport.producerState == "paused"
+    assert len(broker.router.sessions["c"].subscriptions) == 0
+    broker.clock.advance(0)
+    # The malformed filter closes the connection before any filter is used.
+    assert client.transport.disconnecting
+    assert broker.router.subscriptions.count == 0
+
+
+def test_a_large_subscribe_is_answered_once_all_of_it_is_decoded_and_applied(broker):
+    client = connected(broker, "c")
+    filters = [(f"f/{i}", 1) for i in range(5000)]
+    client.send(P.Subscribe(7, filters))
+    assert client.received() == [P.Suback(7, [1] * 5000)]
+    assert len(broker.router.sessions["c"].subscriptions) == 5000
 
 
 def test_control_characters_in_a_client_id_are_escaped_in_log_lines(broker, logged):

@@ -616,7 +616,7 @@ class Session:
 
     # Work per reactor turn on retained messages (a message sent, or a
     # step of the walk), so one large walk cannot hold up other connections.
-    RETAINED_BUDGET = 1024
+    RETAINED_BUDGET = 256
     _WALK_STEP_COST = 16
 
     def _pump_retained(self):

@@ -175,6 +175,10 @@ class MQTTConnection(Protocol):
         if self._work is not None:
             try:
                 more = next(self._work, True) is not True
+            except ProtocolViolation as e:
+                self._work = None
+                self.protocol_error(str(e), e.reason_code)
+                return
             except Exception:
                 self._work = None
                 log.failure("internal error handling a packet from {client_id}", client_id=self.log_id)

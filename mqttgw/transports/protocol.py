@@ -49,7 +49,14 @@ from mqttgw.transports.schedulers import Flusher
 from mqttgw.transports.tls import peer_identity
 from mqttgw.wire import packets as P
 from mqttgw.wire import reasons as R
-from mqttgw.wire.framing import LAX, STRICT, STRICT_TEXT, Framer, ProtocolViolation
+from mqttgw.wire.framing import (
+    LAX,
+    STRICT,
+    STRICT_TEXT,
+    FiltersToDecode,
+    Framer,
+    ProtocolViolation,
+)
 from mqttgw.wire.printable import printable
 from mqttgw.wire.properties import message_properties
 
@@ -153,7 +160,7 @@ class MQTTServerProtocol(MQTTConnection):
         "max_delivery_rate",
     )
     # Topic filters of one SUBSCRIBE or UNSUBSCRIBE handled per turn.
-    FILTERS_PER_STEP = 1000
+    FILTERS_PER_STEP = 250
 
     def __init__(self, router, limits, clock, flusher):
         super().__init__(
@@ -786,7 +793,19 @@ class MQTTServerProtocol(MQTTConnection):
             return True
         return False
 
+    def _decoded(self, packet):
+        """
+        Decode a large packet's filters a step at a time (yielding between
+        steps); every one is decoded, and so checked, before any is used.
+        """
+        topics = packet.topics
+        if type(topics) is FiltersToDecode:
+            while not topics.step(self.FILTERS_PER_STEP):
+                yield
+            packet.topics = topics.decoded
+
     def _subscribe(self, packet):
+        yield from self._decoded(packet)
         access = self.router.access
         session = self.session
         limits = session.limits
@@ -921,6 +940,7 @@ class MQTTServerProtocol(MQTTConnection):
         return None, None
 
     def _unsubscribe(self, packet):
+        yield from self._decoded(packet)
         topics = packet.topics
         v5 = self.v5
         codes = []

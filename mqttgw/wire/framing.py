@@ -162,14 +162,73 @@ def _id_only(cls):
     return decode
 
 
+# A SUBSCRIBE or UNSUBSCRIBE whose filters take more bytes than this is
+# decoded a slice at a time, over reactor turns (see FiltersToDecode).
+DECODE_IN_SLICES = 16 * 1024
+
+
+class FiltersToDecode:
+    """
+    The topic filters of a large SUBSCRIBE or UNSUBSCRIBE, not decoded yet:
+    ``step(count)`` decodes up to ``count`` more (raising ProtocolViolation
+    as the whole decode would) and says whether all are done; ``decoded``
+    holds them.  Decoding a hundred thousand filters at once would hold
+    the reactor for tens of milliseconds.
+    """
+
+    __slots__ = ("decoded", "_decode", "_data", "_offset", "_end", "_strict", "_empty")
+
+    def __init__(self, decode, data, offset, end, strict, empty):
+        self.decoded = []
+        self._decode = decode
+        self._data = data
+        self._offset = offset
+        self._end = end
+        self._strict = strict
+        # The violation when there are none.
+        self._empty = empty
+
+    def step(self, count):
+        self._offset = self._decode(
+            self._data, self._offset, self._end, self._strict, self.decoded, count
+        )
+        if self._offset < self._end:
+            return False
+        if not self.decoded:
+            raise self._empty
+        self._data = None
+        return True
+
+
+def _filters(decode, data, o, end, strict, empty):
+    """All of the filters at once, or a FiltersToDecode when they are many."""
+    if end - o > DECODE_IN_SLICES:
+        return FiltersToDecode(decode, data, o, end, strict, empty)
+    topics = []
+    decode(data, o, end, strict, topics, end)
+    if not topics:
+        raise empty
+    return topics
+
+
 def _decode_subscribe(flags, data, start, end, strict):
     mid = _message_id(data, start, end)
-    o = start + 2
-    topics = []
+    return P.Subscribe(
+        mid,
+        _filters(
+            _subscribe_filters, data, start + 2, end, strict,
+            ProtocolViolation("SUBSCRIBE with no topics"),
+        ),
+    )
+
+
+def _subscribe_filters(data, o, end, strict, topics, count):
+    """Up to ``count`` (filter, QoS) from ``o`` into ``topics``; the new offset."""
     append = topics.append
     # Inline rather than through _string: a SUBSCRIBE may hold a great
     # many filters, and this is the whole of its decoding cost.
-    while o < end:
+    while o < end and count > 0:
+        count -= 1
         if o + 2 > end:
             raise ProtocolViolation("packet truncated")
         s = o + 2
@@ -187,14 +246,11 @@ def _decode_subscribe(flags, data, start, end, strict):
         qos = data[e]
         if (qos > 2) if strict else (qos & 0x03) == 3:
             raise ProtocolViolation("SUBSCRIBE requested QoS is invalid")
+        if strict:
+            check_text(topic, strict)
         append((topic, qos & 0x03))
         o = e + 1
-    if not topics:
-        raise ProtocolViolation("SUBSCRIBE with no topics")
-    if strict:
-        for t, _ in topics:
-            check_text(t, strict)
-    return P.Subscribe(mid, topics)
+    return o
 
 
 def _decode_suback(flags, data, start, end, strict):
@@ -203,16 +259,23 @@ def _decode_suback(flags, data, start, end, strict):
 
 def _decode_unsubscribe(flags, data, start, end, strict):
     mid = _message_id(data, start, end)
-    o = start + 2
-    topics = []
-    while o < end:
+    return P.Unsubscribe(
+        mid,
+        _filters(
+            _unsubscribe_filters, data, start + 2, end, strict,
+            ProtocolViolation("UNSUBSCRIBE with no topics"),
+        ),
+    )
+
+
+def _unsubscribe_filters(data, o, end, strict, topics, count):
+    while o < end and count > 0:
+        count -= 1
         topic, o = _string(data, o, end, strict)
         if not topic:
             raise ProtocolViolation("UNSUBSCRIBE with a zero-length topic filter")
         topics.append(topic)
-    if not topics:
-        raise ProtocolViolation("UNSUBSCRIBE with no topics")
-    return P.Unsubscribe(mid, topics)
+    return o
 
 
 def _empty(cls):
@@ -261,8 +324,19 @@ def _decode_connack5(flags, data, start, end, strict):
 def _decode_subscribe5(flags, data, start, end, strict):
     mid = _message_id(data, start, end)
     props, o = _properties(data, start + 2, end, P.SUBSCRIBE, strict)
-    topics = []
-    while o < end:
+    return P.Subscribe(
+        mid,
+        _filters(
+            _subscribe5_filters, data, o, end, strict,
+            ProtocolViolation("SUBSCRIBE with no topics", R.PROTOCOL_ERROR),
+        ),
+        props,
+    )
+
+
+def _subscribe5_filters(data, o, end, strict, topics, count):
+    while o < end and count > 0:
+        count -= 1
         topic, o = _string(data, o, end, strict)
         if o >= end:
             raise ProtocolViolation("SUBSCRIBE topic without subscription options")
@@ -275,9 +349,7 @@ def _decode_subscribe5(flags, data, start, end, strict):
         if options & 0x30 == 0x30:
             raise ProtocolViolation("SUBSCRIBE retain handling 3 is reserved", R.PROTOCOL_ERROR)
         topics.append((topic, options))
-    if not topics:
-        raise ProtocolViolation("SUBSCRIBE with no topics", R.PROTOCOL_ERROR)
-    return P.Subscribe(mid, topics, props)
+    return o
 
 
 def _decode_suback5(flags, data, start, end, strict):
@@ -289,13 +361,22 @@ def _decode_suback5(flags, data, start, end, strict):
 def _decode_unsubscribe5(flags, data, start, end, strict):
     mid = _message_id(data, start, end)
     props, o = _properties(data, start + 2, end, P.UNSUBSCRIBE, strict)
-    topics = []
-    while o < end:
+    return P.Unsubscribe(
+        mid,
+        _filters(
+            _unsubscribe5_filters, data, o, end, strict,
+            ProtocolViolation("UNSUBSCRIBE with no topics", R.PROTOCOL_ERROR),
+        ),
+        props,
+    )
+
+
+def _unsubscribe5_filters(data, o, end, strict, topics, count):
+    while o < end and count > 0:
+        count -= 1
         topic, o = _string(data, o, end, strict)
         topics.append(topic)
-    if not topics:
-        raise ProtocolViolation("UNSUBSCRIBE with no topics", R.PROTOCOL_ERROR)
-    return P.Unsubscribe(mid, topics, props)
+    return o
 
 
 def _decode_unsuback5(flags, data, start, end, strict):
