@@ -683,3 +683,16 @@ def test_a_failed_tls_handshake_is_logged_with_the_peer(gateway_with, tmp_path):
         context.wrap_socket(sock, server_hostname="127.0.0.1")
     gw.wait_for_log("TLS handshake with 127.0.0.1:")
     assert "failed:" in gw.log()
+
+
+def test_the_gateway_freezes_its_start_up_objects_out_of_garbage_collection(tmp_path):
+    gw = Gateway(tmp_path, "--log-level", "debug", "--no-persistence")
+    try:
+        gw.wait_for_log("garbage collector:")
+        line = next(line for line in gw.log().splitlines() if "garbage collector:" in line)
+        frozen = int(re.search(r"(\d+) start-up objects frozen", line).group(1))
+        # Twisted and the gateway's own modules at least.
+        assert frozen > 10_000
+        assert "thresholds (50000, 20, 10)" in line
+    finally:
+        gw.stop()

@@ -23,7 +23,7 @@ from mqttgw.security.portal import (
     make_portal,
 )
 from mqttgw.security.tokens import TokenIssuer
-from mqttgw.service import config, logs
+from mqttgw.service import collector, config, logs
 from mqttgw.service.build import (
     build_router,
     check_auth_methods,
@@ -432,6 +432,8 @@ def makeService(options, reactor=None):
     if reactor is None:
         from twisted.internet import reactor
 
+        # The process is the gateway's (tests pass a reactor of their own).
+        reactor.callWhenRunning(collector.tune)
     logs.set_level(options.settings["log.level"])
     assembly = Assembly(options, reactor)
     assembly.credentials()
