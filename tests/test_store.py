@@ -516,3 +516,13 @@ def test_a_bridge_acknowledges_upstream_once_the_stored_local_copy_is_acknowledg
     sub.send(P.Puback(copy.message_id))
     assert P.Puback(7) in upstream.received()
     bridge.stopService()
+
+
+def test_only_a_retained_topics_last_value_in_a_batch_is_written():
+    one, two = P.Publish("r", b"1", 1, retain=True), P.Publish("r", b"2", 1, retain=True)
+    assert folded(
+        (writes.RETAIN, "r", one), (writes.RETAIN, "r", None), (writes.RETAIN, "r", two)
+    ) == [("INSERT", "REPLACE", [("r", b"2", 1, None, None)])]
+    assert folded((writes.RETAIN, "r", one), (writes.RETAIN, "r", None)) == [
+        ("DELETE", "retained", [("r",)])
+    ]

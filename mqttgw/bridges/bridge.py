@@ -30,7 +30,7 @@ from zope.interface import implementer
 from mqttgw.bridges.client import ConnectRefused, MQTTClientFactory
 from mqttgw.broker.access import BRIDGE_STATE_PREFIX, notification_topic
 from mqttgw.broker.session import INTERNAL_PREFIX, Pacer, SessionLimits
-from mqttgw.broker.store import Held, OrderedAcks
+from mqttgw.broker.store import OrderedAcks
 from mqttgw.broker.topics import InvalidTopic, matches, validate_topic_filter
 from mqttgw.schema import REQUIRED, ConfigError, Key, check_table
 from mqttgw.transports.mqtt5 import Connection5
@@ -842,13 +842,8 @@ class MQTTBridge(Service):
             if message is not None:
                 self.router.publish(message, sender=session)
         elif packet.qos == 1:
-            held = None
-            if message is not None and self.router.store is not None:
-                # Acknowledged upstream once every stored copy is acknowledged
-                # here, or committed (see store.Held).
-                message.held = held = Held()
-            durable = message is not None and self.router.publish(message, sender=session)
-            self._acks.send(P.Puback(packet.message_id).encode(), durable, held)
+            held = None if message is None else self.router.publish_held(message, session)
+            self._acks.send(P.Puback(packet.message_id).encode(), held is not None, held)
         else:
             mid = packet.message_id
             durable = False

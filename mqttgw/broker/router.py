@@ -13,6 +13,7 @@ from mqttgw.broker.access import Access
 from mqttgw.broker.ratelimited import RateLimited
 from mqttgw.broker.session import Session, SessionLimits
 from mqttgw.broker.stats import Stats
+from mqttgw.broker.store import Held
 from mqttgw.broker.subscriptions import (
     SharedGroup,
     from_stored,
@@ -390,6 +391,16 @@ class Router:
         stats.messages_delivered += len(subscribers)
         stats.publish_bytes_sent += len(message.payload) * len(subscribers)
         return durable
+
+    def publish_held(self, message, sender=None):
+        """
+        :meth:`publish` for a message whose publisher waits for its ack:
+        the store.Held that ack waits on when a copy was written to the
+        store (it may go once every such copy is acknowledged, or at the
+        commit), else None.
+        """
+        message.held = held = Held()
+        return held if self.publish(message, sender) else None
 
     def publish_sys(self, message):
         """

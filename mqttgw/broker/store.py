@@ -21,7 +21,7 @@ from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 
 from mqttgw.broker import writes
-from mqttgw.wire.properties import PUBLISH, decode_properties, encode_properties
+from mqttgw.wire.properties import PUBLISH, decode_properties
 
 log = Logger()
 
@@ -333,10 +333,10 @@ class Store:
             self.barrier().addCallbacks(_run_all, _fail_all, (waiting,), None, (waiting,))
 
     def set_retained(self, message):
-        self.write(_SET_RETAINED, (message.topic, message.payload, message.qos, message))
+        self._put((writes.RETAIN, message.topic, message))
 
     def delete_retained(self, topic):
-        self.write("DELETE FROM retained WHERE topic = ?", (topic,))
+        self._put((writes.RETAIN, topic, None))
 
     def add_session(self, client_id, expiry_interval=None):
         self.write(
@@ -462,8 +462,6 @@ class Store:
                 self._probe_directory()
             db.execute("BEGIN")
             for sql, args in compaction.statements():
-                if sql is _SET_RETAINED:
-                    sql, args = _retained_rows(args)
                 db.executemany(sql, args)
             if probe:
                 db.execute("UPDATE meta SET value = value WHERE key = 'schema'")
@@ -592,20 +590,6 @@ class OrderedAcks:
 
     # Called instead of _release when the commit failed.
     on_failure = None
-
-
-_SET_RETAINED = "INSERT OR REPLACE INTO retained VALUES (?, ?, ?, ?, ?)"
-
-
-def _retained_rows(args):
-    """Retained messages' rows, made in the writer thread."""
-    rows = []
-    for topic, payload, qos, message in args:
-        props = message.properties
-        rows.append(
-            (topic, payload, qos, encode_properties(props) if props else None, message.expiry)
-        )
-    return _SET_RETAINED, rows
 
 
 def _properties(blob):

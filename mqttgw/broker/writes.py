@@ -7,8 +7,9 @@ and SQL are made here, off the reactor.  A batch commits as one
 transaction, so only its end state matters: a delivery added and removed
 within one batch (a message delivered and acknowledged before its commit)
 never reaches the disk, an added delivery's later changes are folded into
-its row, and removals of one session's consecutive deliveries go as one
-range.  Statements on other tables keep their order.
+its row, removals of one session's consecutive deliveries go as one
+range, and only a retained topic's last value is written.  Statements on
+other tables keep their order.
 """
 
 from mqttgw.wire.properties import encode_properties
@@ -22,6 +23,7 @@ PUBREL_ADD = 4  # (PUBREL_ADD, client_id, message_id)
 PUBREL_DELETE = 5  # (PUBREL_DELETE, client_id, message_id)
 DROP_SESSION = 6  # (DROP_SESSION, client_id)
 SQL = 7  # (SQL, statement, args): anything else, in order
+RETAIN = 8  # (RETAIN, topic, message or None to delete)
 
 _INSERT = "INSERT INTO deliveries VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 _UPDATE = "UPDATE deliveries SET message_id = ?, state = ? WHERE client_id = ? AND seq = ?"
@@ -31,6 +33,8 @@ _SENT = (
 )
 _PUBREL_ADD = "INSERT OR IGNORE INTO awaiting_pubrel VALUES (?, ?)"
 _PUBREL_DELETE = "DELETE FROM awaiting_pubrel WHERE client_id = ? AND message_id = ?"
+_RETAIN = "INSERT OR REPLACE INTO retained VALUES (?, ?, ?, ?, ?)"
+_UNRETAIN = "DELETE FROM retained WHERE topic = ?"
 _DROP_SESSION = [
     f"DELETE FROM {table} WHERE client_id = ?"
     for table in ("sessions", "subscriptions", "deliveries", "awaiting_pubrel")
@@ -42,11 +46,20 @@ _ADDED, _READDED, _REMOVED = "added", "re-added", "removed"
 
 
 def delivery_row(client_id, seq, message, qos, retain, message_id, state):
-    props = message.properties
     return [
         client_id, seq, message.topic, message.payload, qos, int(retain), message_id, state,
-        encode_properties(props) if props else None, message.expiry,
+        *_message_columns(message),
     ]
+
+
+def retained_row(message):
+    return (message.topic, message.payload, message.qos, *_message_columns(message))
+
+
+def _message_columns(message):
+    """A message's 5.0 properties (encoded) and expiry, as stored."""
+    props = message.properties
+    return (encode_properties(props) if props else None), message.expiry
 
 
 def ranges(seqs):
@@ -68,56 +81,57 @@ class Compaction:
         # Statements in order: (sql, [args, ...]); runs of one statement
         # go to SQLite as one executemany.
         self._runs = []
-        # Deliveries and QoS 2 ids, by key, in the order first added.
+        # Per client id, in the order first seen: deliveries added
+        # {seq: op}, updated {seq: op} and deleted {seq}; queued deliveries
+        # sent up to; QoS 2 ids {message_id: what the batch did to it}.
         self._inserts = {}
         self._updates = {}
         self._deletes = {}
         self._sent = {}
         self._pubrel = {}
+        # Retained messages: topic -> message, or None to delete.
+        self._retained = {}
         self.ops = 0
         self.folded = 0
 
     def add(self, ops):
         self.ops += len(ops)
-        inserts = self._inserts
         for op in ops:
             code = op[0]
             if code == ADD:
-                inserts[op[1], op[2]] = op
+                _of(self._inserts, op[1])[op[2]] = op
             elif code == DELETE:
-                key = op[1], op[2]
-                if inserts.pop(key, None) is not None:
-                    self._updates.pop(key, None)
+                client_id, seq = op[1], op[2]
+                _of(self._updates, client_id).pop(seq, None)
+                if _of(self._inserts, client_id).pop(seq, None) is not None:
                     self.folded += 2
                 else:
-                    self._updates.pop(key, None)
-                    deletes = self._deletes.get(op[1])
-                    if deletes is None:
-                        deletes = self._deletes[op[1]] = set()
-                    deletes.add(op[2])
+                    self._deletes.setdefault(client_id, set()).add(seq)
             elif code == UPDATE:
-                key = op[1], op[2]
-                added = inserts.get(key)
+                inserts = _of(self._inserts, op[1])
+                added = inserts.get(op[2])
                 if added is not None:
-                    inserts[key] = (*added[:6], op[3], op[4])
+                    inserts[op[2]] = (*added[:6], op[3], op[4])
                     self.folded += 1
                 else:
-                    self._updates[key] = op
+                    _of(self._updates, op[1])[op[2]] = op
             elif code == SENT:
                 if op[2] > self._sent.get(op[1], 0):
                     self._sent[op[1]] = op[2]
             elif code == PUBREL_ADD:
-                key = op[1], op[2]
+                pubrel = _of(self._pubrel, op[1])
                 # Added again after a removal this batch: the committed
                 # row must go if it is removed once more.
-                self._pubrel[key] = _READDED if key in self._pubrel else _ADDED
+                pubrel[op[2]] = _READDED if op[2] in pubrel else _ADDED
             elif code == PUBREL_DELETE:
-                key = op[1], op[2]
-                if self._pubrel.get(key) is _ADDED:
-                    del self._pubrel[key]
+                pubrel = _of(self._pubrel, op[1])
+                if pubrel.get(op[2]) is _ADDED:
+                    del pubrel[op[2]]
                     self.folded += 2
                 else:
-                    self._pubrel[key] = _REMOVED
+                    pubrel[op[2]] = _REMOVED
+            elif code == RETAIN:
+                self._retained[op[1]] = op[2]
             elif code == DROP_SESSION:
                 self._drop(op[1])
             else:
@@ -125,18 +139,15 @@ class Compaction:
 
     def _statement(self, sql, args):
         runs = self._runs
-        if runs and runs[-1][0] is sql:
+        if runs and runs[-1][0] == sql:
             runs[-1][1].append(args)
         else:
             runs.append((sql, [args]))
 
     def _drop(self, client_id):
         """Everything of the session's so far in this batch is superseded."""
-        for held in (self._inserts, self._updates, self._pubrel):
-            for key in [k for k in held if k[0] == client_id]:
-                del held[key]
-        self._deletes.pop(client_id, None)
-        self._sent.pop(client_id, None)
+        for held in (self._inserts, self._updates, self._deletes, self._sent, self._pubrel):
+            held.pop(client_id, None)
         # What comes later for the same client id (a new session) is
         # executed after the drop, since held ops go last.
         for sql in _DROP_SESSION:
@@ -145,10 +156,12 @@ class Compaction:
     def statements(self):
         """(sql, [args, ...]) to execute, in order."""
         yield from self._runs
-        if self._inserts:
-            yield _INSERT, [delivery_row(*op[1:]) for op in self._inserts.values()]
-        if self._updates:
-            yield _UPDATE, [(op[3], op[4], op[1], op[2]) for op in self._updates.values()]
+        inserts = [delivery_row(*op[1:]) for ops in self._inserts.values() for op in ops.values()]
+        if inserts:
+            yield _INSERT, inserts
+        updates = [(op[3], op[4], op[1], op[2]) for ops in self._updates.values() for op in ops.values()]
+        if updates:
+            yield _UPDATE, updates
         if self._deletes:
             yield _DELETE_RANGE, [
                 (client_id, first, last)
@@ -157,10 +170,33 @@ class Compaction:
             ]
         if self._sent:
             yield _SENT, [(seq, client_id) for client_id, seq in self._sent.items()]
-        if self._pubrel:
-            added = [key for key, state in self._pubrel.items() if state is not _REMOVED]
-            removed = [key for key, state in self._pubrel.items() if state is _REMOVED]
-            if added:
-                yield _PUBREL_ADD, added
-            if removed:
-                yield _PUBREL_DELETE, removed
+        added = [
+            (client_id, mid)
+            for client_id, ids in self._pubrel.items()
+            for mid, state in ids.items()
+            if state is not _REMOVED
+        ]
+        if added:
+            yield _PUBREL_ADD, added
+        removed = [
+            (client_id, mid)
+            for client_id, ids in self._pubrel.items()
+            for mid, state in ids.items()
+            if state is _REMOVED
+        ]
+        if removed:
+            yield _PUBREL_DELETE, removed
+        kept = [retained_row(m) for m in self._retained.values() if m is not None]
+        if kept:
+            yield _RETAIN, kept
+        gone = [(topic,) for topic, m in self._retained.items() if m is None]
+        if gone:
+            yield _UNRETAIN, gone
+
+
+def _of(by_client, client_id):
+    """``by_client[client_id]``, a dict made when missing."""
+    held = by_client.get(client_id)
+    if held is None:
+        held = by_client[client_id] = {}
+    return held

@@ -19,7 +19,7 @@ from twisted.logger import Logger
 
 from mqttgw.broker.access import BRIDGE_STATE_PREFIX, READ, WRITE
 from mqttgw.broker.delivery_budget import DeliveryBudget
-from mqttgw.broker.store import Held, OrderedAcks
+from mqttgw.broker.store import OrderedAcks
 from mqttgw.broker.subscriptions import (
     SEND_RETAINED_IF_NEW,
     SubscriptionOptions,
@@ -639,8 +639,8 @@ class MQTTServerProtocol(MQTTConnection):
             if router.may_be_durable(packet):
                 if router.store.failed is not None:
                     return self._store_failed(packet)
-                packet.held = held = Held()
-                self._acknowledge(ack, router.publish(packet, session), held)
+                held = router.publish_held(packet, session)
+                self._acknowledge(ack, held is not None, held)
             else:
                 self._acknowledge(ack, False)
                 router.publish(packet, session)
@@ -661,8 +661,8 @@ class MQTTServerProtocol(MQTTConnection):
             router.publish(packet, session)
             self._acknowledge(ack, True)
         else:
-            packet.held = held = Held()
-            self._acknowledge(ack, router.publish(packet, session), held)
+            held = router.publish_held(packet, session)
+            self._acknowledge(ack, held is not None, held)
 
     def _publish5(self, packet):
         """

@@ -185,7 +185,7 @@ class FiltersToDecode:
         self._offset = offset
         self._end = end
         self._strict = strict
-        # The violation when there are none.
+        # (packet name, reason code) for the violation when there are none.
         self._empty = empty
 
     def step(self, count):
@@ -194,32 +194,39 @@ class FiltersToDecode:
         )
         if self._offset < self._end:
             return False
-        if not self.decoded:
-            raise self._empty
+        _none_is_malformed(self.decoded, self._empty)
         self._data = None
         return True
 
 
-def _filters(decode, data, o, end, strict, empty):
-    """All of the filters at once, or a FiltersToDecode when they are many."""
-    if end - o > DECODE_IN_SLICES:
-        return FiltersToDecode(decode, data, o, end, strict, empty)
-    topics = []
-    decode(data, o, end, strict, topics, end)
+def _none_is_malformed(topics, empty):
     if not topics:
-        raise empty
-    return topics
+        name, reason_code = empty
+        raise ProtocolViolation(f"{name} with no topics", reason_code)
 
 
-def _decode_subscribe(flags, data, start, end, strict):
-    mid = _message_id(data, start, end)
-    return P.Subscribe(
-        mid,
-        _filters(
-            _subscribe_filters, data, start + 2, end, strict,
-            ProtocolViolation("SUBSCRIBE with no topics"),
-        ),
-    )
+def _with_filters(cls, decode_filters, v5):
+    """
+    The decoder of a SUBSCRIBE or UNSUBSCRIBE (``cls``), 5.0's with its
+    properties: its filters all at once, or a FiltersToDecode when many.
+    """
+    # 3.1.1's refusals carry no reason code; 5.0 names Protocol Error.
+    empty = (P.PACKET_NAMES[cls.packet_type], R.PROTOCOL_ERROR if v5 else R.MALFORMED_PACKET)
+
+    def decode(flags, data, start, end, strict):
+        mid = _message_id(data, start, end)
+        o = start + 2
+        if v5:
+            props, o = _properties(data, o, end, cls.packet_type, strict)
+        if end - o > DECODE_IN_SLICES:
+            topics = FiltersToDecode(decode_filters, data, o, end, strict, empty)
+        else:
+            topics = []
+            decode_filters(data, o, end, strict, topics, end)
+            _none_is_malformed(topics, empty)
+        return cls(mid, topics, props) if v5 else cls(mid, topics)
+
+    return decode
 
 
 def _subscribe_filters(data, o, end, strict, topics, count):
@@ -257,17 +264,6 @@ def _decode_suback(flags, data, start, end, strict):
     return P.Suback(_message_id(data, start, end), list(data[start + 2 : end]))
 
 
-def _decode_unsubscribe(flags, data, start, end, strict):
-    mid = _message_id(data, start, end)
-    return P.Unsubscribe(
-        mid,
-        _filters(
-            _unsubscribe_filters, data, start + 2, end, strict,
-            ProtocolViolation("UNSUBSCRIBE with no topics"),
-        ),
-    )
-
-
 def _unsubscribe_filters(data, o, end, strict, topics, count):
     while o < end and count > 0:
         count -= 1
@@ -295,9 +291,9 @@ _DECODERS = {
     P.PUBREC: _id_only(P.Pubrec),
     P.PUBREL: _id_only(P.Pubrel),
     P.PUBCOMP: _id_only(P.Pubcomp),
-    P.SUBSCRIBE: _decode_subscribe,
+    P.SUBSCRIBE: _with_filters(P.Subscribe, _subscribe_filters, v5=False),
     P.SUBACK: _decode_suback,
-    P.UNSUBSCRIBE: _decode_unsubscribe,
+    P.UNSUBSCRIBE: _with_filters(P.Unsubscribe, _unsubscribe_filters, v5=False),
     P.UNSUBACK: _id_only(P.Unsuback),
     P.PINGREQ: _empty(P.Pingreq),
     P.PINGRESP: _empty(P.Pingresp),
@@ -319,19 +315,6 @@ def _decode_connack5(flags, data, start, end, strict):
     if o != end:
         raise ProtocolViolation("CONNACK has bytes after its properties")
     return P.Connack(data[start + 1], bool(data[start] & 1), props)
-
-
-def _decode_subscribe5(flags, data, start, end, strict):
-    mid = _message_id(data, start, end)
-    props, o = _properties(data, start + 2, end, P.SUBSCRIBE, strict)
-    return P.Subscribe(
-        mid,
-        _filters(
-            _subscribe5_filters, data, o, end, strict,
-            ProtocolViolation("SUBSCRIBE with no topics", R.PROTOCOL_ERROR),
-        ),
-        props,
-    )
 
 
 def _subscribe5_filters(data, o, end, strict, topics, count):
@@ -356,19 +339,6 @@ def _decode_suback5(flags, data, start, end, strict):
     mid = _message_id(data, start, end)
     props, o = _properties(data, start + 2, end, P.SUBACK, strict)
     return P.Suback(mid, list(data[o:end]), props)
-
-
-def _decode_unsubscribe5(flags, data, start, end, strict):
-    mid = _message_id(data, start, end)
-    props, o = _properties(data, start + 2, end, P.UNSUBSCRIBE, strict)
-    return P.Unsubscribe(
-        mid,
-        _filters(
-            _unsubscribe5_filters, data, o, end, strict,
-            ProtocolViolation("UNSUBSCRIBE with no topics", R.PROTOCOL_ERROR),
-        ),
-        props,
-    )
 
 
 def _unsubscribe5_filters(data, o, end, strict, topics, count):
@@ -437,9 +407,9 @@ _DECODERS5 = {
     P.PUBREC: _reason5(P.Pubrec, True),
     P.PUBREL: _reason5(P.Pubrel, True),
     P.PUBCOMP: _reason5(P.Pubcomp, True),
-    P.SUBSCRIBE: _decode_subscribe5,
+    P.SUBSCRIBE: _with_filters(P.Subscribe, _subscribe5_filters, v5=True),
     P.SUBACK: _decode_suback5,
-    P.UNSUBSCRIBE: _decode_unsubscribe5,
+    P.UNSUBSCRIBE: _with_filters(P.Unsubscribe, _unsubscribe5_filters, v5=True),
     P.UNSUBACK: _decode_unsuback5,
     P.PINGREQ: _empty(P.Pingreq),
     P.PINGRESP: _empty(P.Pingresp),
