@@ -8,6 +8,8 @@ from twisted.application.internet import StreamServerEndpointService
 from twisted.internet.endpoints import serverFromString
 from twisted.internet.error import CannotListenError
 
+from mqttgw.transports import sharedkeys
+
 
 class ListenerService(StreamServerEndpointService):
     """
@@ -32,6 +34,8 @@ class ListenerService(StreamServerEndpointService):
         self._raiseSynchronously = True
 
     def privilegedStartService(self):
+        # Before the first connection: see sharedkeys.
+        sharedkeys.share()
         try:
             super().privilegedStartService()
         except CannotListenError as e:
