@@ -9,6 +9,7 @@ import pytest
 from twisted.internet.testing import MemoryReactorClock
 
 from mqttgw.bridges.bridge import MQTTBridgeKind
+from mqttgw.broker import store as store_module
 from mqttgw.broker import writes
 from mqttgw.broker.session import INTERNAL_PREFIX, SessionLimits
 from mqttgw.broker.store import Store, StoreError
@@ -526,3 +527,52 @@ def test_only_a_retained_topics_last_value_in_a_batch_is_written():
     assert folded((writes.RETAIN, "r", one), (writes.RETAIN, "r", None)) == [
         ("DELETE", "retained", [("r",)])
     ]
+
+
+# A disk behind the traffic
+
+
+def test_a_store_behind_stops_reading_from_clients_until_half_of_it_is_written(
+    broker, monkeypatch, logged
+):
+    monkeypatch.setattr(store_module, "MAX_BACKLOG", 10)
+    sub = persistent_subscriber(broker, "s", ("a", 1))
+    sub.lose_connection()
+    pub = connected(broker, "p", keepalive=10)
+    # Twelve copies for the store, handed to its writer at the end of the turn.
+    pub.send(*[P.Publish("a", b"%d" % i, 1, message_id=i + 1) for i in range(12)])
+    assert broker.store.congested
+    assert [line for line in logged() if "writes waiting for the disk" in line]
+    # Nothing more is read from anyone, a new client included; a client
+    # is not dropped for the silence this makes.
+    pub.send(P.Publish("a", b"12", 1, message_id=13))
+    broker.clock.advance(60)
+    late = broker.client(client_id="late")
+    assert pub.transport.producerState == "paused"
+    assert late.received() == [] and not pub.closed
+    assert broker.store._ops == []
+    # The writer catches up: what waited is read, in order.
+    broker.commit()
+    assert not broker.store.congested
+    assert [type(p) for p in late.received()] == [P.Connack]
+    assert pub.transport.producerState == "producing"
+    broker.commit()
+    assert [p.message_id for p in pub.received()] == list(range(1, 14))
+    back = broker.client(client_id="s", clean_session=False)
+    broker.commit()
+    got = publishes_packets(back.received() + back.received())
+    assert [p.payload for p in got][:13] == [b"%d" % i for i in range(13)]
+
+
+def test_a_failed_commit_counts_as_written_for_the_backlog(tmp_path, monkeypatch):
+    monkeypatch.setattr(store_module, "MAX_BACKLOG", 2)
+    broker = FakeBroker(store_dir=tmp_path)
+    told = []
+    broker.store.on_congestion = told.append
+    pub = connected(broker, "p", clean_session=False)
+    pub.send(P.Subscribe(1, [("t/#", 1)]), *[P.Publish("r", b"x", 0, retain=True) for _ in range(3)])
+    assert told == [True]
+    broker.store._db.close()
+    broker.commit()
+    assert told == [True, False]
+    assert broker.store.backlog == 0

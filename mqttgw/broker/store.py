@@ -41,6 +41,11 @@ COMMIT_TARGET = 0.05
 # GATHER_BOUNDS seconds: fewer commits, and more that never reaches disk.
 GATHER_COMMITS = 4
 GATHER_BOUNDS = (0.001, 0.01)
+# Ops handed to the writer and not yet committed past which the store is
+# congested: reading from clients stops until half of them are written, so
+# a disk slower than the traffic holds the clients back instead of filling
+# memory.
+MAX_BACKLOG = 100_000
 
 # --durability: what a commit survives, as SQLite's synchronous setting.
 DURABILITY = {
@@ -194,6 +199,12 @@ class Store:
         self.last_commit_at = None
         self.on_commit = None
         self.on_state_change = None
+        # Ops handed to the writer, not yet committed (reactor thread only),
+        # and whether that is past MAX_BACKLOG; on_congestion(bool) is told
+        # when that changes.
+        self.backlog = 0
+        self.congested = False
+        self.on_congestion = None
         try:
             Path(data_dir).mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -303,7 +314,27 @@ class Store:
     def _hand_over(self):
         if self._ops:
             self._queue.put(self._ops)
+            self.backlog += len(self._ops)
             self._ops = []
+            if self.backlog > MAX_BACKLOG and not self.congested:
+                self.congested = True
+                log.warn(
+                    "store {path}: {n} writes waiting for the disk: reading from"
+                    " clients paused until half of them are written",
+                    path=self.path,
+                    n=self.backlog,
+                )
+                if self.on_congestion is not None:
+                    self.on_congestion(True)
+
+    def _written(self, ops):
+        """The writer is done with ``ops`` handed over (committed or failed)."""
+        self.backlog -= ops
+        if self.congested and self.backlog <= MAX_BACKLOG // 2:
+            self.congested = False
+            log.info("store {path}: caught up; reading from clients again", path=self.path)
+            if self.on_congestion is not None:
+                self.on_congestion(False)
 
     def write(self, sql, args=()):
         self._put((writes.SQL, sql, args))
@@ -447,8 +478,10 @@ class Store:
         carry_on = True
         probe = False
         compaction = writes.Compaction()
+        handed = 0
         for item in batch:
             if type(item) is list:
+                handed += len(item)
                 compaction.add(item)
             elif item is _STOP:
                 carry_on = False
@@ -479,6 +512,8 @@ class Store:
                 db.execute("ROLLBACK")
             except sqlite3.Error:
                 pass
+            if handed:
+                call_in_reactor(self._written, handed)
             for barrier in barriers:
                 call_in_reactor(barrier.deferred.errback, StoreFailed(str(e)))
             return carry_on
@@ -499,6 +534,8 @@ class Store:
         if self.failed is not None and probe:
             self.failed = None
             call_in_reactor(self._state_changed, None)
+        if handed:
+            call_in_reactor(self._written, handed)
         for barrier in barriers:
             call_in_reactor(barrier.deferred.callback, None)
         return carry_on

@@ -14,6 +14,9 @@ from zope.interface import implementer
 
 from mqttgw.wire.framing import ProtocolViolation
 
+# The packets of a connection held before any was decoded.
+_NOTHING = ()
+
 log = Logger()
 
 # A connection's state: CONNECT not seen yet; CONNECT seen and its login
@@ -106,7 +109,11 @@ class MQTTConnection(Protocol):
     def admitted(self):
         """Our turn has come to be read from (see :meth:`Flusher.admit`)."""
         self._awaiting_admission = False
-        self._resume_reading()
+        if self._backlog is not None:
+            # Held while the store was behind: what came meanwhile first.
+            self._next_turn()
+        else:
+            self._resume_reading()
 
 
     def dataReceived(self, data):
@@ -120,6 +127,15 @@ class MQTTConnection(Protocol):
                 self._held.append(data)
             else:
                 self._held = [data]
+            return
+        if self._flusher.reading_held:
+            # The store is behind: this connection waits its turn, its data
+            # with it (see Flusher.hold_reading).
+            self._held = [data]
+            self._backlog = _NOTHING
+            self._awaiting_admission = True
+            self._pause_reading()
+            self._flusher.admit(self)
             return
         self._consume(self.framer.feed(data))
 

@@ -317,6 +317,9 @@ class MQTTServerProtocol(MQTTConnection):
         if self.state is not CONNECTED:
             return None
         limit = self.keepalive * 1.5
+        if self._awaiting_admission:
+            # Not read from because of us (see Flusher): its silence is ours.
+            return now + limit
         idle = now - self._last_received
         if idle >= limit:
             log.info(
@@ -1197,6 +1200,9 @@ class MQTTServerFactory(Factory):
         # 5.0 enhanced authentication methods offered, by name (see
         # mqttgw.security.enhanced).
         self.auth_methods = _NO_METHODS
+        if router.store is not None:
+            # A disk behind the traffic holds the clients back.
+            router.store.on_congestion = self.flusher.hold_reading
 
     def buildProtocol(self, addr):
         return self.admit(addr) if self.accepts(addr) else None

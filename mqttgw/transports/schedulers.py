@@ -141,7 +141,10 @@ class Flusher:
     turn cost each subscriber a single transport write, rather than one per
     message.  New connections are read from at most ``ADMISSIONS_PER_TURN``
     a turn, so a storm of reconnecting clients is taken in over several
-    turns instead of holding up everyone else for one long one.
+    turns instead of holding up everyone else for one long one.  While
+    the store is behind (see :meth:`hold_reading`), no connection is read
+    from: those with data wait in the same line and are taken in as new
+    ones are once it has caught up.
     """
 
     ADMISSIONS_PER_TURN = 64
@@ -155,10 +158,21 @@ class Flusher:
         self._admissions = 0
         self._waiting = deque()
         self._admit_call = None
+        self.reading_held = False
+
+    def hold_reading(self, held):
+        """The store's congestion (``Store.on_congestion``): stop or restart reading."""
+        self.reading_held = held
+        if not held and self._waiting and self._admit_call is None:
+            self._admit_call = self.clock.callLater(0, self._admit_turn)
 
     def admit(self, connection):
         """Whether ``connection`` may be read from now; if not, it is told later."""
-        if self._admissions < self.ADMISSIONS_PER_TURN and not self._waiting:
+        if (
+            self._admissions < self.ADMISSIONS_PER_TURN
+            and not self._waiting
+            and not self.reading_held
+        ):
             self._admissions += 1
             if self._admit_call is None:
                 self._admit_call = self.clock.callLater(0, self._admit_turn)
@@ -170,7 +184,7 @@ class Flusher:
         self._admit_call = None
         self._admissions = 0
         waiting = self._waiting
-        while waiting and self._admissions < self.ADMISSIONS_PER_TURN:
+        while waiting and self._admissions < self.ADMISSIONS_PER_TURN and not self.reading_held:
             connection = waiting.popleft()
             if connection.state is not CLOSED:
                 self._admissions += 1
