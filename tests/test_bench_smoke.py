@@ -90,8 +90,12 @@ def test_benchmark_table_shows_ratios():
     }
     table = run.table(results)
     row = [line for line in table.splitlines() if line.startswith("fan-in qos0")][0]
-    assert row.split()[-2:] == ["1.50", "30.00"]
+    # A broker that lost messages stalled its own publishers: no ratio
+    # against it, and a line saying why and what it would have been.
+    assert row.split()[-3:] == ["1.50", "-", "(lost)"]
     assert "(lost 3)" in row
+    assert "mqttgw/amqtt not given for fan-in qos0: amqtt lost 3 messages" in table
+    assert "(it would be 30.00)" in table
 
 
 def test_hot_path_benchmark_reports_a_cost_per_message():
