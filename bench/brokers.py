@@ -78,6 +78,9 @@ class Broker:
         self.cpu = cpu
         self.process = None
 
+    # Environment variables of the broker's own.
+    env = {}
+
     def command(self):
         raise NotImplementedError
 
@@ -96,7 +99,7 @@ class Broker:
             stdout=log,
             stderr=subprocess.STDOUT,
             preexec_fn=setup,
-            env=dict(os.environ, PYTHONPATH=str(REPO)),
+            env=dict(os.environ, PYTHONPATH=str(REPO), **self.env),
         )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -138,6 +141,9 @@ class Broker:
 
 class Mqttgw(Broker):
     name = "mqttgw"
+    # The compiled build where it is installed, whatever the caller's
+    # environment says.
+    env = {"MQTTGW_NO_EXTENSIONS": "0"}
 
     def command(self):
         twistd = Path(sys.executable).parent / "twistd"
@@ -169,6 +175,13 @@ class MqttgwMemory(Mqttgw):
 
     def command(self):
         return super().command() + ["--no-persistence"]
+
+
+class MqttgwPure(Mqttgw):
+    """mqttgw's plain Python build (its hot path not compiled)."""
+
+    name = "mqttgw-pure"
+    env = {"MQTTGW_NO_EXTENSIONS": "1"}
 
 
 class Mosquitto(Broker):
@@ -221,4 +234,4 @@ class Amqtt(Broker):
         return [str(ensure_amqtt()), "-c", str(conf)]
 
 
-BROKERS = {b.name: b for b in (Mqttgw, MqttgwMemory, Mosquitto, Amqtt)}
+BROKERS = {b.name: b for b in (Mqttgw, MqttgwMemory, MqttgwPure, Mosquitto, Amqtt)}

@@ -280,7 +280,7 @@ def main(argv=None):
         auth_files = logins.write_files(Path(workdir))
         for name in order:
             for scenario in args.scenarios:
-                options = ["--durability", args.durability] if args.durability and name == "mqttgw" else []
+                options = ["--durability", args.durability] if args.durability and name in ("mqttgw", "mqttgw-pure") else []
                 auth = None
                 max_queued = MAX_QUEUED
                 bridge_config = None
