@@ -76,6 +76,10 @@ PROBED = {"latency qos1 saturated": None, "latency qos1 half": 0.5}
 BACKLOG = "backlog qos1"
 BRIDGE_DRAIN = "bridge drain qos1"
 DRAINS = (BACKLOG, BRIDGE_DRAIN)
+# Scenarios whose publishers keep at most a window outstanding, and the
+# queue bound every broker gets in them.
+WINDOWED = set(THROUGHPUT) | {"latency"} | set(PROBED)
+WINDOWED_QUEUED = 1_000_000
 ALL_SCENARIOS = (
     list(THROUGHPUT) + ["latency"] + list(PROBED) + [BACKLOG, BRIDGE_DRAIN, "connections"]
     + list(NEIGHBOURS) + [RETAINED, LOGINS]
@@ -282,7 +286,12 @@ def main(argv=None):
             for scenario in args.scenarios:
                 options = ["--durability", args.durability] if args.durability and name in ("mqttgw", "mqttgw-pure") else []
                 auth = None
-                max_queued = MAX_QUEUED
+                # Where the load generator's window bounds what is
+                # outstanding (at most 1,000), no queue can reach a bound;
+                # mosquitto 2.0.11 miscounts its queues and drops QoS 1/2
+                # messages ("Outgoing messages are being dropped") well
+                # before 10,000, so every broker gets one it cannot reach.
+                max_queued = WINDOWED_QUEUED if scenario in WINDOWED else MAX_QUEUED
                 bridge_config = None
                 if scenario in DRAINS:
                     if name == "amqtt":
@@ -417,7 +426,7 @@ def main(argv=None):
         "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0], "platform": platform.platform()},
         "settings": {
             "payload_bytes": PAYLOAD, "window": WINDOW, "batch": BATCH,
-            "max_inflight": MAX_INFLIGHT, "max_queued": MAX_QUEUED,
+            "max_inflight": MAX_INFLIGHT, "max_queued": MAX_QUEUED, "max_queued_windowed": WINDOWED_QUEUED,
             "duration_s": args.duration, "pinned": broker_cpu is not None,
         },
         "results": results,
