@@ -459,8 +459,7 @@ def _unsound(scenario, results, pair):
     Why a throughput ratio between ``pair`` would mislead, or None.  A
     message a broker loses keeps one place of its publisher's window
     taken for the rest of the run, so the loser's rate is understated by
-    its own fault (mosquitto 2.0.11 loses QoS 1 messages to its in-flight
-    quota at times, fixed upstream in 2.0.13).
+    its own fault (see WINDOWED_QUEUED for how mosquitto 2.0.11 lost them).
     """
     if scenario not in THROUGHPUT:
         return None
