@@ -568,7 +568,7 @@ def test_a_failed_commit_counts_as_written_for_the_backlog(tmp_path, monkeypatch
     monkeypatch.setattr(store_module, "MAX_BACKLOG", 2)
     broker = FakeBroker(store_dir=tmp_path)
     told = []
-    broker.store.on_congestion = told.append
+    broker.store.congestion_listeners.append(told.append)
     pub = connected(broker, "p", clean_session=False)
     pub.send(P.Subscribe(1, [("t/#", 1)]), *[P.Publish("r", b"x", 0, retain=True) for _ in range(3)])
     assert told == [True]
@@ -576,3 +576,30 @@ def test_a_failed_commit_counts_as_written_for_the_backlog(tmp_path, monkeypatch
     broker.commit()
     assert told == [True, False]
     assert broker.store.backlog == 0
+
+
+def test_a_store_behind_holds_a_bridges_upstream_back_too(broker, monkeypatch):
+    monkeypatch.setattr(store_module, "MAX_BACKLOG", 10)
+    sub = persistent_subscriber(broker, "s", ("t/#", 1))
+    sub.lose_connection()
+    reactor = MemoryReactorClock()
+    settings = MQTTBridgeKind.check(
+        {"name": "up", "addresses": ["127.0.0.1:1001"], "rules": ["t/# in 1"]}
+    )
+    bridge = MQTTBridgeKind.make_service(broker.router, settings, reactor)
+    bridge.startService()
+    upstream = accept(reactor)
+    upstream.received()
+    upstream.send(P.Connack(0))
+    # From upstream, kept for "s" (away): twelve copies for the store.
+    upstream.send(*[P.Publish("t/a", b"%d" % i, 1, message_id=i + 1) for i in range(12)])
+    broker.clock.advance(0)
+    assert broker.store.congested
+    assert upstream.transport.producerState == "paused"
+    broker.commit()
+    assert not broker.store.congested
+    assert upstream.transport.producerState == "producing"
+    # Once the link is gone, the store no longer tells the bridge.
+    upstream.lose()
+    assert broker.store.congestion_listeners == [broker.factory.flusher.hold_reading]
+    bridge.stopService()

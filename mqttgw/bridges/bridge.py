@@ -677,6 +677,14 @@ class MQTTBridge(Service):
         self.link_changes += 1
         self.connected_since = self.reactor.seconds()
         self._acks = OrderedAcks(self.router.store, self._write_upstream(upstream))
+        store = self.router.store
+        if store is not None:
+            # A disk behind the traffic holds the upstream back, as it does
+            # local clients (see Store.congestion_listeners).
+            if self._store_congestion not in store.congestion_listeners:
+                store.congestion_listeners.append(self._store_congestion)
+            if store.congested:
+                upstream.transport.pauseProducing()
         # The store could not commit what came in: the upstream sends it
         # again after we reconnect.
         self._acks.on_failure = lambda _: upstream.transport.abortConnection()
@@ -724,6 +732,14 @@ class MQTTBridge(Service):
         # What waited while the upstream was away drains now, in order.
         self.session.attach(_Relay(self, upstream), encoder, receive_maximum)
 
+    def _store_congestion(self, congested):
+        upstream = self.upstream
+        if upstream is not None:
+            if congested:
+                upstream.transport.pauseProducing()
+            else:
+                upstream.transport.resumeProducing()
+
     def _write_upstream(self, upstream):
         def write(data):
             if self.upstream is upstream:
@@ -756,6 +772,9 @@ class MQTTBridge(Service):
                 )
         if self.upstream is upstream:
             self.upstream = None
+            store = self.router.store
+            if store is not None and self._store_congestion in store.congestion_listeners:
+                store.congestion_listeners.remove(self._store_congestion)
             self.link_changes += 1
             self.connected_since = None
             if self.session.connection is not None:

@@ -200,11 +200,11 @@ class Store:
         self.on_commit = None
         self.on_state_change = None
         # Ops handed to the writer, not yet committed (reactor thread only),
-        # and whether that is past MAX_BACKLOG; on_congestion(bool) is told
-        # when that changes.
+        # and whether that is past MAX_BACKLOG; every callable in
+        # congestion_listeners is told (with a bool) when that changes.
         self.backlog = 0
         self.congested = False
-        self.on_congestion = None
+        self.congestion_listeners = []
         try:
             Path(data_dir).mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -324,8 +324,8 @@ class Store:
                     path=self.path,
                     n=self.backlog,
                 )
-                if self.on_congestion is not None:
-                    self.on_congestion(True)
+                for listener in list(self.congestion_listeners):
+                    listener(True)
 
     def _written(self, ops):
         """The writer is done with ``ops`` handed over (committed or failed)."""
@@ -333,8 +333,8 @@ class Store:
         if self.congested and self.backlog <= MAX_BACKLOG // 2:
             self.congested = False
             log.info("store {path}: caught up; reading from clients again", path=self.path)
-            if self.on_congestion is not None:
-                self.on_congestion(False)
+            for listener in list(self.congestion_listeners):
+                listener(False)
 
     def write(self, sql, args=()):
         self._put((writes.SQL, sql, args))

@@ -1202,7 +1202,7 @@ class MQTTServerFactory(Factory):
         self.auth_methods = _NO_METHODS
         if router.store is not None:
             # A disk behind the traffic holds the clients back.
-            router.store.on_congestion = self.flusher.hold_reading
+            router.store.congestion_listeners.append(self.flusher.hold_reading)
 
     def buildProtocol(self, addr):
         return self.admit(addr) if self.accepts(addr) else None

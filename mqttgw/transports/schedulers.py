@@ -161,7 +161,7 @@ class Flusher:
         self.reading_held = False
 
     def hold_reading(self, held):
-        """The store's congestion (``Store.on_congestion``): stop or restart reading."""
+        """The store's congestion (``Store.congestion_listeners``): stop or restart reading."""
         self.reading_held = held
         if not held and self._waiting and self._admit_call is None:
             self._admit_call = self.clock.callLater(0, self._admit_turn)
