@@ -499,17 +499,23 @@ def test_a_row_that_cannot_be_made_fails_its_batch_and_the_writer_goes_on(tmp_pa
     store.stop()
 
 
-def test_a_bridge_acknowledges_upstream_once_the_stored_local_copy_is_acknowledged(broker):
-    sub = persistent_subscriber(broker, "s", ("t/#", 1))
+def bridged(broker, rule):
+    """A started bridge of ``broker`` with ``rule``, and its upstream, connected."""
     reactor = MemoryReactorClock()
     settings = MQTTBridgeKind.check(
-        {"name": "up", "addresses": ["127.0.0.1:1001"], "rules": ["t/# in 1"]}
+        {"name": "up", "addresses": ["127.0.0.1:1001"], "rules": [rule]}
     )
     bridge = MQTTBridgeKind.make_service(broker.router, settings, reactor)
     bridge.startService()
     upstream = accept(reactor)
     upstream.received()
     upstream.send(P.Connack(0))
+    return bridge, upstream
+
+
+def test_a_bridge_acknowledges_upstream_once_the_stored_local_copy_is_acknowledged(broker):
+    sub = persistent_subscriber(broker, "s", ("t/#", 1))
+    bridge, upstream = bridged(broker, "t/# in 1")
     upstream.received()
     upstream.send(P.Publish("t/a", b"x", 1, message_id=7))
     assert P.Puback(7) not in upstream.received()
@@ -582,15 +588,7 @@ def test_a_store_behind_holds_a_bridges_upstream_back_too(broker, monkeypatch):
     monkeypatch.setattr(store_module, "MAX_BACKLOG", 10)
     sub = persistent_subscriber(broker, "s", ("t/#", 1))
     sub.lose_connection()
-    reactor = MemoryReactorClock()
-    settings = MQTTBridgeKind.check(
-        {"name": "up", "addresses": ["127.0.0.1:1001"], "rules": ["t/# in 1"]}
-    )
-    bridge = MQTTBridgeKind.make_service(broker.router, settings, reactor)
-    bridge.startService()
-    upstream = accept(reactor)
-    upstream.received()
-    upstream.send(P.Connack(0))
+    bridge, upstream = bridged(broker, "t/# in 1")
     # From upstream, kept for "s" (away): twelve copies for the store.
     upstream.send(*[P.Publish("t/a", b"%d" % i, 1, message_id=i + 1) for i in range(12)])
     broker.clock.advance(0)

@@ -399,6 +399,9 @@ class Router:
         store (it may go once every such copy is acknowledged, or at the
         commit), else None.
         """
+        if self.store is None:
+            self.publish(message, sender)
+            return None
         message.held = held = Held()
         return held if self.publish(message, sender) else None
 

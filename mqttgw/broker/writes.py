@@ -102,11 +102,14 @@ class Compaction:
                 _of(self._inserts, op[1])[op[2]] = op
             elif code == DELETE:
                 client_id, seq = op[1], op[2]
-                _of(self._updates, client_id).pop(seq, None)
-                if _of(self._inserts, client_id).pop(seq, None) is not None:
+                updates = self._updates.get(client_id)
+                if updates:
+                    updates.pop(seq, None)
+                inserts = self._inserts.get(client_id)
+                if inserts and inserts.pop(seq, None) is not None:
                     self.folded += 2
                 else:
-                    self._deletes.setdefault(client_id, set()).add(seq)
+                    _of(self._deletes, client_id, set).add(seq)
             elif code == UPDATE:
                 inserts = _of(self._inserts, op[1])
                 added = inserts.get(op[2])
@@ -194,9 +197,9 @@ class Compaction:
             yield _UNRETAIN, gone
 
 
-def _of(by_client, client_id):
-    """``by_client[client_id]``, a dict made when missing."""
+def _of(by_client, client_id, make=dict):
+    """``by_client[client_id]``, made (a dict, or ``make()``) when missing."""
     held = by_client.get(client_id)
     if held is None:
-        held = by_client[client_id] = {}
+        held = by_client[client_id] = make()
     return held
