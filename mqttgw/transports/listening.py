@@ -44,7 +44,7 @@ class ListenerService(StreamServerEndpointService):
         self._waitingForPort.addCallback(self._bound)
 
     def _bound(self, port):
-        self.port = port
+        self.port = sharedkeys.serve_lean(port)
         return port
 
     def stopService(self):

@@ -150,12 +150,12 @@ class MQTTServerProtocol(MQTTConnection):
         # A 5.0 connection's own state (Connection5), or None; and its
         # session expiry interval.
         "v5", "session_expiry",
-        # From the listener.
-        "identity_as_username", "listener_kind", "portal", "factory_throttle",
-        # 5.0 enhanced authentication: the methods offered, by name, the
-        # one CONNECT authenticated with, and the exchange under way
-        # (_Exchange), if any.
-        "auth_methods", "auth_method", "_auth",
+        # The listener's MQTTServerFactory (its portal, throttle and 5.0
+        # authentication methods) and kind (tcp, tls, ws or wss).
+        "factory", "listener_kind",
+        # 5.0 enhanced authentication: the method CONNECT authenticated
+        # with, and the exchange under way (_Exchange), if any.
+        "auth_method", "_auth",
         # Messages a second it is sent at most (0: no bound): a dashboard page.
         "max_delivery_rate",
     )
@@ -182,12 +182,8 @@ class MQTTServerProtocol(MQTTConnection):
         self.username = None
         self.identity = _NOBODY
         self._expiry = None
-        self.identity_as_username = False
-        # The kind of listener it came in on (tcp, tls, ws, wss).
+        self.factory = None
         self.listener_kind = None
-        self.portal = None
-        self.factory_throttle = None
-        self.auth_methods = _NO_METHODS
         self.auth_method = None
         self._auth = None
         self.max_delivery_rate = 0
@@ -383,7 +379,7 @@ class MQTTServerProtocol(MQTTConnection):
         self.username = packet.username
         method = props.get("authentication_method") if props else None
         # Where the client certificate is the credential, no method is.
-        if method is not None and (method not in self.auth_methods or self.identity_as_username):
+        if method is not None and (method not in self.factory.auth_methods or self.factory.identity_as_username):
             # The client is told at once rather than left waiting for an AUTH.
             return self._refuse(
                 R.BAD_AUTHENTICATION_METHOD,
@@ -419,7 +415,7 @@ class MQTTServerProtocol(MQTTConnection):
             )
         if method is not None:
             try:
-                steps = self.auth_methods[method].exchange(client_id, packet.username)
+                steps = self.factory.auth_methods[method].exchange(client_id, packet.username)
             except Exception:
                 log.failure("authentication method {method} failed", method=printable(method))
                 return self._refuse(R.UNSPECIFIED_ERROR, "authentication failed")
@@ -428,7 +424,7 @@ class MQTTServerProtocol(MQTTConnection):
             self._auth_begin(exchange)
             # While a step is under way, the packets after it wait.
             return self.state is AUTHENTICATING
-        if self.identity_as_username:
+        if self.factory.identity_as_username:
             identity = peer_identity(self.transport)
             if identity is None:
                 return self._refuse(R.NOT_AUTHORIZED, "no client certificate identity")
@@ -436,7 +432,7 @@ class MQTTServerProtocol(MQTTConnection):
             self.username = identity
             self.identity = Identity(identity)
             return self._logged_in(packet, will)
-        portal = self.portal
+        portal = self.factory.portal
         if portal is None:
             return self._logged_in(packet, will)
         if packet.username is not None:
@@ -456,7 +452,7 @@ class MQTTServerProtocol(MQTTConnection):
         _, identity, _ = result
         self.username = identity.username
         self.identity = identity
-        self.factory_throttle.succeeded(self._host)
+        self.factory.throttle.succeeded(self._host)
         self._logged_in(packet, will)
         if self._backlog is not None:
             # What arrived during the login is handled next.
@@ -476,7 +472,7 @@ class MQTTServerProtocol(MQTTConnection):
             log.failure("login of {client_id} failed", reason, client_id=self.log_id)
             code, why = R.SERVER_UNAVAILABLE, "authentication failed"
         self.router.stats.logins_refused += 1
-        delay = self.factory_throttle.failed(self._host)
+        delay = self.factory.throttle.failed(self._host)
         # The answer waits, longer for each failure from the same address.
         self._timer = self.clock.callLater(delay, self._refuse, code, why)
 
@@ -1061,7 +1057,7 @@ class MQTTServerProtocol(MQTTConnection):
         self.username = answer.username
         self.identity = Identity(answer.username)
         self.auth_method = exchange.method
-        self.factory_throttle.succeeded(self._host)
+        self.factory.throttle.succeeded(self._host)
         # CONNACK carries the method, and the last data if any ([MQTT-4.12.0-5]).
         self._logged_in(exchange.connect, exchange.will, props)
         self._resume_backlog()
@@ -1081,7 +1077,7 @@ class MQTTServerProtocol(MQTTConnection):
         self._cancel_timer()
         self.router.stats.logins_refused += 1
         self.state = AUTHENTICATING
-        delay = self.factory_throttle.failed(self._host)
+        delay = self.factory.throttle.failed(self._host)
         self._timer = self.clock.callLater(delay, self._refuse, connack_refusal(code), why)
 
     def _resume_backlog(self):
@@ -1130,7 +1126,7 @@ class MQTTServerProtocol(MQTTConnection):
             return self.protocol_error("AUTH before the last one was answered", R.PROTOCOL_ERROR)
         if packet.reason_code == R.RE_AUTHENTICATE and exchange is None:
             try:
-                steps = self.auth_methods[method].exchange(self.client_id, self.username)
+                steps = self.factory.auth_methods[method].exchange(self.client_id, self.username)
             except Exception:
                 log.failure("authentication method {method} failed", method=printable(method))
                 return self.protocol_error("re-authentication failed", R.UNSPECIFIED_ERROR)
@@ -1228,10 +1224,7 @@ class MQTTServerFactory(Factory):
     def admit(self, addr):
         """A protocol for a connection already counted (a WebSocket)."""
         protocol = MQTTServerProtocol(self.router, self.limits, self.clock, self.flusher)
-        protocol.identity_as_username = self.identity_as_username
+        protocol.factory = self
         protocol.listener_kind = self.kind
-        protocol.portal = self.portal
-        protocol.auth_methods = self.auth_methods
-        protocol.factory_throttle = self.throttle
         return protocol
 

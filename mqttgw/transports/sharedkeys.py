@@ -11,6 +11,10 @@ dictionary.  Setting every name a live connection uses on one throwaway
 instance, before the first connection, puts them all in the shared keys.
 Elsewhere this is harmless: the names are only set once, on an object
 nobody keeps.
+
+:class:`Server` also keeps no log prefix, representation string or bound
+``fileno`` method per connection (about 0.23 KiB): it makes them when they
+are asked for.
 """
 
 from twisted.internet import tcp
@@ -24,7 +28,61 @@ LIVE_ATTRIBUTES = (
 )
 
 
-def share(cls=tcp.Server, names=LIVE_ATTRIBUTES):
+def _discard(*_):
+    pass
+
+
+def _closed():
+    # As abstract.FileDescriptor.fileno: no socket any more.
+    return -1
+
+
+class _SocketFileno:
+    """``fileno``, looked up on the socket when asked for; tcp.Connection
+    sets it and deletes it, both of which change nothing."""
+
+    def __get__(self, transport, cls=None):
+        if transport is None:
+            return self
+        try:
+            return transport.socket.fileno
+        except AttributeError:
+            return _closed
+
+    __set__ = __delete__ = _discard
+
+
+class Server(tcp.Server):
+    """A server-side TCP transport whose strings for logs are made on demand."""
+
+    def logPrefix(self):
+        # The reactor asks for it on every read and write event.
+        return f"{self._protocol_name()},{self.sessionno},{self.hostname}"
+
+    def __repr__(self):
+        port = self.server._realPortNumber if self.server is not None else self.client[1]
+        return f"<{self._protocol_name()} #{self.sessionno} on {port}>"
+
+    def _protocol_name(self):
+        # tcp.Connection forgets its protocol once the connection is lost.
+        protocol = getattr(self, "protocol", None)
+        return "Closed" if protocol is None else self._getLogPrefix(protocol)
+
+    # tcp.Server's constructor sets them; nothing is kept.
+    logstr = property(logPrefix, _discard)
+    repstr = property(__repr__, _discard)
+    fileno = _SocketFileno()
+
+
+def serve_lean(port):
+    """Make the connections ``port`` accepts :class:`Server` s, if it makes
+    tcp.Server s (not a UNIX socket's)."""
+    if getattr(port, "transport", None) is tcp.Server:
+        port.transport = Server
+    return port
+
+
+def share(cls=Server, names=LIVE_ATTRIBUTES):
     """Put ``names`` in the shared keys of ``cls``'s instances."""
     template = cls.__new__(cls)
     for name in names:
