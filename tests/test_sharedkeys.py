@@ -109,3 +109,74 @@ def test_listeners_accept_lean_servers():
         assert service.port.transport is sharedkeys.Server
     finally:
         service.port.stopListening()
+
+
+def lean_pair():
+    ours, theirs = socket.socketpair()
+    protocol = Protocol()
+    transport = sharedkeys.Server(ours, protocol, ("127.0.0.1", 40000), None, 1, reactor)
+    protocol.makeConnection(transport)
+    # A read that would wait forever fails instead.
+    theirs.settimeout(5)
+    return transport, theirs
+
+
+def close_pair(transport, theirs):
+    reactor.removeReader(transport)
+    reactor.removeWriter(transport)
+    transport.socket.close()
+    theirs.close()
+
+
+def test_lean_server_sends_at_once_with_nothing_waiting():
+    transport, theirs = lean_pair()
+    try:
+        transport.write(b"\x20\x02\x00\x00")
+        # Already on the wire, without a turn of the reactor.
+        assert theirs.recv(16) == b"\x20\x02\x00\x00"
+        assert transport._tempDataLen == 0
+        assert transport not in reactor.getWriters()
+    finally:
+        close_pair(transport, theirs)
+
+
+def test_lean_server_keeps_order_behind_what_waits():
+    transport, theirs = lean_pair()
+    theirs.setblocking(False)
+    try:
+        # More than the socket takes at once: the rest waits for doWrite,
+        # and what is written next goes behind it.
+        big = bytes(range(256)) * 40_000
+        transport.write(big)
+        assert transport._tempDataLen > 0
+        transport.write(b"tail")
+        assert transport in reactor.getWriters()
+        received = bytearray()
+        for _ in range(10_000):
+            if transport.doWrite() is not None:
+                break
+            while True:
+                try:
+                    chunk = theirs.recv(1 << 20)
+                except BlockingIOError:
+                    break
+                received += chunk
+            if len(received) == len(big) + 4:
+                break
+        assert bytes(received) == big + b"tail"
+    finally:
+        close_pair(transport, theirs)
+
+
+def test_lean_server_leaves_a_broken_socket_to_the_reactor():
+    transport, theirs = lean_pair()
+    theirs.close()
+    try:
+        transport.write(b"\x20\x02\x00\x00")
+        transport.write(b"\x20\x02\x00\x00")
+        # The error surfaces as tcp.Server's would: from doWrite.
+        assert transport.doWrite() is not None
+    finally:
+        reactor.removeReader(transport)
+        reactor.removeWriter(transport)
+        transport.socket.close()
