@@ -84,6 +84,10 @@ def _loop(stop, action):
 
 def neighbours(tcp_port, ws_port, shared):
     """Every hostile behaviour at once, each in a loop, until told to stop."""
+    # They share the load generator's CPU with the well-behaved clients:
+    # at the lowest priority, they do not delay them there, so the round
+    # trips measure how the broker treats its clients, not the scheduler.
+    os.nice(19)
     stop = threading.Event()
     # Retained topics for the wide subscriptions to walk.
     filler, _ = hostile.mqtt_connect(tcp_port, "filler")
