@@ -807,7 +807,9 @@ def test_retained_messages_go_out_a_bounded_amount_per_turn():
     first_turn = list(sub._framer.feed(sub.transport.value()))
     sub.transport.clear()
     assert isinstance(first_turn[0], P.Suback)
-    assert 0 < len(first_turn) - 1 < 5000
+    # The walk over 5,000 topics is work too: little or nothing is sent
+    # with the SUBACK, the rest over the turns that follow.
+    assert len(first_turn) - 1 < 5000
     rest = sub.received()
     while len(first_turn) - 1 + len(rest) < 5000:
         more = sub.received()

@@ -106,6 +106,7 @@ def test_listeners_accept_lean_servers():
     service = ListenerService(reactor, "tcp", "tcp:0:interface=127.0.0.1", Factory.forProtocol(Protocol))
     service.privilegedStartService()
     try:
+        assert type(service.port) is sharedkeys.Port
         assert service.port.transport is sharedkeys.Server
     finally:
         service.port.stopListening()
@@ -180,3 +181,52 @@ def test_lean_server_leaves_a_broken_socket_to_the_reactor():
         reactor.removeReader(transport)
         reactor.removeWriter(transport)
         transport.socket.close()
+
+
+def test_lean_server_sends_a_sequence_at_once():
+    transport, theirs = lean_pair()
+    try:
+        transport.writeSequence([b"\x82\x04", b"\x20\x02\x00\x00"])
+        assert theirs.recv(16) == b"\x82\x04\x20\x02\x00\x00"
+        assert transport not in reactor.getWriters()
+    finally:
+        close_pair(transport, theirs)
+
+
+def test_a_storm_of_connects_is_accepted_in_bounded_batches(monkeypatch):
+    monkeypatch.setattr(sharedkeys.Port, "ACCEPTS_PER_READ", 4)
+    storm = 40  # within the listen backlog: connected before any accept
+    built = []
+
+    class Counting(Factory):
+        protocol = Protocol
+
+        def buildProtocol(self, addr):
+            protocol = super().buildProtocol(addr)
+            built.append(protocol)
+            return protocol
+
+    service = ListenerService(reactor, "tcp", "tcp:0:interface=127.0.0.1", Counting())
+    service.privilegedStartService()
+    port = service.port
+    clients = []
+    try:
+        for _ in range(storm):
+            clients.append(socket.create_connection(("127.0.0.1", port.getHost().port), timeout=5))
+        batches = []
+        for _ in range(100):
+            before = len(built)
+            port.doRead()
+            batches.append(len(built) - before)
+            if len(built) == storm:
+                break
+        # tcp.Port would have grown its batch to 21 after the first.
+        assert len(built) == storm
+        assert max(batches) == 4
+    finally:
+        port.stopListening()
+        for protocol in built:
+            reactor.removeReader(protocol.transport)
+            protocol.transport.socket.close()
+        for c in clients:
+            c.close()

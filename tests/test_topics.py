@@ -223,8 +223,21 @@ def test_retained_walk_visits_only_the_matching_branch():
     assert sorted(t.topic for t, _ in filter(None, steps)) == sorted(
         f"a/7/{j}" for j in range(100)
     )
-    # A step per node on the way: the root, a, a/7 and its 100 children.
-    assert steps.count(None) == 103
+    # A step per node on the way (the root, a, a/7 and its 100 children)
+    # and per child the wildcard expands to.
+    assert steps.count(None) == 203
+
+
+def test_retained_walk_spreads_a_wide_expansion_over_steps():
+    # 500 wildcard filters meeting 100 children make 50,000 filter states
+    # at one node: that is work between steps too, not one long stretch.
+    tree = retained_tree([f"w/{i}/{j}" for i in range(100) for j in range(5)])
+    filters = [(f"w/+/{j}", 0) for j in range(500)]
+    steps = list(tree.walk(filters, step=256))
+    assert sorted(t.topic for t, _ in filter(None, steps)) == sorted(
+        f"w/{i}/{j}" for i in range(100) for j in range(5)
+    )
+    assert steps.count(None) >= 500 * 100 // 256
 
 
 def test_retained_walk_keeps_dollar_topics_from_leading_wildcards():

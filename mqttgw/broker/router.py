@@ -520,12 +520,11 @@ class Router:
         them from the tree as its connection takes them.
         """
         granted = session.subscriptions
-        # A shared subscription is sent no retained messages (as mosquitto).
-        filters = [
-            (f, granted[f]) for f in topic_filters if f in granted and not is_shared(f)
-        ]
+        # A shared subscription is sent no retained messages (as mosquitto);
+        # a filter named many times is walked once.
+        filters = {f: granted[f] for f in topic_filters if f in granted and not is_shared(f)}
         if filters and len(self.retained):
-            session.send_retained(self._unexpired(self.retained.walk(filters)))
+            session.send_retained(self._unexpired(self.retained.walk(filters.items())))
 
     def _unexpired(self, walk):
         """A walk of the retained tree without expired messages (removed)."""

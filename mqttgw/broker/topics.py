@@ -316,6 +316,12 @@ class RetainedTree:
                         next_states.append((levels, i + 1, qos))
                     if next_states:
                         pushes.append((child, next_states, False))
+                        # Many wildcard filters over many children: the
+                        # expansion itself is work to spread over turns.
+                        work += len(next_states)
+                        if work >= step:
+                            work = 0
+                            yield None
             else:
                 pushes = [
                     (children[name], [(lv, i + 1, q) for lv, i, q in group], False)

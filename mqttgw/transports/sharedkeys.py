@@ -62,6 +62,7 @@ class Server(tcp.Server):
         # costs two epoll_ctl calls and a doWrite for bytes it takes now.
         if (
             data
+            and not self.TLS
             and not self._tempDataLen
             and self.offset == len(self.dataBuffer)
             and self.connected
@@ -78,6 +79,13 @@ class Server(tcp.Server):
                 return
             data = data[sent:]
         super().write(data)
+
+    def writeSequence(self, iovec):
+        # A WebSocket frame's header and payload.
+        if self.TLS:
+            super().writeSequence(iovec)
+        else:
+            self.write(b"".join(iovec))
 
     def logPrefix(self):
         # The reactor asks for it on every read and write event.
@@ -98,11 +106,26 @@ class Server(tcp.Server):
     fileno = _SocketFileno()
 
 
+class Port(tcp.Port):
+    """A listening TCP port that makes :class:`Server` s, and accepts at
+    most ``ACCEPTS_PER_READ`` connections each time the reactor finds it
+    readable: tcp.Port grows its batch by 20 with every full one, so a
+    storm of connects would hold the reactor for one ever longer turn."""
+
+    transport = Server
+    ACCEPTS_PER_READ = 32
+
+    def doRead(self):
+        if self.numberAccepts > self.ACCEPTS_PER_READ:
+            self.numberAccepts = self.ACCEPTS_PER_READ
+        return super().doRead()
+
+
 def serve_lean(port):
-    """Make the connections ``port`` accepts :class:`Server` s, if it makes
-    tcp.Server s (not a UNIX socket's)."""
-    if getattr(port, "transport", None) is tcp.Server:
-        port.transport = Server
+    """Make ``port`` a :class:`Port` if it is a plain tcp.Port (TCP, TLS
+    and WebSocket listeners; not a UNIX socket's)."""
+    if type(port) is tcp.Port:
+        port.__class__ = Port
     return port
 
 
