@@ -445,6 +445,9 @@ def _figure(scenario, r):
         return None
     if scenario in THROUGHPUT or scenario in DRAINS:
         return r["per_second"]
+    if scenario in NEIGHBOURS and not r.get("sent"):
+        # The well-behaved clients could not send at all: no latency.
+        return None
     if scenario == "latency" or scenario in PROBED or scenario in NEIGHBOURS:
         return r.get("p99_ms")
     if scenario == RETAINED:
@@ -488,6 +491,8 @@ def table(results):
             f = figures[n]
             lost = results[n].get(s, {}).get("lost")
             cell = "-" if f is None else (f"{f:,.0f}" if s in THROUGHPUT or s in DRAINS else f"{f:.2f}")
+            if f is None and s in NEIGHBOURS and s in results[n]:
+                cell += " (none sent)"
             if lost:
                 cell += f" (lost {lost})"
             row.append(cell)

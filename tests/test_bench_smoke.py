@@ -98,6 +98,19 @@ def test_benchmark_table_shows_ratios():
     assert "(it would be 30.00)" in table
 
 
+def test_benchmark_table_gives_no_latency_when_nothing_was_sent():
+    calm = "calm qos1 + hostile"
+    results = {
+        "mqttgw": {calm: {"sent": 8000, "lost": 0, "p99_ms": 3.0}},
+        "amqtt": {calm: {"sent": 0, "lost": 0, "p99_ms": 0.0}},
+    }
+    row = [line for line in run.table(results).splitlines() if line.startswith(calm)][0]
+    # Not a p99 of 0 ms (the best figure there is): no figure, and why.
+    assert "0.00" not in row
+    assert "- (none sent)" in row
+    assert row.rstrip().endswith("-")
+
+
 def test_hot_path_benchmark_reports_a_cost_per_message():
     from bench import hotpath
 
