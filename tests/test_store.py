@@ -14,6 +14,7 @@ from mqttgw.broker import writes
 from mqttgw.broker.session import INTERNAL_PREFIX, SessionLimits
 from mqttgw.broker.store import Store, StoreError
 from mqttgw.testing import FakeBroker
+from mqttgw.transports.protocol import MQTTServerFactory
 from mqttgw.wire import packets as P
 from tests.fake_network import accept
 from tests.test_protocol import connected, publishes
@@ -601,3 +602,10 @@ def test_a_store_behind_holds_a_bridges_upstream_back_too(broker, monkeypatch):
     upstream.lose()
     assert broker.store.congestion_listeners == [broker.factory.flusher.hold_reading]
     bridge.stopService()
+
+
+def test_listeners_sharing_a_flusher_register_it_once(tmp_path):
+    broker = FakeBroker(store_dir=tmp_path)
+    # A second listener, as a gateway with TCP and WebSocket ports has.
+    MQTTServerFactory(broker.router, clock=broker.clock, flusher=broker.factory.flusher)
+    assert broker.store.congestion_listeners == [broker.factory.flusher.hold_reading]

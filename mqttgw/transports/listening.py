@@ -8,7 +8,7 @@ from twisted.application.internet import StreamServerEndpointService
 from twisted.internet.endpoints import serverFromString
 from twisted.internet.error import CannotListenError
 
-from mqttgw.transports import sharedkeys
+from mqttgw.transports import tcp
 
 
 class ListenerService(StreamServerEndpointService):
@@ -34,8 +34,8 @@ class ListenerService(StreamServerEndpointService):
         self._raiseSynchronously = True
 
     def privilegedStartService(self):
-        # Before the first connection: see sharedkeys.
-        sharedkeys.share()
+        # Before the first connection: see transports.tcp.
+        tcp.share()
         try:
             super().privilegedStartService()
         except CannotListenError as e:
@@ -44,7 +44,7 @@ class ListenerService(StreamServerEndpointService):
         self._waitingForPort.addCallback(self._bound)
 
     def _bound(self, port):
-        self.port = sharedkeys.serve_lean(port)
+        self.port = tcp.serve_lean(port)
         return port
 
     def stopService(self):

@@ -148,8 +148,7 @@ def _take_step(topics, start, count):
     when the packet goes, would hold the reactor for milliseconds.
     """
     step = topics[start : start + count]
-    if type(topics) is list:
-        topics[start : start + count] = [None] * len(step)
+    topics[start : start + count] = [None] * len(step)
     return step
 
 
@@ -1209,8 +1208,11 @@ class MQTTServerFactory(Factory):
         # mqttgw.security.enhanced).
         self.auth_methods = _NO_METHODS
         if router.store is not None:
-            # A disk behind the traffic holds the clients back.
-            router.store.congestion_listeners.append(self.flusher.hold_reading)
+            # A disk behind the traffic holds the clients back (one flusher
+            # serves every listener: told once).
+            listeners = router.store.congestion_listeners
+            if self.flusher.hold_reading not in listeners:
+                listeners.append(self.flusher.hold_reading)
 
     def buildProtocol(self, addr):
         return self.admit(addr) if self.accepts(addr) else None

@@ -1,7 +1,7 @@
 """
 A burst of TCP connections, then their first writes, leaves no transport
 with an instance dictionary of its own, and the listeners' transports keep
-no strings for logs per connection (see mqttgw.transports.sharedkeys).
+no strings for logs per connection (see mqttgw.transports.tcp).
 """
 
 import gc
@@ -14,7 +14,7 @@ from twisted.internet.error import ConnectionDone
 from twisted.internet.protocol import Factory, Protocol
 from twisted.python.failure import Failure
 
-from mqttgw.transports import sharedkeys
+from mqttgw.transports import tcp as lean
 from mqttgw.transports.listening import ListenerService
 
 BURST = 100
@@ -57,25 +57,25 @@ def server_class():
 
 
 def test_shared_keys_leave_no_dictionary(server_class):
-    sharedkeys.share(server_class)
+    lean.share(server_class)
     transports = connections_written_to(server_class)
     assert [t for t in transports if own_dictionary(t)] == []
     # The names a live connection has are those shared.
-    assert set(vars(transports[0])) <= set(sharedkeys.LIVE_ATTRIBUTES)
+    assert set(vars(transports[0])) <= set(lean.LIVE_ATTRIBUTES)
 
 
 def test_without_them_each_connection_has_one(server_class):
     transports = connections_written_to(server_class)
     with_dict = [t for t in transports if own_dictionary(t)]
     if sys.implementation.name == "cpython" and sys.version_info[:2] == (3, 11):
-        # What sharedkeys is for: once the burst used up the room for new
+        # What share() is for: once the burst used up the room for new
         # names, the first write gives each connection a dictionary.
         assert len(with_dict) > BURST // 2
 
 
 def test_lean_server_keeps_no_strings_and_still_names_itself():
-    cls = type("Server", (sharedkeys.Server,), {})
-    sharedkeys.share(cls)
+    cls = type("Server", (lean.Server,), {})
+    lean.share(cls)
     transports = connections_written_to(cls)
     assert [t for t in transports if own_dictionary(t)] == []
     first = transports[0]
@@ -88,7 +88,7 @@ def test_lean_server_fileno_follows_its_socket():
     ours, theirs = socket.socketpair()
     try:
         protocol = Protocol()
-        transport = sharedkeys.Server(ours, protocol, ("127.0.0.1", 40000), None, 7, reactor)
+        transport = lean.Server(ours, protocol, ("127.0.0.1", 40000), None, 7, reactor)
         protocol.makeConnection(transport)
         assert transport.fileno() == ours.fileno() > 0
         transport.connectionLost(Failure(ConnectionDone()))
@@ -106,8 +106,8 @@ def test_listeners_accept_lean_servers():
     service = ListenerService(reactor, "tcp", "tcp:0:interface=127.0.0.1", Factory.forProtocol(Protocol))
     service.privilegedStartService()
     try:
-        assert type(service.port) is sharedkeys.Port
-        assert service.port.transport is sharedkeys.Server
+        assert type(service.port) is lean.Port
+        assert service.port.transport is lean.Server
     finally:
         service.port.stopListening()
 
@@ -115,7 +115,7 @@ def test_listeners_accept_lean_servers():
 def lean_pair():
     ours, theirs = socket.socketpair()
     protocol = Protocol()
-    transport = sharedkeys.Server(ours, protocol, ("127.0.0.1", 40000), None, 1, reactor)
+    transport = lean.Server(ours, protocol, ("127.0.0.1", 40000), None, 1, reactor)
     protocol.makeConnection(transport)
     # A read that would wait forever fails instead.
     theirs.settimeout(5)
@@ -194,7 +194,7 @@ def test_lean_server_sends_a_sequence_at_once():
 
 
 def test_a_storm_of_connects_is_accepted_in_bounded_batches(monkeypatch):
-    monkeypatch.setattr(sharedkeys.Port, "ACCEPTS_PER_READ", 4)
+    monkeypatch.setattr(lean.Port, "ACCEPTS_PER_READ", 4)
     storm = 40  # within the listen backlog: connected before any accept
     built = []
 
@@ -230,3 +230,28 @@ def test_a_storm_of_connects_is_accepted_in_bounded_batches(monkeypatch):
             protocol.transport.socket.close()
         for c in clients:
             c.close()
+
+
+def test_lean_server_sequence_goes_behind_what_waits():
+    transport, theirs = lean_pair()
+    theirs.setblocking(False)
+    try:
+        big = bytes(range(256)) * 40_000
+        transport.write(big)
+        assert transport._tempDataLen > 0
+        transport.writeSequence([b"\x82\x02", b"\xd0\x00"])
+        received = bytearray()
+        for _ in range(10_000):
+            if transport.doWrite() is not None:
+                break
+            while True:
+                try:
+                    chunk = theirs.recv(1 << 20)
+                except BlockingIOError:
+                    break
+                received += chunk
+            if len(received) == len(big) + 4:
+                break
+        assert bytes(received) == big + b"\x82\x02\xd0\x00"
+    finally:
+        close_pair(transport, theirs)
