@@ -8,7 +8,7 @@ from twisted.application.internet import StreamServerEndpointService
 from twisted.internet.endpoints import serverFromString
 from twisted.internet.error import CannotListenError
 
-from mqttgw.transports import tcp
+from mqttgw.transports import polling, tcp
 
 
 class ListenerService(StreamServerEndpointService):
@@ -24,6 +24,7 @@ class ListenerService(StreamServerEndpointService):
         self, reactor, kind, description, factory, secure=False, anonymous=False, name=None
     ):
         super().__init__(serverFromString(reactor, description), factory)
+        self.reactor = reactor
         self.kind = kind
         self.description = description
         # As the configuration gave it.
@@ -34,8 +35,9 @@ class ListenerService(StreamServerEndpointService):
         self._raiseSynchronously = True
 
     def privilegedStartService(self):
-        # Before the first connection: see transports.tcp.
+        # Before the first connection: see transports.tcp and .polling.
         tcp.share()
+        polling.poll_lean(self.reactor)
         try:
             super().privilegedStartService()
         except CannotListenError as e:

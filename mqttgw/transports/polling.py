@@ -1,0 +1,80 @@
+"""
+The reactor's poll loop, without a logging context per event.
+
+Twisted's epoll reactor runs every read and write event inside
+``log.callWithLogger``: it asks the selectable for its log prefix and
+copies a context dictionary so that a legacy log line written meanwhile
+names the connection.  That costs about 2.4 µs per event, a third of what
+routing a PUBLISH costs, and nothing here writes legacy log lines on the
+way.  :class:`EPollReactor` calls the handlers directly and names the
+connection only when a handler raises, where Twisted's line needs it.
+"""
+
+import sys
+
+from twisted.internet import epollreactor
+from twisted.internet.main import CONNECTION_DONE, CONNECTION_LOST
+from twisted.internet.posixbase import _NO_FILEDESC
+from twisted.python import failure, log
+
+
+class EPollReactor(epollreactor.EPollReactor):
+    """Twisted's epoll reactor with a leaner dispatch of each event."""
+
+    def doPoll(self, timeout):
+        try:
+            events = self._poller.poll(-1 if timeout is None else timeout, len(self._selectables))
+        except InterruptedError:
+            return
+        selectables = self._selectables
+        dispatch = self._doReadOrWrite
+        for fd, event in events:
+            selectable = selectables.get(fd)
+            if selectable is not None:
+                dispatch(selectable, fd, event)
+
+    doIteration = doPoll
+
+    def _doReadOrWrite(self, selectable, fd, event):
+        # As posixbase._PollLikeMixin's, with the connection named on the
+        # error's log line rather than in a context made for every event.
+        why = None
+        inRead = False
+        if event & self._POLL_DISCONNECTED and not (event & self._POLL_IN):
+            # A clean shutdown once all input is read; else an error.
+            if fd in self._reads:
+                inRead = True
+                why = CONNECTION_DONE
+            else:
+                why = CONNECTION_LOST
+        else:
+            try:
+                if selectable.fileno() == -1:
+                    why = _NO_FILEDESC
+                else:
+                    if event & self._POLL_IN:
+                        why = selectable.doRead()
+                        inRead = True
+                    if not why and event & self._POLL_OUT:
+                        why = selectable.doWrite()
+                        inRead = False
+            except BaseException:
+                why = sys.exc_info()[1]
+                log.err(failure.Failure(), system=_prefix(selectable))
+        if why:
+            self._disconnectSelectable(selectable, why, inRead)
+
+
+def _prefix(selectable):
+    try:
+        return selectable.logPrefix()
+    except BaseException:
+        return "(buggy logPrefix method)"
+
+
+def poll_lean(reactor):
+    """Make ``reactor`` an :class:`EPollReactor` if it is Twisted's own
+    epoll reactor; any other reactor is left as it is."""
+    if type(reactor) is epollreactor.EPollReactor:
+        reactor.__class__ = EPollReactor
+    return reactor

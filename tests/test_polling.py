@@ -1,0 +1,131 @@
+"""
+The listeners' reactor dispatches each event without a logging context,
+and does what Twisted's does with what a handler returns or raises (see
+mqttgw.transports.polling).
+"""
+
+import socket
+
+import pytest
+from twisted.internet import epollreactor
+from twisted.internet.abstract import FileDescriptor
+from twisted.internet.error import ConnectionDone
+from twisted.internet.testing import MemoryReactorClock
+from twisted.python import log
+
+from mqttgw.transports import polling
+
+
+class Reader(FileDescriptor):
+    """One end of a socket pair; ``action`` decides what doRead does."""
+
+    def __init__(self, sock, reactor, action):
+        super().__init__(reactor)
+        self.socket = sock
+        self.action = action
+        self.read = []
+        self.lost = []
+
+    def fileno(self):
+        return self.socket.fileno()
+
+    def logPrefix(self):
+        return "Reader,7"
+
+    def doRead(self):
+        data = self.socket.recv(100)
+        if not data:
+            return ConnectionDone()
+        self.read.append(data)
+        return self.action()
+
+    def connectionLost(self, reason):
+        self.lost.append(reason)
+        super().connectionLost(reason)
+
+
+def close(reactor):
+    """A reactor made here and never run: its descriptors closed."""
+    reactor.removeAll()
+    reactor.waker.connectionLost(None)
+    reactor._poller.close()
+
+
+@pytest.fixture
+def lean():
+    reactor = polling.poll_lean(epollreactor.EPollReactor())
+    yield reactor
+    close(reactor)
+
+
+@pytest.fixture
+def pair(lean):
+    ours, theirs = socket.socketpair()
+    yield ours, theirs
+    lean.removeAll()
+    ours.close()
+    theirs.close()
+
+
+def poll_until(reactor, predicate, turns=50):
+    for _ in range(turns):
+        if predicate():
+            return
+        reactor.doIteration(0.1)
+    raise AssertionError("not within 50 turns")
+
+
+def test_only_twisteds_epoll_reactor_changes_class():
+    memory = MemoryReactorClock()
+    assert polling.poll_lean(memory) is memory
+    assert type(memory) is MemoryReactorClock
+    reactor = epollreactor.EPollReactor()
+    try:
+        assert type(polling.poll_lean(reactor)) is polling.EPollReactor
+        # Twice is once.
+        assert type(polling.poll_lean(reactor)) is polling.EPollReactor
+    finally:
+        close(reactor)
+
+
+def test_a_readable_descriptor_is_read(lean, pair):
+    ours, theirs = pair
+    reader = Reader(ours, lean, lambda: None)
+    lean.addReader(reader)
+    theirs.send(b"hello")
+    poll_until(lean, lambda: reader.read)
+    assert reader.read == [b"hello"]
+    assert reader.lost == []
+
+
+def test_a_reason_returned_disconnects(lean, pair):
+    ours, theirs = pair
+    reader = Reader(ours, lean, lambda: None)
+    lean.addReader(reader)
+    theirs.close()
+    poll_until(lean, lambda: reader.lost)
+    assert reader.lost[0].check(ConnectionDone)
+    assert reader not in lean.getReaders()
+
+
+def test_a_handler_that_raises_is_logged_with_its_name_and_disconnected(lean, pair):
+    ours, theirs = pair
+
+    def fail():
+        raise ValueError("no good")
+
+    reader = Reader(ours, lean, fail)
+    lean.addReader(reader)
+    events = []
+    log.addObserver(events.append)
+    try:
+        theirs.send(b"x")
+        poll_until(lean, lambda: reader.lost)
+    finally:
+        log.removeObserver(events.append)
+    assert reader.lost[0].check(ValueError)
+    errors = [e for e in events if e.get("isError")]
+    assert len(errors) == 1
+    assert errors[0]["system"] == "Reader,7"
+    assert errors[0]["failure"].check(ValueError)
+    assert reader not in lean.getReaders()
