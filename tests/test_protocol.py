@@ -10,6 +10,7 @@ from mqttgw.broker.session import SessionLimits
 from mqttgw.testing import FakeBroker
 from mqttgw.wire import packets as P
 from mqttgw.wire.encoding import encode_string
+from mqttgw.wire.framing import Framer
 from mqttgw.wire.packets import _frame
 
 V31 = {"protocol_level": P.MQTT_31}
@@ -1070,3 +1071,57 @@ def test_pending_retained_walks_are_bounded_for_a_client_that_never_reads(tmp_pa
     session = sessions["s"]
     assert len(session._retained) <= session.MAX_PENDING_WALKS
     assert session.dropped > 0
+
+
+def backlog_awaiting_acks(broker, queued):
+    """A subscriber with a full in-flight window and ``queued`` more behind it."""
+    sub = subscribed(broker, "s", ("a", 1))
+    pub = connected(broker, "p")
+    window = broker.router.limits.max_inflight_messages
+    pub.send(*[P.Publish("a", b"%d" % n, 1, message_id=n + 1) for n in range(window + queued)])
+    inflight = sub.received()
+    assert len(inflight) == window
+    return sub, inflight
+
+
+def writes_during(client, data):
+    """The transport writes made while ``data`` is read, before the turn ends."""
+    writes = []
+    write = client.transport.write
+    client.transport.write = lambda out: (writes.append(out), write(out))
+    client.protocol.dataReceived(data)
+    client.transport.write = write
+    return writes
+
+
+def test_a_lone_connections_output_leaves_while_its_read_is_handled(broker):
+    sub, inflight = backlog_awaiting_acks(broker, 40)
+    every = sub.protocol.FLUSH_EVERY
+    acks = b"".join(P.Puback(p.message_id).encode() for p in inflight)
+    writes = writes_during(sub, acks)
+    # The next messages leave every FLUSH_EVERY PUBACKs, not at the end.
+    assert every < len(inflight)
+    assert writes and len(writes) == len(inflight) // every
+    assert [len(publishes(packets_in(w))) for w in writes] == [every] * len(writes)
+    # The rest at the end of the turn; all of them in order.
+    got = sub.received()
+    assert [p.payload for p in got] == [b"%d" % n for n in range(20, 40)]
+
+
+def test_output_waits_for_the_turns_end_when_other_connections_have_some(broker):
+    sub, inflight = backlog_awaiting_acks(broker, 40)
+    other = subscribed(broker, "o", ("b", 0))
+    # A message for another connection first, then the PUBACKs.
+    data = P.Publish("b", b"x").encode() + b"".join(
+        P.Puback(p.message_id).encode() for p in inflight
+    )
+    assert writes_during(sub, data) == []
+    assert len(publishes(sub.received())) == 20
+    assert publishes(other.received()) == [("b", b"x", 0)]
+
+
+def packets_in(data):
+    """The packets in bytes the broker wrote."""
+    framer = Framer(P.MAX_REMAINING_LENGTH + 5)
+    framer.from_client = False
+    return list(framer.feed(data))

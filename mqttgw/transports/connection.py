@@ -30,6 +30,10 @@ CLOSED = "CLOSED"
 # that a full socket pauses delivery (and reading) before more piles up.
 OUTPUT_HIGH_WATER = 64 * 1024
 
+# ``MQTTConnection._out`` when the connection has no output this turn and
+# is not in the flusher's list; a list (empty, too) once it is.
+_UNMARKED = ()
+
 
 @implementer(IPushProducer)
 class MQTTConnection(Protocol):
@@ -43,6 +47,13 @@ class MQTTConnection(Protocol):
     )
     # Packets handled per reactor turn before the rest wait for the next.
     PACKETS_PER_TURN = 256
+    # Output is written at the end of the turn, one write per connection;
+    # but where this connection alone has output, it is written after
+    # every this many packets read.  A client draining a backlog through
+    # its in-flight window then gets the next messages while the rest of
+    # its PUBACKs are handled, not after; where others have output too
+    # the broker is busy, and fewer writes serve it better.
+    FLUSH_EVERY = 8
     # Seconds a peer has to close its side after we closed ours.
     CLOSE_GRACE = 2.0
     # Handlers by packet type, once connected and before (the subclass's).
@@ -70,7 +81,7 @@ class MQTTConnection(Protocol):
         self._output_full = False
         self._awaiting_admission = False
         # Bytes written this reactor turn: a list once there are some.
-        self._out = ()
+        self._out = _UNMARKED
         self._out_size = 0
 
     # Connection life
@@ -161,6 +172,12 @@ class MQTTConnection(Protocol):
                 else:
                     break
                 budget -= 1
+                if not budget % self.FLUSH_EVERY and self._out and len(self._flusher.pending) == 1:
+                    # Only this connection has output: see FLUSH_EVERY.
+                    # It stays in the flusher's list for what comes next.
+                    self.flush()
+                    if self.state is not CLOSED:
+                        self._out = []
                 if (wait or budget <= 0) and self.state is not CLOSED:
                     self._backlog = packets
                     self._pause_reading()
@@ -238,7 +255,7 @@ class MQTTConnection(Protocol):
         turn goes out in a single transport write.
         """
         out = self._out
-        if out:
+        if out is not _UNMARKED:
             out.append(data)
         else:
             self._flusher.mark(self)
@@ -250,12 +267,12 @@ class MQTTConnection(Protocol):
 
     def flush(self):
         out = self._out
+        self._out = _UNMARKED
         if out:
             # Counted per flush, not per packet: one write is one packet.
             stats = self.stats
             stats.packets_sent += len(out)
             stats.bytes_sent += self._out_size
-            self._out = ()
             self._out_size = 0
             try:
                 self.transport.write(out[0] if len(out) == 1 else b"".join(out))
@@ -265,7 +282,7 @@ class MQTTConnection(Protocol):
 
     def flush_failed(self):
         """Writing to the transport raised: this connection cannot go on."""
-        self._out = ()
+        self._out = _UNMARKED
         self._out_size = 0
         if self.state is CLOSED:
             return
@@ -301,7 +318,7 @@ class MQTTConnection(Protocol):
         if graceful:
             self._close_gracefully()
         else:
-            self._out = ()
+            self._out = _UNMARKED
             self._out_size = 0
             self.transport.abortConnection()
 
