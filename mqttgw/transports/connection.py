@@ -172,9 +172,9 @@ class MQTTConnection(Protocol):
                 else:
                     break
                 budget -= 1
-                if not budget % self.FLUSH_EVERY and self._out and len(self._flusher.pending) == 1:
-                    # Only this connection has output: see FLUSH_EVERY.
-                    # It stays in the flusher's list for what comes next.
+                if not budget % self.FLUSH_EVERY and self._out and self._flusher.alone(self):
+                    # See FLUSH_EVERY.  It stays in the flusher's list for
+                    # what comes next.
                     self.flush()
                     if self.state is not CLOSED:
                         self._out = []

@@ -197,6 +197,10 @@ class Flusher:
         if self._call is None:
             self._call = self.clock.callLater(0, self._run)
 
+    def alone(self, connection):
+        """Whether ``connection`` is the only one with output this turn."""
+        return self.pending == [connection]
+
     def _run(self):
         self._call = None
         self.flush()

@@ -91,7 +91,7 @@ class Server(tcp.Server):
             super().writeSequence(iovec)
 
     def logPrefix(self):
-        # The reactor asks for it on every read and write event.
+        # Asked for when a line is logged about the connection.
         return f"{self._protocol_name()},{self.sessionno},{self.hostname}"
 
     def __repr__(self):
@@ -100,13 +100,8 @@ class Server(tcp.Server):
 
     def _protocol_name(self):
         # tcp.Connection forgets its protocol once the connection is lost.
-        # (Every Twisted protocol has logPrefix; asking the interface, as
-        # tcp.Server does, costs twice the rest on each event.)
         protocol = getattr(self, "protocol", None)
-        if protocol is None:
-            return "Closed"
-        prefix = getattr(protocol, "logPrefix", None)
-        return protocol.__class__.__name__ if prefix is None else prefix()
+        return "Closed" if protocol is None else self._getLogPrefix(protocol)
 
     # tcp.Server's constructor sets them; nothing is kept.
     logstr = property(logPrefix, _discard)
