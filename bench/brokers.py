@@ -144,11 +144,20 @@ class Mqttgw(Broker):
     # The compiled build where it is installed, whatever the caller's
     # environment says.
     env = {"MQTTGW_NO_EXTENSIONS": "0"}
+    # A file to write its long reactor turns to (bench/turns.py), or None,
+    # and how long a turn must take to be written.
+    turns_log = None
+    turns_long_ms = 2.0
 
     def command(self):
-        twistd = Path(sys.executable).parent / "twistd"
-        return [
-            str(twistd), "-n", "--pidfile=", "--logfile=broker-twistd.log", "mqttgw",
+        twistd = [str(Path(sys.executable).parent / "twistd")]
+        if self.turns_log is not None:
+            twistd = [
+                sys.executable, "-m", "bench.turns",
+                "--log", str(self.turns_log), "--long-ms", str(self.turns_long_ms), "--",
+            ]
+        return twistd + [
+            "-n", "--pidfile=", "--logfile=broker-twistd.log", "mqttgw",
             "--tcp", f"tcp:{self.port}:interface=127.0.0.1",
             "--ws", f"tcp:{self.ws_port}:interface=127.0.0.1",
             "--max-inflight-messages", str(MAX_INFLIGHT),

@@ -5,6 +5,7 @@ everything in bench/hostile.py at the same time.  Reports the round trips'
 p50/p99, messages lost, and the broker's peak resident memory.
 """
 
+import functools
 import os
 import statistics
 import threading
@@ -82,8 +83,33 @@ def _loop(stop, action):
         stop.wait(PAUSE)
 
 
-def neighbours(tcp_port, ws_port, shared):
-    """Every hostile behaviour at once, each in a loop, until told to stop."""
+def _wide(tcp_port, ws_port):
+    sock, framer = hostile.wildcard_subscribe(tcp_port, "wide", filters=500)
+    hostile.recv_packets(sock, framer, 2000, timeout=2)
+    sock.close()
+
+
+# Each hostile behaviour of bench/hostile.py, by name: (tcp_port, ws_port).
+BEHAVIOURS = {
+    "big-retained-ws": lambda tcp, ws: hostile.big_retained_ws_subscriber(tcp, ws, "n1"),
+    "retained-amplification": lambda tcp, ws: hostile.retained_amplification(tcp, "n2"),
+    "long-topics": lambda tcp, ws: hostile.long_topics(tcp, "n3", count=200),
+    "ws-one-byte-messages": lambda tcp, ws: hostile.ws_one_byte_messages(ws, "n4", size=64 * 1024),
+    "wide-wildcards": _wide,
+    "invalid-filters": lambda tcp, ws: hostile.invalid_filters(tcp, "n5", count=100_000),
+    "unread-pings": lambda tcp, ws: hostile.unread_pings(tcp, "n6", seconds=2),
+    "pre-connect-hoard": lambda tcp, ws: hostile.pre_connect_hoard(tcp, connections=16, seconds=1),
+    "http-post": lambda tcp, ws: hostile.http_post(ws, seconds=1),
+    "slow-upgrade": lambda tcp, ws: hostile.slow_upgrade(ws, interval=0.2, limit=3),
+    "raw-mqtt-to-websocket": lambda tcp, ws: hostile.raw_mqtt_to_websocket_port(ws),
+    "reconnect-storm": lambda tcp, ws: hostile.reconnect_storm(tcp, "n9", count=500, timeout=5),
+    "keepalive-drip": lambda tcp, ws: hostile.keepalive_drip(tcp, "n10", keepalive=1, limit=3),
+}
+
+
+def neighbours(tcp_port, ws_port, shared, only=None):
+    """The hostile behaviours (``only`` these names, else all) at once, each
+    in a loop, until told to stop."""
     # They share the load generator's CPU with the well-behaved clients:
     # at the lowest priority, they do not delay them there, so the round
     # trips measure how the broker treats its clients, not the scheduler.
@@ -96,25 +122,10 @@ def neighbours(tcp_port, ws_port, shared):
     filler.sendall(P.Disconnect().encode())
     filler.close()
 
-    def wide():
-        sock, framer = hostile.wildcard_subscribe(tcp_port, "wide", filters=500)
-        hostile.recv_packets(sock, framer, 2000, timeout=2)
-        sock.close()
-
     actions = [
-        lambda: hostile.big_retained_ws_subscriber(tcp_port, ws_port, "n1"),
-        lambda: hostile.retained_amplification(tcp_port, "n2"),
-        lambda: hostile.long_topics(tcp_port, "n3", count=200),
-        lambda: hostile.ws_one_byte_messages(ws_port, "n4", size=64 * 1024),
-        wide,
-        lambda: hostile.invalid_filters(tcp_port, "n5", count=100_000),
-        lambda: hostile.unread_pings(tcp_port, "n6", seconds=2),
-        lambda: hostile.pre_connect_hoard(tcp_port, connections=16, seconds=1),
-        lambda: hostile.http_post(ws_port, seconds=1),
-        lambda: hostile.slow_upgrade(ws_port, interval=0.2, limit=3),
-        lambda: hostile.raw_mqtt_to_websocket_port(ws_port),
-        lambda: hostile.reconnect_storm(tcp_port, "n9", count=500, timeout=5),
-        lambda: hostile.keepalive_drip(tcp_port, "n10", keepalive=1, limit=3),
+        functools.partial(behaviour, tcp_port, ws_port)
+        for name, behaviour in BEHAVIOURS.items()
+        if only is None or name in only
     ]
     threads = [threading.Thread(target=_loop, args=(stop, a), daemon=True) for a in actions]
     for t in threads:
@@ -134,13 +145,14 @@ class Shared:
         self.ready = ctx.RawArray("i", 2)
 
 
-def run(broker, duration, with_neighbours, ctx, pin):
-    """One run: figures for the calm traffic and the broker's peak memory."""
+def run(broker, duration, with_neighbours, ctx, pin, only=None):
+    """One run: figures for the calm traffic and the broker's peak memory;
+    beside ``only`` these of the hostile behaviours, else all."""
     shared = Shared(ctx)
     results = ctx.RawArray("d", 4)
     procs = []
     if with_neighbours:
-        procs.append(ctx.Process(target=pin, args=(neighbours, broker.port, broker.ws_port, shared)))
+        procs.append(ctx.Process(target=pin, args=(neighbours, broker.port, broker.ws_port, shared, only)))
         procs[-1].start()
         deadline = time.monotonic() + 60
         while not shared.ready[1] and time.monotonic() < deadline:

@@ -271,6 +271,14 @@ def main(argv=None):
     parser.add_argument("--retained", type=int, default=1_000_000, help="retained topics stored for the retained scenario")
     parser.add_argument("--json", default=str(Path(__file__).parent / "results" / "latest.json"))
     parser.add_argument("--no-pin", action="store_true", help="do not pin broker and load to separate CPUs")
+    parser.add_argument(
+        "--neighbours", nargs="+", default=list(neighbours.BEHAVIOURS), choices=list(neighbours.BEHAVIOURS),
+        help="the hostile behaviours beside the calm clients (default: all)",
+    )
+    parser.add_argument(
+        "--turns", metavar="DIR",
+        help="run mqttgw under bench/turns.py, its long reactor turns logged in DIR (figures are then not comparable)",
+    )
     args = parser.parse_args(argv)
 
     cpus = sorted(os.sched_getaffinity(0))
@@ -315,7 +323,11 @@ def main(argv=None):
                         continue
                     key = "password_file" if scenario == LOGINS else "acl_file"
                     auth = {key: auth_files[key]}
-                broker = BROKERS[name](workdir, broker_cpu, options, auth, max_queued).start()
+                broker = BROKERS[name](workdir, broker_cpu, options, auth, max_queued)
+                if args.turns and name.startswith("mqttgw"):
+                    Path(args.turns).mkdir(parents=True, exist_ok=True)
+                    broker.turns_log = Path(args.turns).resolve() / f"{name}-{scenario.replace(' ', '-')}.log"
+                broker.start()
                 try:
                     print(f"{name:10} {scenario} ...", end=" ", flush=True)
                     if scenario == DASHBOARD:
@@ -407,7 +419,7 @@ def main(argv=None):
                     elif scenario in NEIGHBOURS:
                         r = neighbours.run(
                             broker, args.duration, NEIGHBOURS[scenario], _ctx(),
-                            functools.partial(_pinned, load_cpu),
+                            functools.partial(_pinned, load_cpu), args.neighbours,
                         )
                         print(
                             f"p50 {r['p50_ms']:.2f} ms p99 {r['p99_ms']:.2f} ms, lost {r['lost']}"
@@ -428,6 +440,7 @@ def main(argv=None):
             "payload_bytes": PAYLOAD, "window": WINDOW, "batch": BATCH,
             "max_inflight": MAX_INFLIGHT, "max_queued": MAX_QUEUED, "max_queued_windowed": WINDOWED_QUEUED,
             "duration_s": args.duration, "pinned": broker_cpu is not None,
+            "neighbours": args.neighbours,
         },
         "results": results,
     }

@@ -132,3 +132,43 @@ def test_the_reconnect_storm_simulation_brings_every_site_back_and_drains_it():
     # Without jitter every site asks at the same moments: the centre takes
     # 10 a round and the rest wait a whole round, so it takes longer.
     assert results["doubling, no jitter"]["all_connected_s"] > results["full jitter"]["all_connected_s"]
+
+
+def test_turns_names_the_clients_each_turn_handled(tmp_path):
+    from bench import brokers, hostile
+    from mqttgw.wire import packets as P
+
+    broker = brokers.Mqttgw(tmp_path)
+    broker.turns_log = tmp_path / "turns.log"
+    # Every turn with any work is long enough to be written.
+    broker.turns_long_ms = 0
+    broker.start()
+    try:
+        sock, framer = hostile.mqtt_connect(broker.port, "turns-client")
+        sock.sendall(P.Subscribe(1, [("t", 0)]).encode())
+        assert [type(p) for p in hostile.recv_packets(sock, framer, 1)] == [P.Suback]
+        sock.close()
+    finally:
+        broker.stop()
+    turns = [line.split() for line in broker.turns_log.read_text().splitlines() if " turn " in line]
+    handled = [words[words.index("events") + 2 :] for words in turns]
+    assert any("turns-client" in names for names in handled)
+    for words in turns:
+        assert float(words[words.index("dispatch") + 1]) >= 0
+        assert float(words[words.index("waited") + 1]) >= 0
+
+
+def test_turns_writes_a_collection_longer_than_its_bound():
+    import gc
+    import io
+
+    from bench import turns
+
+    out = io.StringIO()
+    recorder = turns.Recorder(out, long_ms=0)
+    gc.callbacks.append(recorder.collected)
+    try:
+        gc.collect()
+    finally:
+        gc.callbacks.remove(recorder.collected)
+    assert "gc generation 2" in out.getvalue()
