@@ -4,6 +4,7 @@ and does what Twisted's does with what a handler returns or raises (see
 mqttgw.transports.polling).
 """
 
+import select
 import socket
 
 import pytest
@@ -129,3 +130,64 @@ def test_a_handler_that_raises_is_logged_with_its_name_and_disconnected(lean, pa
     assert errors[0]["system"] == "Reader,7"
     assert errors[0]["failure"].check(ValueError)
     assert reader not in lean.getReaders()
+
+
+def tcp_pair():
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        theirs = socket.create_connection(server.getsockname())
+        ours, _ = server.accept()
+    return ours, theirs
+
+
+def test_peers_closes_wait_behind_reads_and_are_taken_a_few_a_poll(lean):
+    lean.CLOSES_PER_POLL = 2
+    order = []
+    pairs = [tcp_pair() for _ in range(6)]
+    try:
+        readers = []
+        for i, (ours, _) in enumerate(pairs):
+            reader = Reader(ours, lean, lambda i=i: order.append(("read", i)))
+            reader.connectionLost = lambda reason, i=i: order.append(("closed", i))
+            readers.append(reader)
+        # Five peers close; the last one sends, after them.
+        for _, theirs in pairs[:5]:
+            theirs.close()
+        pairs[5][1].send(b"x")
+        for reader in readers:
+            lean.addReader(reader)
+        poll_until(lean, lambda: order)
+        assert order[0] == ("read", 5)
+        assert [what for what, _ in order[1:]] == ["closed"] * 2
+        closed = 2
+        for _ in range(2):
+            lean.doPoll(0.1)
+            now = len(order) - 1
+            assert now - closed <= 2
+            closed = now
+        assert sorted(i for what, i in order if what == "closed") == [0, 1, 2, 3, 4]
+    finally:
+        lean.removeAll()
+        for ours, theirs in pairs:
+            ours.close()
+            theirs.close()
+
+
+def test_the_peers_close_is_watched_while_reading_only():
+    reactor = polling.poll_lean(epollreactor.EPollReactor())
+    ours, theirs = tcp_pair()
+    try:
+        reader = Reader(ours, reactor, lambda: None)
+        reactor.addReader(reader)
+        reactor.addWriter(reader)
+        reactor.removeReader(reader)
+        # Writing only: a close is an error or a hang-up to the writer.
+        theirs.close()
+        events = dict(reactor._poller.poll(0.1))
+        assert not events.get(ours.fileno(), 0) & select.EPOLLRDHUP
+        reactor.addReader(reader)
+        events = dict(reactor._poller.poll(0.1))
+        assert events[ours.fileno()] & select.EPOLLRDHUP
+    finally:
+        reactor.removeAll()
+        close(reactor)
+        ours.close()

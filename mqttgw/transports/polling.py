@@ -1,5 +1,6 @@
 """
-The reactor's poll loop, without a logging context per event.
+The reactor's poll loop, without a logging context per event, and with
+peers' closes put after open connections' reads.
 
 Twisted's epoll reactor runs every read and write event inside
 ``log.callWithLogger``: it asks the selectable for its log prefix and
@@ -8,9 +9,17 @@ names the connection.  That costs about 2.4 µs per event, a third of what
 routing a PUBLISH costs, and nothing here writes legacy log lines on the
 way.  :class:`EPollReactor` calls the handlers directly and names the
 connection only when a handler raises, where Twisted's line needs it.
+
+Closing a connection costs some 30 µs (its socket, the reactor's sets, its
+session).  When hundreds of clients close at once (a reconnect storm), one
+poll would close them all before reading the connections that stay open.
+Descriptors are watched for the peer's close too (``EPOLLRDHUP``): a poll
+handles the other events first, then at most ``CLOSES_PER_POLL`` closes;
+the others are still ready, and the next polls take them.
 """
 
 import sys
+from select import EPOLLIN, EPOLLRDHUP
 
 from twisted.internet import epollreactor
 from twisted.internet.main import CONNECTION_DONE, CONNECTION_LOST
@@ -19,7 +28,10 @@ from twisted.python import failure, log
 
 
 class EPollReactor(epollreactor.EPollReactor):
-    """Twisted's epoll reactor with a leaner dispatch of each event."""
+    """Twisted's epoll reactor with a leaner dispatch of each event, and
+    a bound on the peers' closes handled a poll."""
+
+    CLOSES_PER_POLL = 32
 
     def doPoll(self, timeout):
         try:
@@ -28,12 +40,32 @@ class EPollReactor(epollreactor.EPollReactor):
             return
         selectables = self._selectables
         dispatch = self._doReadOrWrite
+        closed = None
         for fd, event in events:
+            if event & EPOLLRDHUP:
+                if closed is None:
+                    closed = [(fd, event)]
+                else:
+                    closed.append((fd, event))
+                continue
             selectable = selectables.get(fd)
             if selectable is not None:
                 dispatch(selectable, fd, event)
+        if closed is not None:
+            for fd, event in closed[: self.CLOSES_PER_POLL]:
+                selectable = selectables.get(fd)
+                if selectable is not None:
+                    dispatch(selectable, fd, event)
 
     doIteration = doPoll
+
+    # Reading is watched for the peer's close as well (see doPoll).
+
+    def _add(self, xer, primary, other, selectables, event, antievent):
+        super()._add(xer, primary, other, selectables, _closes(event), _closes(antievent))
+
+    def _remove(self, xer, primary, other, selectables, event, antievent):
+        super()._remove(xer, primary, other, selectables, _closes(event), _closes(antievent))
 
     def _doReadOrWrite(self, selectable, fd, event):
         # As posixbase._PollLikeMixin's, with the connection named on the
@@ -63,6 +95,10 @@ class EPollReactor(epollreactor.EPollReactor):
                 log.err(failure.Failure(), system=_prefix(selectable))
         if why:
             self._disconnectSelectable(selectable, why, inRead)
+
+
+def _closes(flags):
+    return flags | EPOLLRDHUP if flags & EPOLLIN else flags
 
 
 def _prefix(selectable):
