@@ -693,6 +693,6 @@ def test_the_gateway_freezes_its_start_up_objects_out_of_garbage_collection(tmp_
         frozen = int(re.search(r"(\d+) start-up objects frozen", line).group(1))
         # Twisted and the gateway's own modules at least.
         assert frozen > 10_000
-        assert "thresholds (50000, 20, 10)" in line
+        assert "thresholds (10000, 20, 50)" in line
     finally:
         gw.stop()

@@ -5,7 +5,8 @@ long as it takes to scan what it tracks: with default settings a full
 collection ran every few hundred thousand allocations and, over the
 modules, retained messages and sessions of a running gateway, took tens
 of milliseconds (the hostile-neighbours benchmark saw a well-behaved
-client's p99 at 59 ms; with these settings 15 ms).
+client's p99 at 59 ms).  Young collections must stay short too: each
+scans every object allocated since the last.
 """
 
 import gc
@@ -14,9 +15,11 @@ from twisted.logger import Logger
 
 log = Logger()
 
-# Allocations between young collections (CPython: 700); young collections
-# between middle ones, and middle between full ones, as CPython's.
-THRESHOLDS = (50_000, 20, 10)
+# Allocations between young collections (CPython: 700): few enough that
+# one takes about a millisecond (at 50,000 it took 3-6 ms beside hostile
+# clients); young collections between middle ones; and middle between
+# full ones, so that a full one comes every 10 million allocations.
+THRESHOLDS = (10_000, 20, 50)
 
 
 def tune():
