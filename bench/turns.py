@@ -9,8 +9,8 @@ tenth of that.
     python -m bench.turns --log turns.log -- -n mqttgw --tcp 1883
 
 ``python -m bench --turns DIR`` runs the mqttgw brokers under it, a log
-per broker and scenario.  The timing costs about a microsecond an event:
-figures taken with it are not the benchmark's.
+per broker and scenario.  Every event and timed call is timed on the
+way: figures taken with it are not the benchmark's.
 """
 
 import argparse
