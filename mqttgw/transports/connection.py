@@ -43,7 +43,7 @@ class MQTTConnection(Protocol):
         "transport", "connected", "router", "limits", "clock", "_flusher",
         "framer", "stats", "log_id", "state", "_host", "_last_received",
         "_timer", "_backlog", "_work", "_held", "reading_paused",
-        "_output_full", "_awaiting_admission", "_out", "_out_size",
+        "_output_full", "_awaiting_admission", "_out", "_out_size", "opening",
     )
     # Packets handled per reactor turn before the rest wait for the next.
     PACKETS_PER_TURN = 256
@@ -80,6 +80,8 @@ class MQTTConnection(Protocol):
         self.reading_paused = False
         self._output_full = False
         self._awaiting_admission = False
+        # Admitted and not yet read from (see Flusher.admit).
+        self.opening = False
         # Bytes written this reactor turn: a list once there are some.
         self._out = _UNMARKED
         self._out_size = 0
@@ -100,7 +102,7 @@ class MQTTConnection(Protocol):
         # when its buffer is full so a slow reader can't grow it without end.
         self.transport.registerProducer(self, True)
         if not self._flusher.admit(self):
-            # Too many connections arrived this turn: read this one later.
+            # Many new connections not yet read from: this one waits its turn.
             self._awaiting_admission = True
             self._pause_reading()
 
@@ -128,6 +130,8 @@ class MQTTConnection(Protocol):
 
 
     def dataReceived(self, data):
+        if self.opening:
+            self._flusher.opened(self)
         if self.state is CLOSED:
             # Closing: whatever the peer still sends is ignored.
             return
@@ -368,6 +372,8 @@ class MQTTConnection(Protocol):
         pass
 
     def connectionLost(self, reason):
+        if self.opening:
+            self._flusher.opened(self)
         self.stats.connections -= 1
         if self.state is not CLOSED:
             self._lost(reason)

@@ -31,7 +31,7 @@ class EPollReactor(epollreactor.EPollReactor):
     """Twisted's epoll reactor with a leaner dispatch of each event, and
     a bound on the peers' closes handled a poll."""
 
-    CLOSES_PER_POLL = 32
+    CLOSES_PER_POLL = 16
 
     def doPoll(self, timeout):
         try:

@@ -139,15 +139,22 @@ class Flusher:
     Work shared out per reactor turn, one for every listener.  Connections
     with output waiting are flushed on the next turn: all the reads of one
     turn cost each subscriber a single transport write, rather than one per
-    message.  New connections are read from at most ``ADMISSIONS_PER_TURN``
-    a turn, so a storm of reconnecting clients is taken in over several
-    turns instead of holding up everyone else for one long one.  While
-    the store is behind (see :meth:`hold_reading`), no connection is read
-    from: those with data wait in the same line and are taken in as new
-    ones are once it has caught up.
+    message.
+
+    New connections are read from at most ``OPENINGS`` at a time until their
+    first bytes are read: a storm of clients connecting at once (whose
+    CONNECTs tend to arrive together, a moment after their connections were
+    accepted) then has at most that many CONNECTs read and answered a poll,
+    instead of hundreds in one long turn that holds up everyone else.  A
+    connection that sends nothing keeps its place ``OPENING_HOLD`` seconds
+    at most, so idle sockets cannot keep others out.  While the store is
+    behind (see :meth:`hold_reading`), no connection is read from: those
+    with data wait in the same line and are taken in as new ones are once
+    it has caught up.
     """
 
-    ADMISSIONS_PER_TURN = 64
+    OPENINGS = 32
+    OPENING_HOLD = 0.01
 
     def __init__(self, clock):
         self.clock = clock
@@ -155,7 +162,10 @@ class Flusher:
         self.connects = ConnectDeadlines(clock)
         self.pending = []
         self._call = None
-        self._admissions = 0
+        # Connections admitted and not yet read from (``opening`` set on
+        # each), and when each was admitted, oldest first.
+        self._opening = 0
+        self._openings = deque()
         self._waiting = deque()
         self._admit_call = None
         self.reading_held = False
@@ -163,34 +173,73 @@ class Flusher:
     def hold_reading(self, held):
         """The store's congestion (``Store.congestion_listeners``): stop or restart reading."""
         self.reading_held = held
-        if not held and self._waiting and self._admit_call is None:
-            self._admit_call = self.clock.callLater(0, self._admit_turn)
+        if not held and self._waiting:
+            self._schedule_admissions(0)
 
     def admit(self, connection):
         """Whether ``connection`` may be read from now; if not, it is told later."""
-        if (
-            self._admissions < self.ADMISSIONS_PER_TURN
-            and not self._waiting
-            and not self.reading_held
-        ):
-            self._admissions += 1
-            if self._admit_call is None:
-                self._admit_call = self.clock.callLater(0, self._admit_turn)
+        if not self._waiting and not self.reading_held and self._room():
+            self._hold(connection)
             return True
         self._waiting.append(connection)
+        if not self.reading_held:
+            self._schedule_admissions(0 if self._opening < self.OPENINGS else self.OPENING_HOLD)
         return False
+
+    def opened(self, connection):
+        """``connection`` (``opening``) was read from, or closed: its place is free."""
+        connection.opening = False
+        self._opening -= 1
+        if self._waiting and not self.reading_held:
+            self._schedule_admissions(0)
+
+    def _room(self):
+        if self._opening >= self.OPENINGS:
+            self._expire(self.clock.seconds())
+        return self._opening < self.OPENINGS
+
+    def _hold(self, connection):
+        connection.opening = True
+        self._opening += 1
+        openings = self._openings
+        while openings and not openings[0][1].opening:
+            openings.popleft()
+        openings.append((self.clock.seconds(), connection))
+
+    def _expire(self, now):
+        """Places held longer than OPENING_HOLD by connections that sent nothing are freed."""
+        openings = self._openings
+        while openings:
+            admitted_at, connection = openings[0]
+            if connection.opening:
+                if now - admitted_at < self.OPENING_HOLD:
+                    return
+                connection.opening = False
+                self._opening -= 1
+            openings.popleft()
+
+    def _schedule_admissions(self, delay):
+        call = self._admit_call
+        if call is not None:
+            if call.getTime() <= self.clock.seconds() + delay:
+                return
+            call.cancel()
+        self._admit_call = self.clock.callLater(delay, self._admit_turn)
 
     def _admit_turn(self):
         self._admit_call = None
-        self._admissions = 0
+        if self.reading_held:
+            return
         waiting = self._waiting
-        while waiting and self._admissions < self.ADMISSIONS_PER_TURN and not self.reading_held:
+        while waiting and self._room():
             connection = waiting.popleft()
             if connection.state is not CLOSED:
-                self._admissions += 1
+                self._hold(connection)
                 connection.admitted()
-        if self._admissions:
-            self._admit_call = self.clock.callLater(0, self._admit_turn)
+        if waiting and not self.reading_held:
+            # Every place is held by a connection that has sent nothing
+            # yet: the oldest frees up within OPENING_HOLD.
+            self._schedule_admissions(self.OPENING_HOLD)
 
     def mark(self, connection):
         self.pending.append(connection)
