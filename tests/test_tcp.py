@@ -243,3 +243,58 @@ def test_a_storm_of_connects_is_accepted_in_bounded_batches(monkeypatch):
             protocol.transport.socket.close()
         for c in clients:
             c.close()
+
+
+def test_a_port_accepts_no_more_than_its_admission_has_room_for():
+    from twisted.internet.task import Clock
+
+    from mqttgw.transports.connection import AWAITING_CONNECT
+    from mqttgw.transports.schedulers import Flusher
+
+    clock = Clock()
+    flusher = Flusher(clock)
+    flusher.OPENINGS = 3
+    built = []
+
+    class Opening(Protocol):
+        state = AWAITING_CONNECT
+        opening = False
+
+        def connectionMade(self):
+            assert flusher.admit(self), "accepted without room"
+            built.append(self)
+
+    service = ListenerService(reactor, "tcp", "tcp:0:interface=127.0.0.1", Factory.forProtocol(Opening))
+    service.factory.flusher = flusher
+    service.privilegedStartService()
+    port = service.port
+    clients = []
+    try:
+        for _ in range(10):
+            clients.append(socket.create_connection(("127.0.0.1", port.getHost().port), timeout=5))
+        port.doRead()
+        assert len(built) == 3
+        # No room: the port stops reading, the rest wait in the kernel.
+        port.doRead()
+        assert len(built) == 3 and port not in reactor.getReaders()
+        # Two are read from: the port reads again, and takes two.
+        flusher.opened(built[0])
+        flusher.opened(built[1])
+        clock.advance(0)
+        assert port in reactor.getReaders()
+        port.doRead()
+        assert len(built) == 5
+        port.doRead()
+        assert port not in reactor.getReaders()
+        # Three that send nothing give their places up in time.
+        clock.advance(flusher.OPENING_HOLD)
+        assert port in reactor.getReaders()
+        port.doRead()
+        assert len(built) == 8
+    finally:
+        port.stopListening()
+        for protocol in built:
+            reactor.removeReader(protocol.transport)
+            protocol.transport.socket.close()
+        for c in clients:
+            c.close()

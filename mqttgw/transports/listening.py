@@ -46,7 +46,10 @@ class ListenerService(StreamServerEndpointService):
         self._waitingForPort.addCallback(self._bound)
 
     def _bound(self, port):
-        self.port = tcp.serve_lean(port)
+        # A listener whose connections speak MQTT from their first byte
+        # accepts as its flusher has room (not WebSocket's or TLS's, whose
+        # first bytes are a handshake).
+        self.port = tcp.serve_lean(port, getattr(self.factory, "flusher", None))
         return port
 
     def stopService(self):

@@ -167,13 +167,15 @@ class Flusher:
         self._opening = 0
         self._openings = deque()
         self._waiting = deque()
+        # Listening ports stopped for want of room (see tcp.Port).
+        self._ports = []
         self._admit_call = None
         self.reading_held = False
 
     def hold_reading(self, held):
         """The store's congestion (``Store.congestion_listeners``): stop or restart reading."""
         self.reading_held = held
-        if not held and self._waiting:
+        if not held and (self._waiting or self._ports):
             self._schedule_admissions(0)
 
     def admit(self, connection):
@@ -186,11 +188,26 @@ class Flusher:
             self._schedule_admissions(0 if self._opening < self.OPENINGS else self.OPENING_HOLD)
         return False
 
+    def room(self):
+        """How many new connections may be read from now."""
+        if self._waiting or self.reading_held:
+            return 0
+        self._room()
+        return self.OPENINGS - self._opening
+
+    def wait_for_room(self, port):
+        """``port`` stopped accepting for want of room: it reads again once there is."""
+        port.stopReading()
+        if port not in self._ports:
+            self._ports.append(port)
+        if not self.reading_held:
+            self._schedule_admissions(0 if self._opening < self.OPENINGS else self.OPENING_HOLD)
+
     def opened(self, connection):
         """``connection`` (``opening``) was read from, or closed: its place is free."""
         connection.opening = False
         self._opening -= 1
-        if self._waiting and not self.reading_held:
+        if (self._waiting or self._ports) and not self.reading_held:
             self._schedule_admissions(0)
 
     def _room(self):
@@ -236,7 +253,12 @@ class Flusher:
             if connection.state is not CLOSED:
                 self._hold(connection)
                 connection.admitted()
-        if waiting and not self.reading_held:
+        if not waiting and self._ports and self._room():
+            ports, self._ports = self._ports, []
+            for port in ports:
+                if port.listening():
+                    port.startReading()
+        if (waiting or self._ports) and not self.reading_held:
             # Every place is held by a connection that has sent nothing
             # yet: the oldest frees up within OPENING_HOLD.
             self._schedule_admissions(self.OPENING_HOLD)
