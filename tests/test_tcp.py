@@ -206,6 +206,16 @@ def test_lean_server_sends_a_sequence_at_once():
         close_pair(transport, theirs)
 
 
+def _close_all(port, built, clients):
+    """The listening port, the connections it made, and their clients."""
+    port.stopListening()
+    for protocol in built:
+        reactor.removeReader(protocol.transport)
+        protocol.transport.socket.close()
+    for c in clients:
+        c.close()
+
+
 def test_a_storm_of_connects_is_accepted_in_bounded_batches(monkeypatch):
     monkeypatch.setattr(lean.Port, "ACCEPTS_PER_READ", 4)
     storm = 40  # within the listen backlog: connected before any accept
@@ -237,12 +247,7 @@ def test_a_storm_of_connects_is_accepted_in_bounded_batches(monkeypatch):
         assert len(built) == storm
         assert max(batches) == 4
     finally:
-        port.stopListening()
-        for protocol in built:
-            reactor.removeReader(protocol.transport)
-            protocol.transport.socket.close()
-        for c in clients:
-            c.close()
+        _close_all(port, built, clients)
 
 
 def test_a_port_accepts_no_more_than_its_admission_has_room_for():
@@ -292,9 +297,4 @@ def test_a_port_accepts_no_more_than_its_admission_has_room_for():
         port.doRead()
         assert len(built) == 8
     finally:
-        port.stopListening()
-        for protocol in built:
-            reactor.removeReader(protocol.transport)
-            protocol.transport.socket.close()
-        for c in clients:
-            c.close()
+        _close_all(port, built, clients)
