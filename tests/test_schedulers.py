@@ -13,17 +13,35 @@ from mqttgw.transports.schedulers import Flusher
 class Connection:
     """What the flusher sees of a connection."""
 
-    def __init__(self):
+    def __init__(self, unread=True):
         self.state = AWAITING_CONNECT
         self.opening = False
+        self.unread = unread
         self.admissions = 0
 
     def admitted(self):
         self.admissions += 1
 
 
-def _flusher(openings=3):
+class Port:
+    """What the flusher sees of a listening port."""
+
+    def __init__(self):
+        self.reading = True
+
+    def stopReading(self):
+        self.reading = False
+
+    def startReading(self):
+        self.reading = True
+
+    def listening(self):
+        return True
+
+
+def _flusher(openings=3, base=0.0):
     clock = Clock()
+    clock.advance(base)
     flusher = Flusher(clock)
     flusher.OPENINGS = openings
     return clock, flusher
@@ -106,3 +124,48 @@ def test_the_record_of_places_does_not_grow_with_connections_read_from():
         assert flusher.admit(c)
         flusher.opened(c)
     assert len(flusher._openings) <= 1 and flusher._opening == 0
+
+
+def test_a_place_is_free_at_its_expiry_whatever_the_clock_reads():
+    # At today's epoch a float cannot tell 10 ms apart exactly.
+    clock, flusher = _flusher(openings=1, base=1_700_000_000.123)
+    assert flusher.admit(Connection())
+    waiting = Connection()
+    assert not flusher.admit(waiting)
+    clock.advance(flusher.OPENING_HOLD)
+    assert waiting.admissions == 1
+
+
+def test_a_client_held_back_by_the_store_takes_no_place_when_let_go():
+    clock, flusher = _flusher(openings=2)
+    flusher.hold_reading(True)
+    # Connected clients whose data came while the store was behind.
+    held = [Connection(unread=False) for _ in range(5)]
+    for c in held:
+        assert not flusher.admit(c)
+    flusher.hold_reading(False)
+    for _ in range(5):
+        clock.advance(0)
+    assert all(c.admissions == 1 for c in held)
+    assert not any(c.opening for c in held)
+    assert flusher._opening == 0 and flusher.room() == 2
+
+
+def test_a_stopped_port_reads_again_while_other_connections_keep_waiting():
+    clock, flusher = _flusher(openings=4)
+    port = Port()
+    silent = [Connection() for _ in range(4)]
+    for c in silent:
+        assert flusher.admit(c)
+    flusher.wait_for_room(port)
+    assert not port.reading
+    # A storm of WebSocket or TLS clients keeps connections waiting.
+    storm = [Connection() for _ in range(100)]
+    for c in storm:
+        assert not flusher.admit(c)
+    # The places free up: those waiting take half, and the port reads
+    # again (what it accepts then waits its turn behind them).
+    clock.advance(flusher.OPENING_HOLD)
+    assert port.reading
+    assert 2 <= sum(c.admissions for c in storm) <= 4
+    assert flusher.room() <= 1

@@ -119,6 +119,12 @@ class MQTTConnection(Protocol):
         return f"{host}:{peer.port}" if host else str(peer)
 
 
+    @property
+    def unread(self):
+        """Whether nothing has been read from this connection yet."""
+        return self._backlog is None and not self._held
+
+
     def admitted(self):
         """Our turn has come to be read from (see :meth:`Flusher.admit`)."""
         self._awaiting_admission = False

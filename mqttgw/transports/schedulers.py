@@ -180,20 +180,22 @@ class Flusher:
 
     def admit(self, connection):
         """Whether ``connection`` may be read from now; if not, it is told later."""
-        if not self._waiting and not self.reading_held and self._room():
+        if not self._waiting and not self.reading_held and self._free():
             self._hold(connection)
             return True
         self._waiting.append(connection)
         if not self.reading_held:
-            self._schedule_admissions(0 if self._opening < self.OPENINGS else self.OPENING_HOLD)
+            self._schedule_admissions()
         return False
 
     def room(self):
-        """How many new connections may be read from now."""
-        if self._waiting or self.reading_held:
+        """How many new connections a stopped listening port may accept now."""
+        if self.reading_held:
             return 0
-        self._room()
-        return self.OPENINGS - self._opening
+        free = self._free()
+        # Connections waiting (WebSocket's and TLS's, admitted after
+        # their handshake) have half of it: see _admit_turn.
+        return free // 2 if self._waiting else free
 
     def wait_for_room(self, port):
         """``port`` stopped accepting for want of room: it reads again once there is."""
@@ -201,7 +203,7 @@ class Flusher:
         if port not in self._ports:
             self._ports.append(port)
         if not self.reading_held:
-            self._schedule_admissions(0 if self._opening < self.OPENINGS else self.OPENING_HOLD)
+            self._schedule_admissions()
 
     def opened(self, connection):
         """``connection`` (``opening``) was read from, or closed: its place is free."""
@@ -210,10 +212,11 @@ class Flusher:
         if (self._waiting or self._ports) and not self.reading_held:
             self._schedule_admissions(0)
 
-    def _room(self):
+    def _free(self):
+        """Places free now, those held too long by connections that sent nothing freed."""
         if self._opening >= self.OPENINGS:
             self._expire(self.clock.seconds())
-        return self._opening < self.OPENINGS
+        return self.OPENINGS - self._opening
 
     def _hold(self, connection):
         connection.opening = True
@@ -223,22 +226,32 @@ class Flusher:
             openings.popleft()
         openings.append((self.clock.seconds(), connection))
 
+    # Clock readings are floats: a call due at a place's expiry may read a
+    # hair before it.
+    _EPSILON = 1e-6
+
     def _expire(self, now):
         """Places held longer than OPENING_HOLD by connections that sent nothing are freed."""
         openings = self._openings
         while openings:
             admitted_at, connection = openings[0]
             if connection.opening:
-                if now - admitted_at < self.OPENING_HOLD:
+                if now - admitted_at < self.OPENING_HOLD - self._EPSILON:
                     return
                 connection.opening = False
                 self._opening -= 1
             openings.popleft()
 
-    def _schedule_admissions(self, delay):
+    def _schedule_admissions(self, delay=None):
+        """An admission turn in ``delay`` seconds; by default as soon as a place is free."""
+        now = self.clock.seconds()
+        if delay is None:
+            delay = 0.0
+            if not self._free():
+                delay = max(0.0, self._openings[0][0] + self.OPENING_HOLD - now)
         call = self._admit_call
         if call is not None:
-            if call.getTime() <= self.clock.seconds() + delay:
+            if call.getTime() <= now + delay:
                 return
             call.cancel()
         self._admit_call = self.clock.callLater(delay, self._admit_turn)
@@ -248,20 +261,28 @@ class Flusher:
         if self.reading_held:
             return
         waiting = self._waiting
-        while waiting and self._room():
+        # While a listening port waits for room, those waiting take half of
+        # the free places and the port the rest, so that neither a storm of
+        # WebSocket or TLS clients nor one of TCP clients shuts the other out.
+        free = self._free()
+        budget = (free + 1) // 2 if self._ports else free
+        while waiting and budget > 0 and not self.reading_held:
             connection = waiting.popleft()
-            if connection.state is not CLOSED:
+            if connection.state is CLOSED:
+                continue
+            budget -= 1
+            # One whose reading the store held (see hold_reading) was read
+            # from already: it takes no place.
+            if connection.unread:
                 self._hold(connection)
-                connection.admitted()
-        if not waiting and self._ports and self._room():
+            connection.admitted()
+        if self._ports and self._free():
             ports, self._ports = self._ports, []
             for port in ports:
                 if port.listening():
                     port.startReading()
         if (waiting or self._ports) and not self.reading_held:
-            # Every place is held by a connection that has sent nothing
-            # yet: the oldest frees up within OPENING_HOLD.
-            self._schedule_admissions(self.OPENING_HOLD)
+            self._schedule_admissions()
 
     def mark(self, connection):
         self.pending.append(connection)
