@@ -169,3 +169,18 @@ def test_a_stopped_port_reads_again_while_other_connections_keep_waiting():
     assert port.reading
     assert 2 <= sum(c.admissions for c in storm) <= 4
     assert flusher.room() <= 1
+
+
+def test_the_record_of_places_stays_short_behind_a_silent_connection():
+    clock, flusher = _flusher(openings=8)
+    silent = Connection()
+    assert flusher.admit(silent)
+    for _ in range(10_000):
+        clock.advance(0.001)
+        c = Connection()
+        assert flusher.admit(c)
+        flusher.opened(c)
+    # The silent one lost its place once it had held it OPENING_HOLD; what
+    # is recorded covers no more than that last stretch.
+    assert not silent.opening and flusher._opening == 0
+    assert len(flusher._openings) <= flusher.OPENING_HOLD / 0.001 + 2

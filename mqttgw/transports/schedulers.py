@@ -219,12 +219,13 @@ class Flusher:
         return self.OPENINGS - self._opening
 
     def _hold(self, connection):
+        now = self.clock.seconds()
+        # Entries behind a silent connection's would otherwise pile up
+        # (and keep their connections alive) until it closes.
+        self._expire(now)
         connection.opening = True
         self._opening += 1
-        openings = self._openings
-        while openings and not openings[0][1].opening:
-            openings.popleft()
-        openings.append((self.clock.seconds(), connection))
+        self._openings.append((now, connection))
 
     # Clock readings are floats: a call due at a place's expiry may read a
     # hair before it.
