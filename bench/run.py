@@ -287,8 +287,7 @@ def main(argv=None):
     results = {name: {} for name in args.brokers}
     # mqttgw first: the latency scenario runs at half its top QoS 0 rate.
     order = sorted(args.brokers, key=lambda n: n != "mqttgw")
-    latency_rate = None
-    qos1_rate = None
+    rates = {}
     with tempfile.TemporaryDirectory(prefix="mqttgw-bench-") as workdir:
         auth_files = logins.write_files(Path(workdir))
         for name in order:
@@ -297,147 +296,9 @@ def main(argv=None):
                 # --duration: it runs --repeats times, the median reported.
                 runs = []
                 for _ in range(args.repeats if scenario in DRAINS else 1):
-                    options = ["--durability", args.durability] if args.durability and name in ("mqttgw", "mqttgw-pure") else []
-                    auth = None
-                    # Where the load generator's window bounds what is
-                    # outstanding (at most 1,000), no queue can reach a bound;
-                    # mosquitto 2.0.11 miscounts its queues and drops QoS 1/2
-                    # messages ("Outgoing messages are being dropped") well
-                    # before 10,000, so every broker gets one it cannot reach.
-                    max_queued = WINDOWED_QUEUED if scenario in WINDOWED else MAX_QUEUED
-                    bridge_config = None
-                    if scenario in DRAINS:
-                        if name == "amqtt":
-                            continue
-                        max_queued = args.backlog
-                        if scenario == BRIDGE_DRAIN and name.startswith("mqttgw"):
-                            bridge_config = drain.bridge_config(Path(workdir), free_port(), args.backlog)
-                            options = options + ["--config", str(bridge_config)]
-                        elif scenario == BRIDGE_DRAIN:
-                            upstream_port = free_port()
-                            options = drain.mosquitto_bridge_lines(upstream_port)
-                    if scenario == DASHBOARD:
-                        if name != "mqttgw":
-                            continue
-                        http_port = free_port()
-                        options = options + ["--http", f"tcp:{http_port}:interface=127.0.0.1"]
-                    if scenario in V5_SCENARIOS and name == "amqtt":
-                        continue
-                    if scenario in AUTH_SCENARIOS:
-                        if name == "amqtt":
-                            continue
-                        key = "password_file" if scenario == LOGINS else "acl_file"
-                        auth = {key: auth_files[key]}
-                    broker = BROKERS[name](workdir, broker_cpu, options, auth, max_queued)
-                    if args.turns and name.startswith("mqttgw"):
-                        Path(args.turns).mkdir(parents=True, exist_ok=True)
-                        broker.turns_log = Path(args.turns).resolve() / f"{name}-{scenario.replace(' ', '-')}.log"
-                    broker.start()
-                    try:
-                        print(f"{name:10} {scenario} ...", end=" ", flush=True)
-                        if scenario == DASHBOARD:
-                            with dashboard_open(http_port, Path(workdir), load_cpu) as page:
-                                before = page.metrics()
-                                r = run_throughput(broker, 4, 1, 0, args.duration, cpu=load_cpu)
-                                after = page.metrics()
-                                r["page_busy"] = round(
-                                    (after["TaskDuration"] - before["TaskDuration"]) / args.duration, 2
-                                )
-                            print(
-                                f"{r['per_second']:,.0f}/s lost {r['lost']}, page main thread"
-                                f" {r['page_busy']:.0%} busy (broker CPU {r['broker_cpu']:.0%})",
-                                flush=True,
-                            )
-                        elif scenario in THROUGHPUT:
-                            pubs, subs, qos = THROUGHPUT[scenario]
-                            r = run_throughput(
-                                broker, pubs, subs, qos, args.duration, cpu=load_cpu,
-                                websocket=(
-                                    None if not scenario.endswith(" ws")
-                                    else "publishers" if pubs > 1 else "subscribers"
-                                ),
-                                persistent=scenario.endswith(" persistent"),
-                                v5=scenario in V5_SCENARIOS,
-                                alias=scenario.endswith(" aliases"),
-                            )
-                            if scenario == "fan-in qos0" and name == "mqttgw":
-                                latency_rate = r["per_second"] / 2
-                            print(
-                                f"{r['per_second']:,.0f}/s lost {r['lost']}"
-                                f" (broker CPU {r['broker_cpu']:.0%}, load CPU {r['load_cpu']:.0%})",
-                                flush=True,
-                            )
-                        elif scenario == "latency":
-                            rate = latency_rate or 10_000
-                            r = run_throughput(
-                                broker, 4, 1, 0, args.duration, rate=rate,
-                                probe_count=int(args.duration * 100), cpu=load_cpu,
-                            )
-                            r["rate"] = rate
-                            print(f"p50 {r.get('p50_ms', 0):.2f} ms p99 {r.get('p99_ms', 0):.2f} ms at {rate:,.0f}/s", flush=True)
-                        elif scenario in PROBED:
-                            share = PROBED[scenario]
-                            rate = share * qos1_rate if share and qos1_rate else None
-                            r = run_throughput(
-                                broker, 4, 1, 1, args.duration, rate=rate,
-                                probe_count=int(args.duration * 100), cpu=load_cpu,
-                            )
-                            if share is None and name == "mqttgw":
-                                qos1_rate = r["per_second"]
-                            r["rate"] = rate
-                            print(
-                                f"p50 {r.get('p50_ms', 0):.2f} ms p99 {r.get('p99_ms', 0):.2f} ms"
-                                f" beside {r['per_second']:,.0f}/s lost {r['lost']}",
-                                flush=True,
-                            )
-                        elif scenario in DRAINS:
-                            runner = functools.partial(_pinned, load_cpu)
-                            if bridge_config is not None:
-                                r = drain.bridge(broker, bridge_config, args.backlog, Path(workdir), load_cpu, _ctx(), runner)
-                            elif scenario == BRIDGE_DRAIN:
-                                # mosquitto's own bridge, into the same upstream.
-                                r = drain.mosquitto_bridge(
-                                    broker, upstream_port, args.backlog, Path(workdir), load_cpu, _ctx(), runner
-                                )
-                            else:
-                                r = drain.backlog(broker, args.backlog, _ctx(), runner)
-                            print(
-                                f"{r['received']:,} of {r['messages']:,} in {r['seconds']} s"
-                                f" ({r['per_second']:,.0f}/s), {r['out_of_order']} out of order,"
-                                f" {r['repeated']} repeated; queued in {r['queued_s']} s",
-                                flush=True,
-                            )
-                        elif scenario == LOGINS:
-                            r = logins.run(broker)
-                            print(
-                                f"{r['logins']} logins in {r['seconds']} s ({r['connects_per_second']:,.0f}/s);"
-                                f" probe p99 {r['probe_p99_ms'] or 0:.2f} ms over {r['probe_round_trips']} round trips",
-                                flush=True,
-                            )
-                        elif scenario == RETAINED:
-                            r = retained.run(broker, args.retained)
-                            print(
-                                f"{r['stored']:,} stored in {r['load_s']} s; "
-                                + ", ".join(f"{f} {r[f]['ms']} ms for {r[f]['matched']}" for f in retained.FILTERS),
-                                flush=True,
-                            )
-                        elif scenario in NEIGHBOURS:
-                            r = neighbours.run(
-                                broker, args.duration, NEIGHBOURS[scenario], _ctx(),
-                                functools.partial(_pinned, load_cpu), args.neighbours,
-                            )
-                            print(
-                                f"p50 {r['p50_ms']:.2f} ms p99 {r['p99_ms']:.2f} ms, lost {r['lost']}"
-                                f" of {r['sent']}, peak RSS {r['peak_rss_mib']} MiB",
-                                flush=True,
-                            )
-                        else:
-                            r = run_connections(broker, args.connections, cpu=load_cpu)
-                            kib = r["kib_per_connection"]
-                            print(f"{r['connections']} held, {kib if kib is None else round(kib, 1)} KiB each, {r['connects_per_second']:,.0f} connects/s", flush=True)
+                    r = _run_once(name, scenario, args, workdir, auth_files, broker_cpu, load_cpu, rates)
+                    if r is not None:
                         runs.append(r)
-                    finally:
-                        broker.stop()
                 if runs:
                     results[name][scenario] = _median(scenario, runs)
 
@@ -458,6 +319,154 @@ def main(argv=None):
     print(table(results))
     print(f"\nfigures written to {path}")
     return report
+
+
+def _run_once(name, scenario, args, workdir, auth_files, broker_cpu, load_cpu, rates):
+    """
+    One run of ``scenario`` on a fresh ``name`` broker: its figures, or
+    None where that broker cannot run it.  ``rates`` carries mqttgw's top
+    rates to the scenarios held at a share of them.
+    """
+    options = ["--durability", args.durability] if args.durability and name in ("mqttgw", "mqttgw-pure") else []
+    auth = None
+    # Where the load generator's window bounds what is outstanding (at
+    # most 1,000), no queue can reach a bound; mosquitto 2.0.11 miscounts
+    # its queues and drops QoS 1/2 messages ("Outgoing messages are being
+    # dropped") well before 10,000, so every broker gets one it cannot reach.
+    max_queued = WINDOWED_QUEUED if scenario in WINDOWED else MAX_QUEUED
+    bridge_config = None
+    if scenario in DRAINS:
+        if name == "amqtt":
+            return None
+        max_queued = args.backlog
+        if scenario == BRIDGE_DRAIN and name.startswith("mqttgw"):
+            bridge_config = drain.bridge_config(Path(workdir), free_port(), args.backlog)
+            options = options + ["--config", str(bridge_config)]
+        elif scenario == BRIDGE_DRAIN:
+            upstream_port = free_port()
+            options = drain.mosquitto_bridge_lines(upstream_port)
+    if scenario == DASHBOARD:
+        if name != "mqttgw":
+            return None
+        http_port = free_port()
+        options = options + ["--http", f"tcp:{http_port}:interface=127.0.0.1"]
+    if scenario in V5_SCENARIOS and name == "amqtt":
+        return None
+    if scenario in AUTH_SCENARIOS:
+        if name == "amqtt":
+            return None
+        key = "password_file" if scenario == LOGINS else "acl_file"
+        auth = {key: auth_files[key]}
+    broker = BROKERS[name](workdir, broker_cpu, options, auth, max_queued)
+    if args.turns and name.startswith("mqttgw"):
+        Path(args.turns).mkdir(parents=True, exist_ok=True)
+        broker.turns_log = Path(args.turns).resolve() / f"{name}-{scenario.replace(' ', '-')}.log"
+    broker.start()
+    try:
+        print(f"{name:10} {scenario} ...", end=" ", flush=True)
+        if scenario == DASHBOARD:
+            with dashboard_open(http_port, Path(workdir), load_cpu) as page:
+                before = page.metrics()
+                r = run_throughput(broker, 4, 1, 0, args.duration, cpu=load_cpu)
+                after = page.metrics()
+                r["page_busy"] = round(
+                    (after["TaskDuration"] - before["TaskDuration"]) / args.duration, 2
+                )
+            print(
+                f"{r['per_second']:,.0f}/s lost {r['lost']}, page main thread"
+                f" {r['page_busy']:.0%} busy (broker CPU {r['broker_cpu']:.0%})",
+                flush=True,
+            )
+        elif scenario in THROUGHPUT:
+            pubs, subs, qos = THROUGHPUT[scenario]
+            r = run_throughput(
+                broker, pubs, subs, qos, args.duration, cpu=load_cpu,
+                websocket=(
+                    None if not scenario.endswith(" ws")
+                    else "publishers" if pubs > 1 else "subscribers"
+                ),
+                persistent=scenario.endswith(" persistent"),
+                v5=scenario in V5_SCENARIOS,
+                alias=scenario.endswith(" aliases"),
+            )
+            if scenario == "fan-in qos0" and name == "mqttgw":
+                rates["latency"] = r["per_second"] / 2
+            print(
+                f"{r['per_second']:,.0f}/s lost {r['lost']}"
+                f" (broker CPU {r['broker_cpu']:.0%}, load CPU {r['load_cpu']:.0%})",
+                flush=True,
+            )
+        elif scenario == "latency":
+            rate = rates.get("latency") or 10_000
+            r = run_throughput(
+                broker, 4, 1, 0, args.duration, rate=rate,
+                probe_count=int(args.duration * 100), cpu=load_cpu,
+            )
+            r["rate"] = rate
+            print(f"p50 {r.get('p50_ms', 0):.2f} ms p99 {r.get('p99_ms', 0):.2f} ms at {rate:,.0f}/s", flush=True)
+        elif scenario in PROBED:
+            share = PROBED[scenario]
+            rate = share * rates["qos1"] if share and rates.get("qos1") else None
+            r = run_throughput(
+                broker, 4, 1, 1, args.duration, rate=rate,
+                probe_count=int(args.duration * 100), cpu=load_cpu,
+            )
+            if share is None and name == "mqttgw":
+                rates["qos1"] = r["per_second"]
+            r["rate"] = rate
+            print(
+                f"p50 {r.get('p50_ms', 0):.2f} ms p99 {r.get('p99_ms', 0):.2f} ms"
+                f" beside {r['per_second']:,.0f}/s lost {r['lost']}",
+                flush=True,
+            )
+        elif scenario in DRAINS:
+            runner = functools.partial(_pinned, load_cpu)
+            if bridge_config is not None:
+                r = drain.bridge(broker, bridge_config, args.backlog, Path(workdir), load_cpu, _ctx(), runner)
+            elif scenario == BRIDGE_DRAIN:
+                # mosquitto's own bridge, into the same upstream.
+                r = drain.mosquitto_bridge(
+                    broker, upstream_port, args.backlog, Path(workdir), load_cpu, _ctx(), runner
+                )
+            else:
+                r = drain.backlog(broker, args.backlog, _ctx(), runner)
+            print(
+                f"{r['received']:,} of {r['messages']:,} in {r['seconds']} s"
+                f" ({r['per_second']:,.0f}/s), {r['out_of_order']} out of order,"
+                f" {r['repeated']} repeated; queued in {r['queued_s']} s",
+                flush=True,
+            )
+        elif scenario == LOGINS:
+            r = logins.run(broker)
+            print(
+                f"{r['logins']} logins in {r['seconds']} s ({r['connects_per_second']:,.0f}/s);"
+                f" probe p99 {r['probe_p99_ms'] or 0:.2f} ms over {r['probe_round_trips']} round trips",
+                flush=True,
+            )
+        elif scenario == RETAINED:
+            r = retained.run(broker, args.retained)
+            print(
+                f"{r['stored']:,} stored in {r['load_s']} s; "
+                + ", ".join(f"{f} {r[f]['ms']} ms for {r[f]['matched']}" for f in retained.FILTERS),
+                flush=True,
+            )
+        elif scenario in NEIGHBOURS:
+            r = neighbours.run(
+                broker, args.duration, NEIGHBOURS[scenario], _ctx(),
+                functools.partial(_pinned, load_cpu), args.neighbours,
+            )
+            print(
+                f"p50 {r['p50_ms']:.2f} ms p99 {r['p99_ms']:.2f} ms, lost {r['lost']}"
+                f" of {r['sent']}, peak RSS {r['peak_rss_mib']} MiB",
+                flush=True,
+            )
+        else:
+            r = run_connections(broker, args.connections, cpu=load_cpu)
+            kib = r["kib_per_connection"]
+            print(f"{r['connections']} held, {kib if kib is None else round(kib, 1)} KiB each, {r['connects_per_second']:,.0f} connects/s", flush=True)
+        return r
+    finally:
+        broker.stop()
 
 
 def _median(scenario, runs):
