@@ -261,7 +261,10 @@ class Shared:
 
 def publisher(port, index, topic, qos, payload_size, shared, window, batch, rate, inflight, websocket=False, v5=False, alias=False):
     """
-    Publish until told to stop; QoS 1/2 flows are completed.  At most
+    Publish until told to stop; QoS 1/2 flows are completed.  The
+    publishers together keep at most ``window`` messages sent that not
+    every subscriber has received (each checks it against all of them:
+    see ``Shared.outstanding``).  At most
     ``inflight`` QoS 1/2 messages are unacknowledged at once, as a client
     library's in-flight window would allow (mosquitto acknowledges and
     discards what a v3 client sends beyond its own window).  Over

@@ -119,6 +119,24 @@ def _wait_ready(broker, shared, flags, need, what, processes, timeout=30):
         time.sleep(0.01)
 
 
+def publisher_process(ctx, broker, shared, index, publishers, qos, rate=None, cpu=None, websocket=False, v5=False, alias=False):
+    """
+    Publisher ``index`` of ``publishers``, not started.  Each checks the
+    whole window, ``WINDOW[qos]``, against what all of them have
+    outstanding: a share of the window checked against that total would
+    hold them all to the share.
+    """
+    return ctx.Process(
+        target=_pinned,
+        args=(
+            cpu, loadgen.publisher, broker.ws_port if websocket else broker.port,
+            index, f"bench/{index}", qos, PAYLOAD, shared, WINDOW[qos],
+            BATCH[qos], (rate / publishers) if rate else None, MAX_INFLIGHT,
+            websocket, v5, alias,
+        ),
+    )
+
+
 def run_throughput(broker, publishers, subscribers, qos, duration, rate=None, probe_count=0, cpu=None, websocket=None, persistent=False, v5=False, alias=False):
     """
     Deliveries per second, lost messages, and probe latencies (ms).
@@ -140,15 +158,7 @@ def run_throughput(broker, publishers, subscribers, qos, duration, rate=None, pr
         for i in range(subscribers)
     ]
     pubs = [
-        ctx.Process(
-            target=_pinned,
-            args=(
-                cpu, loadgen.publisher, broker.ws_port if websocket == "publishers" else broker.port,
-                i, f"bench/{i}", qos, PAYLOAD, shared, WINDOW[qos] // publishers,
-                BATCH[qos], (rate / publishers) if rate else None, MAX_INFLIGHT,
-                websocket == "publishers", v5, alias,
-            ),
-        )
+        publisher_process(ctx, broker, shared, i, publishers, qos, rate, cpu, websocket == "publishers", v5, alias)
         for i in range(publishers)
     ]
     latencies = ctx.RawArray("q", probe_count) if probe_count else None

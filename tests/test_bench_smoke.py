@@ -6,8 +6,10 @@ no message.  No timing is asserted; speed is measured by ``python -m bench``.
 
 import json
 import os
+import time
 
-from bench import run
+from bench import loadgen, run
+from bench.brokers import BROKERS
 from tests.conftest import require_program
 
 
@@ -190,3 +192,33 @@ def test_turns_writes_a_collection_longer_than_its_bound():
     finally:
         gc.callbacks.remove(recorder.collected)
     assert "gc generation 2" in out.getvalue()
+
+
+def test_publishers_together_fill_the_whole_window(tmp_path):
+    # No subscriber receives anything, so the publishers stop once the
+    # window is full: at WINDOW messages, or a batch each past it (they
+    # read the shared count and send without a lock).
+    publishers, qos = 4, 0
+    broker = BROKERS["mqttgw"](tmp_path).start()
+    ctx = run._ctx()
+    shared = loadgen.Shared(ctx, publishers, 1)
+    pubs = [run.publisher_process(ctx, broker, shared, i, publishers, qos) for i in range(publishers)]
+    try:
+        for p in pubs:
+            p.start()
+        deadline = time.monotonic() + 30
+        while sum(shared.publishers_ready) < publishers and time.monotonic() < deadline:
+            time.sleep(0.01)
+        shared.go.value = 1
+        while sum(shared.sent) < run.WINDOW[qos] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        sent = sum(shared.sent)
+    finally:
+        shared.stop.value = 1
+        for p in pubs:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+        broker.stop()
+    assert shared.errors.value == 0
+    assert run.WINDOW[qos] <= sent <= run.WINDOW[qos] + (publishers - 1) * run.BATCH[qos]
