@@ -476,3 +476,16 @@ def test_the_first_packet_has_its_own_size_bound():
     connect = P.Connect(client_id="ok").encode()
     big = P.Publish("t", bytes(1000)).encode()
     assert [p.packet_type for p in framer.feed(connect + big)] == [P.CONNECT, P.PUBLISH]
+
+
+@given(st.integers(1, 65535))
+def test_acknowledgement_bytes_are_the_packets_encoded(mid):
+    assert P.puback_bytes(mid) == P.Puback(mid).encode()
+    assert P.pubrec_bytes(mid) == P.Pubrec(mid).encode()
+    assert P.pubrel_bytes(mid) == P.Pubrel(mid).encode()
+    assert P.pubcomp_bytes(mid) == P.Pubcomp(mid).encode()
+    # The same four bytes are a 5.0 success without properties.
+    framer = Framer()
+    framer.v5 = True
+    packets = list(framer.feed(P.puback_bytes(mid) + P.pubrel_bytes(mid)))
+    assert packets == [P.Puback(mid, 0, {}), P.Pubrel(mid, 0, {})]

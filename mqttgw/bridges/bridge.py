@@ -803,7 +803,7 @@ class MQTTBridge(Service):
             mid = packet.message_id
             if packet.reason_code:
                 self._reason("PUBREL", packet.reason_code, packet)
-            self._acks.send(P.Pubcomp(mid).encode(), session.qos2_released(mid))
+            self._acks.send(P.pubcomp_bytes(mid), session.qos2_released(mid))
         elif kind is P.Suback:
             refused = [code for code in packet.granted_qos if code >= 0x80]
             if self.v5:
@@ -862,14 +862,14 @@ class MQTTBridge(Service):
                 self.router.publish(message, sender=session)
         elif packet.qos == 1:
             held = None if message is None else self.router.publish_held(message, session)
-            self._acks.send(P.Puback(packet.message_id).encode(), held is not None, held)
+            self._acks.send(P.puback_bytes(packet.message_id), held is not None, held)
         else:
             mid = packet.message_id
             durable = False
             if session.qos2_received(mid):
                 routed = message is not None and self.router.publish(message, sender=session)
                 durable = routed or session.store is not None
-            self._acks.send(P.Pubrec(mid).encode(), durable)
+            self._acks.send(P.pubrec_bytes(mid), durable)
 
     def connect_failed(self, error):
         if error.v5 and error.code in (R.RETAIN_NOT_SUPPORTED, R.QOS_NOT_SUPPORTED):

@@ -15,7 +15,7 @@ from mqttgw.broker.stats import Stats
 from mqttgw.broker.subscriptions import subscription_ids
 from mqttgw.wire import reasons as R
 from mqttgw.wire.framing import ProtocolViolation
-from mqttgw.wire.packets import Publish, Pubrel
+from mqttgw.wire.packets import Publish, pubrel_bytes
 from mqttgw.wire.printable import printable
 
 log = Logger()
@@ -810,7 +810,7 @@ class Session:
                     self.store.delete_delivery(self.client_id, flight.seq)
                 return
         else:
-            frame = Pubrel(mid).encode()
+            frame = pubrel_bytes(mid)
         self.connection.write(frame)
 
     # Acknowledgements from the client
@@ -838,7 +838,7 @@ class Session:
             if flight is not None and flight.state == AWAITING_ACK:
                 self._complete(mid, flight)
             return
-        pubrel = Pubrel(mid).encode()
+        pubrel = pubrel_bytes(mid)
         if flight is not None and flight.qos == 1:
             raise ProtocolViolation(f"PUBREC for message {mid}, in flight at QoS 1", R.PROTOCOL_ERROR)
         if flight is not None:

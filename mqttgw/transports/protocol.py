@@ -108,6 +108,9 @@ _RESERVED_STARTS = ("$", BRIDGE_STATE_PREFIX)
 _PUBACK = P.Puback
 _PUBREC = P.Pubrec
 _PUBCOMP = P.Pubcomp
+_puback_bytes = P.puback_bytes
+_pubrec_bytes = P.pubrec_bytes
+_pubcomp_bytes = P.pubcomp_bytes
 
 
 
@@ -645,7 +648,7 @@ class MQTTServerProtocol(MQTTConnection):
         # publisher may be a subscriber too), unless it must wait for the
         # store to commit the message.
         if qos == 1:
-            ack = _PUBACK(packet.message_id).encode()
+            ack = _puback_bytes(packet.message_id)
             if router.may_be_durable(packet):
                 if router.store.failed is not None:
                     return self._store_failed(packet)
@@ -656,7 +659,7 @@ class MQTTServerProtocol(MQTTConnection):
                 router.publish(packet, session)
             return
         mid = packet.message_id
-        ack = _PUBREC(mid).encode()
+        ack = _pubrec_bytes(mid)
         # Exactly once: a re-sent PUBLISH before PUBREL is not routed again.
         if not session.qos2_received(mid):
             self._acknowledge(ack, False)
@@ -753,10 +756,10 @@ class MQTTServerProtocol(MQTTConnection):
                     self._ack5(cls, packet.message_id, R.NOT_AUTHORIZED, "not authorized"), False
                 )
         elif packet.qos == 1:
-            self._acknowledge(_PUBACK(packet.message_id).encode(), False)
+            self._acknowledge(_puback_bytes(packet.message_id), False)
         elif packet.qos == 2:
             self.session.qos2_received(packet.message_id)
-            self._acknowledge(_PUBREC(packet.message_id).encode(), False)
+            self._acknowledge(_pubrec_bytes(packet.message_id), False)
 
     def _acknowledge(self, ack, durable, held=None):
         if self._acks is None:
@@ -781,7 +784,7 @@ class MQTTServerProtocol(MQTTConnection):
                 self._ack5(_PUBCOMP, mid, R.PACKET_IDENTIFIER_NOT_FOUND), False
             )
             return
-        self._acknowledge(_PUBCOMP(mid).encode(), self.session.qos2_released(mid))
+        self._acknowledge(_pubcomp_bytes(mid), self.session.qos2_released(mid))
 
     def handle_PUBCOMP(self, packet):
         self.session.pubcomp(packet.message_id)

@@ -344,6 +344,27 @@ Pubrel = _with_reason("Pubrel", PUBREL, 0x62, True)
 Pubcomp = _with_reason("Pubcomp", PUBCOMP, 0x70, True)
 
 
+# The acknowledgements of every QoS 1/2 message: a success without
+# properties is the same four bytes in 3.1.1 and 5.0 [MQTT-3.4.2.1], so
+# they are made without a packet object.
+
+
+def puback_bytes(message_id):
+    return b"\x40\x02" + _pack_u16(message_id)
+
+
+def pubrec_bytes(message_id):
+    return b"\x50\x02" + _pack_u16(message_id)
+
+
+def pubrel_bytes(message_id):
+    return b"\x62\x02" + _pack_u16(message_id)
+
+
+def pubcomp_bytes(message_id):
+    return b"\x70\x02" + _pack_u16(message_id)
+
+
 @attr.s(slots=True)
 class Subscribe:
     message_id = attr.ib()
