@@ -70,3 +70,37 @@ def test_a_long_frame_dripped_a_byte_a_read_arrives_whole():
     assert not transport.disconnecting
     [message] = [p for p in watcher.received() if isinstance(p, P.Publish)]
     assert len(message.payload) == 70_000
+
+
+def test_frames_of_every_size_in_one_read_arrive_in_order():
+    # Small frames are unmasked together, a large one (past 2 KiB) on its
+    # own: each with its own random mask, a ping and a fragmented message
+    # among them, the bytes must come out whole and in order.
+    broker = FakeBroker()
+    watcher = broker.client(client_id="watcher")
+    watcher.send(P.Subscribe(1, [("frag/#", 0)]))
+    watcher.received()
+    protocol, transport = websocket(broker)
+    transport.clear()
+    payloads = [bytes([n]) * size for n, size in enumerate((0, 1, 3, 64, 5000, 7, 2049, 2048, 100))]
+    packets = [P.Publish(f"frag/{n}", p, 0).encode() for n, p in enumerate(payloads)]
+    stream = b"".join(
+        [
+            ws_frame(packets[0]),
+            # One packet over three frames, each under 4 bytes.
+            ws_frame(packets[1][:2], fin=False) + ws_frame(packets[1][2:3], opcode=0, fin=False)
+            + ws_frame(packets[1][3:], opcode=0),
+            ws_frame(packets[2]) + ws_frame(packets[3]),
+            ws_frame(b"are you there", opcode=9),
+            *(ws_frame(p) for p in packets[4:7]),
+            fragmented(packets[7], first=3000),
+            ws_frame(packets[8]),
+        ]
+    )
+    protocol.dataReceived(stream)
+    broker.clock.advance(0)
+    assert not transport.disconnecting
+    messages = [p for p in watcher.received() if isinstance(p, P.Publish)]
+    assert [m.payload for m in messages] == payloads
+    # The ping's answer: a pong with its payload, unmasked.
+    assert transport.value() == b"\x8a\x0dare you there"

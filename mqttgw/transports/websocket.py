@@ -64,6 +64,13 @@ def _unmask(payload, mask):
     return (int.from_bytes(payload, "little") ^ int.from_bytes(key, "little")).to_bytes(n, "little")
 
 
+def _unmask_all(masked, keys):
+    """Small frames' payloads, each beside its key: unmasked with one XOR."""
+    payload = b"".join(masked)
+    n = len(payload)
+    return (int.from_bytes(payload, "little") ^ int.from_bytes(b"".join(keys), "little")).to_bytes(n, "little")
+
+
 def _frame_header(n):
     """A final, unmasked binary frame's header (a server's frames are not masked)."""
     if n < 126:
@@ -290,6 +297,10 @@ class MQTTWebSocketProtocol(WebSocketServerProtocol):
         size = len(data)
         view = memoryview(data)
         payloads = []
+        # The small data frames' payloads since the last large one, still
+        # masked, and their keys: unmasked together, not a frame at a time.
+        masked = []
+        keys = []
         frames = 0
         # Bytes so far of a fragmented message, or None outside one.
         fragment = self._fragment
@@ -340,16 +351,24 @@ class MQTTWebSocketProtocol(WebSocketServerProtocol):
                     cut = (at, header + length)
                 break
             start = at + header
-            payload = _unmask(view[start : start + length], data[start - 4 : start])
             at = start + length
             frames += 1 if length >= _TINY_FRAME else _TINY_FRAME_COST
-            if first == 0x82:
-                payloads.append(payload)
-            elif first == 0x89:
-                self.sendPong(payload)
-            elif first != 0x8A:
-                payloads.append(payload)
+            if first >= 0x89:
+                if first == 0x89:
+                    self.sendPong(_unmask(view[start:at], data[start - 4 : start]))
+                continue
+            if length > _SMALL_FRAME:
+                if masked:
+                    payloads.append(_unmask_all(masked, keys))
+                    masked, keys = [], []
+                payloads.append(_unmask(view[start:at], data[start - 4 : start]))
+            else:
+                masked.append(view[start:at])
+                keys.append((data[start - 4 : start] * ((length >> 2) + 1))[:length])
+            if first != 0x82:
                 fragment = None if first & 0x80 else (fragment or 0) + length
+        if masked:
+            payloads.append(_unmask_all(masked, keys))
         self._fragment = fragment
         if cut is not None:
             at, self._partial_need = cut
