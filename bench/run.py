@@ -300,17 +300,21 @@ def main(argv=None):
     rates = {}
     with tempfile.TemporaryDirectory(prefix="mqttgw-bench-") as workdir:
         auth_files = logins.write_files(Path(workdir))
-        for name in order:
-            for scenario in args.scenarios:
-                # A drain is one event of a few seconds, not a rate held for
-                # --duration: it runs --repeats times, the median reported.
-                runs = []
-                for _ in range(args.repeats if scenario in DRAINS else 1):
+        # Scenario by scenario, the brokers in turn: this machine's speed
+        # drifts by 10-20% over minutes, so the figures a ratio compares
+        # are taken a minute apart, not a broker's whole run apart.
+        for scenario in args.scenarios:
+            runs = {name: [] for name in order}
+            # A drain is one event of a few seconds, not a rate held for
+            # --duration: it runs --repeats times, the median reported.
+            for _ in range(args.repeats if scenario in DRAINS else 1):
+                for name in order:
                     r = _run_once(name, scenario, args, workdir, auth_files, broker_cpu, load_cpu, rates)
                     if r is not None:
-                        runs.append(r)
-                if runs:
-                    results[name][scenario] = _median(scenario, runs)
+                        runs[name].append(r)
+            for name in order:
+                if runs[name]:
+                    results[name][scenario] = _median(scenario, runs[name])
 
     report = {
         "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0], "platform": platform.platform()},

@@ -131,6 +131,33 @@ def test_a_repeated_drain_reports_its_median_unless_a_run_lost_a_message():
     assert run._median(run.BACKLOG, [drain(5.0)]) == drain(5.0)
 
 
+def test_the_brokers_take_turns_scenario_by_scenario(tmp_path, monkeypatch):
+    # Every broker runs a scenario before any runs the next, and a drain's
+    # repeats alternate between them, so each ratio compares figures taken
+    # close together.
+    calls = []
+
+    def run_once(name, scenario, *args):
+        calls.append((name, scenario))
+        return {"per_second": float(len(calls)), "lost": 0, "sent": 1, "errors": 0}
+
+    monkeypatch.setattr(run, "_run_once", run_once)
+    report = run.main(
+        [
+            "--brokers", "mosquitto", "mqttgw",
+            "--scenarios", "fan-in qos0", run.BACKLOG,
+            "--repeats", "2",
+            "--json", str(tmp_path / "order.json"),
+        ]
+    )
+    assert calls == [
+        ("mqttgw", "fan-in qos0"), ("mosquitto", "fan-in qos0"),
+        ("mqttgw", run.BACKLOG), ("mosquitto", run.BACKLOG),
+        ("mqttgw", run.BACKLOG), ("mosquitto", run.BACKLOG),
+    ]
+    assert report["results"]["mosquitto"][run.BACKLOG]["runs"] == [4.0, 6.0]
+
+
 def test_hot_path_benchmark_reports_a_cost_per_message():
     from bench import hotpath
 
