@@ -32,6 +32,19 @@ def websocket(broker):
     return protocol, transport
 
 
+def watching(broker):
+    """A client of ``broker`` subscribed to every ``frag/`` topic."""
+    watcher = broker.client(client_id="watcher")
+    watcher.send(P.Subscribe(1, [("frag/#", 0)]))
+    watcher.received()
+    return watcher
+
+
+def published(watcher):
+    """The PUBLISH packets ``watcher`` has received since last asked."""
+    return [p for p in watcher.received() if isinstance(p, P.Publish)]
+
+
 def fragmented(packet, first=10):
     """``packet`` as one binary message: a short first frame, one long continuation."""
     return ws_frame(packet[:first], fin=False) + ws_frame(packet[first:], opcode=0)
@@ -45,30 +58,26 @@ def test_a_fragmented_message_cut_anywhere_by_the_reads_arrives_whole():
     cuts = sorted({*range(1, 40), *range(40, len(stream), 251), len(stream) - 1})
     for cut in cuts:
         broker = FakeBroker()
-        watcher = broker.client(client_id="watcher")
-        watcher.send(P.Subscribe(1, [("frag/#", 0)]))
-        watcher.received()
+        watcher = watching(broker)
         protocol, transport = websocket(broker)
         protocol.dataReceived(stream[:cut])
         protocol.dataReceived(stream[cut:])
         broker.clock.advance(0)
         assert not transport.disconnecting, cut
-        [message] = [p for p in watcher.received() if isinstance(p, P.Publish)]
+        [message] = published(watcher)
         assert message.payload == bytes(range(256)) * 20, cut
 
 
 def test_a_long_frame_dripped_a_byte_a_read_arrives_whole():
     broker = FakeBroker()
-    watcher = broker.client(client_id="watcher")
-    watcher.send(P.Subscribe(1, [("frag/#", 0)]))
-    watcher.received()
+    watcher = watching(broker)
     protocol, transport = websocket(broker)
     stream = fragmented(P.Publish("frag/b", b"x" * 70_000, 0).encode())
     for i in range(len(stream)):
         protocol.dataReceived(stream[i : i + 1])
     broker.clock.advance(0)
     assert not transport.disconnecting
-    [message] = [p for p in watcher.received() if isinstance(p, P.Publish)]
+    [message] = published(watcher)
     assert len(message.payload) == 70_000
 
 
@@ -77,9 +86,7 @@ def test_frames_of_every_size_in_one_read_arrive_in_order():
     # own: each with its own random mask, a ping and a fragmented message
     # among them, the bytes must come out whole and in order.
     broker = FakeBroker()
-    watcher = broker.client(client_id="watcher")
-    watcher.send(P.Subscribe(1, [("frag/#", 0)]))
-    watcher.received()
+    watcher = watching(broker)
     protocol, transport = websocket(broker)
     transport.clear()
     payloads = [bytes([n]) * size for n, size in enumerate((0, 1, 3, 64, 5000, 7, 2049, 2048, 100))]
@@ -100,7 +107,7 @@ def test_frames_of_every_size_in_one_read_arrive_in_order():
     protocol.dataReceived(stream)
     broker.clock.advance(0)
     assert not transport.disconnecting
-    messages = [p for p in watcher.received() if isinstance(p, P.Publish)]
+    messages = published(watcher)
     assert [m.payload for m in messages] == payloads
     # The ping's answer: a pong with its payload, unmasked.
     assert transport.value() == b"\x8a\x0dare you there"
