@@ -596,15 +596,16 @@ class OrderedAcks:
     def __init__(self, store, write):
         self._store = store
         self._write = write
-        # [ack, ready] in the order the packets came.
-        self._held = deque()
+        # [ack, ready, held] in the order the packets came: while it is
+        # empty, an ack that need not wait may be written directly.
+        self.held = deque()
 
     def send(self, ack, durable, held=None):
-        if self._store is None or not (durable or self._held):
+        if self._store is None or not (durable or self.held):
             self._write(ack)
             return
         entry = [ack, not durable, held]
-        self._held.append(entry)
+        self.held.append(entry)
         if durable:
             self._store.after_commit(self._release, entry)
             if held is not None:
@@ -613,7 +614,7 @@ class OrderedAcks:
     @property
     def waiting(self):
         """Acks held back."""
-        return len(self._held)
+        return len(self.held)
 
     def _release(self, entry):
         entry[1] = True
@@ -621,7 +622,7 @@ class OrderedAcks:
             # Its copies may wait in queues for long: they keep no hold on
             # this connection.
             entry[2].release = entry[2] = None
-        held = self._held
+        held = self.held
         while held and held[0][1]:
             self._write(held.popleft()[0])
 

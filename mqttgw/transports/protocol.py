@@ -655,7 +655,14 @@ class MQTTServerProtocol(MQTTConnection):
                 held = router.publish_held(packet, session)
                 self._acknowledge(ack, held is not None, held)
             else:
-                self._acknowledge(ack, False)
+                acks = self._acks
+                if acks is None or not acks.held:
+                    # Nothing waits for the store before it: the common
+                    # case, without the calls (this is a connected
+                    # client's packet being handled).
+                    self.write(ack)
+                else:
+                    acks.send(ack, False)
                 router.publish(packet, session)
             return
         mid = packet.message_id
@@ -762,10 +769,15 @@ class MQTTServerProtocol(MQTTConnection):
             self._acknowledge(_pubrec_bytes(packet.message_id), False)
 
     def _acknowledge(self, ack, durable, held=None):
-        if self._acks is None:
-            self._acks = OrderedAcks(self.router.store, self._write_if_connected)
-            self._acks.on_failure = self._store_failed
-        self._acks.send(ack, durable, held)
+        acks = self._acks
+        if not durable and (acks is None or not acks.held):
+            # Nothing to wait for, and nothing waiting before it.
+            self._write_if_connected(ack)
+            return
+        if acks is None:
+            acks = self._acks = OrderedAcks(self.router.store, self._write_if_connected)
+            acks.on_failure = self._store_failed
+        acks.send(ack, durable, held)
 
     def _write_if_connected(self, data):
         if self.state is CONNECTED:
