@@ -598,14 +598,14 @@ class OrderedAcks:
         self._write = write
         # [ack, ready, held] in the order the packets came: while it is
         # empty, an ack that need not wait may be written directly.
-        self.held = deque()
+        self.queue = deque()
 
     def send(self, ack, durable, held=None):
-        if self._store is None or not (durable or self.held):
+        if self._store is None or not (durable or self.queue):
             self._write(ack)
             return
         entry = [ack, not durable, held]
-        self.held.append(entry)
+        self.queue.append(entry)
         if durable:
             self._store.after_commit(self._release, entry)
             if held is not None:
@@ -614,7 +614,7 @@ class OrderedAcks:
     @property
     def waiting(self):
         """Acks held back."""
-        return len(self.held)
+        return len(self.queue)
 
     def _release(self, entry):
         entry[1] = True
@@ -622,9 +622,9 @@ class OrderedAcks:
             # Its copies may wait in queues for long: they keep no hold on
             # this connection.
             entry[2].release = entry[2] = None
-        held = self.held
-        while held and held[0][1]:
-            self._write(held.popleft()[0])
+        queue = self.queue
+        while queue and queue[0][1]:
+            self._write(queue.popleft()[0])
 
     # Called instead of _release when the commit failed.
     on_failure = None

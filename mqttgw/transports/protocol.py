@@ -655,14 +655,7 @@ class MQTTServerProtocol(MQTTConnection):
                 held = router.publish_held(packet, session)
                 self._acknowledge(ack, held is not None, held)
             else:
-                acks = self._acks
-                if acks is None or not acks.held:
-                    # Nothing waits for the store before it: the common
-                    # case, without the calls (this is a connected
-                    # client's packet being handled).
-                    self.write(ack)
-                else:
-                    acks.send(ack, False)
+                self._acknowledge(ack, False)
                 router.publish(packet, session)
             return
         mid = packet.message_id
@@ -770,9 +763,11 @@ class MQTTServerProtocol(MQTTConnection):
 
     def _acknowledge(self, ack, durable, held=None):
         acks = self._acks
-        if not durable and (acks is None or not acks.held):
-            # Nothing to wait for, and nothing waiting before it.
-            self._write_if_connected(ack)
+        if not durable and (acks is None or not acks.queue):
+            # Nothing to wait for, and nothing waiting before it: written
+            # now, without the queue's calls (most acks, on the hot path).
+            if self.state is CONNECTED:
+                self.write(ack)
             return
         if acks is None:
             acks = self._acks = OrderedAcks(self.router.store, self._write_if_connected)
