@@ -23,6 +23,7 @@ import sys
 # fewer in all), so they stay plain Python until typed declarations
 # (.pxd files) make them worth compiling.
 HOT_PATH = (
+    "mqttgw.wire.encoding",
     "mqttgw.wire.framing",
     "mqttgw.wire.packets",
     "mqttgw.wire.properties",

@@ -489,3 +489,23 @@ def test_acknowledgement_bytes_are_the_packets_encoded(mid):
     framer.v5 = True
     packets = list(framer.feed(P.puback_bytes(mid) + P.pubrel_bytes(mid)))
     assert packets == [P.Puback(mid, 0, {}), P.Pubrel(mid, 0, {})]
+
+
+@given(
+    st.text(st.characters(blacklist_categories=["Cs"], blacklist_characters="\x00+#"), min_size=1, max_size=40),
+    st.integers(0, 2),
+    st.booleans(),
+    st.booleans(),
+)
+def test_a_decoded_publish_is_delivered_under_its_own_topic(topic, qos, retain, v5):
+    """A decoded PUBLISH keeps its topic's wire bytes for its deliveries:
+    they are the topic's, at every QoS, over 3.1.1 and 5.0."""
+    sent = P.Publish(topic, b"data", qos, retain, message_id=qos and 9, properties={} if v5 else None)
+    framer = Framer()
+    framer.v5 = v5
+    [decoded] = framer.feed(sent.encode())
+    fresh = P.Publish(topic, b"data")
+    for delivery_qos in (0, 1, 2):
+        mid = delivery_qos and 7
+        assert decoded.frame(delivery_qos, mid, retain) == fresh.frame(delivery_qos, mid, retain)
+        assert decoded.frame5(delivery_qos, mid, retain) == fresh.frame5(delivery_qos, mid, retain)

@@ -585,6 +585,8 @@ class Framer:
                             topic, data[tend + 2 : end], qos, flags & 1 == 1,
                             flags & 8 == 8, mid,
                         )
+                        # Its deliveries carry the topic as it came.
+                        packet._topic_wire = data[pos:tend]
                     # ASCII without control characters, the usual topic,
                     # passes every check without a call.
                     if self.strict and not (topic.isascii() and topic.isprintable()):
@@ -621,6 +623,8 @@ class Framer:
                         packet = Publish(
                             topic, data[body:end], qos, flags & 1 == 1, flags & 8 == 8, mid, props,
                         )
+                        if topic:
+                            packet._topic_wire = data[pos:tend]
                         if self.strict and topic and not (topic.isascii() and topic.isprintable()):
                             check_text(topic, self.strict)
                     else:
