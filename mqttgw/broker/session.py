@@ -481,7 +481,9 @@ class Session:
     def _full(self, message):
         limits = self.limits
         size = len(message.payload)
-        if self.queued >= limits.max_queued_messages or self.queued_bytes + size > limits.max_queued_bytes:
+        # self.queued, without a property's call: every queued message asks.
+        queued = len(self._queue0) + len(self._queue) + len(self._backlog)
+        if queued >= limits.max_queued_messages or self.queued_bytes + size > limits.max_queued_bytes:
             return True
         stats = self._stats
         bound = stats.max_queued_bytes_total
@@ -874,6 +876,14 @@ class Session:
             flight.held.delivered()
         if flight.seq is not None:
             self.store.delete_delivery(self.client_id, flight.seq)
+        queue = self._queue
+        if queue and self._writable and not (self._queue0 or self._deferred):
+            # Under load, the usual case: the slot goes to the next queued
+            # message.  While the queue holds more, pump's other work (the
+            # backlog and retained messages after it) has nothing to do.
+            self._drain(queue, self.window, None)
+            if queue:
+                return
         self.pump()
 
     # Restoring from the store
