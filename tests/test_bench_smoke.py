@@ -158,6 +158,54 @@ def test_the_brokers_take_turns_scenario_by_scenario(tmp_path, monkeypatch):
     assert report["results"]["mosquitto"][run.BACKLOG]["runs"] == [4.0, 6.0]
 
 
+def test_throughput_repeats_take_turns_and_the_median_is_reported(tmp_path, monkeypatch):
+    figures = iter([5.0, 1.0, 9.0, 2.0, 7.0, 3.0, 40.0, 10.0])
+    calls = []
+
+    def run_once(name, scenario, *args):
+        calls.append((name, scenario))
+        return {"per_second": next(figures), "p99_ms": 1.0, "lost": 0, "sent": 1, "errors": 0}
+
+    monkeypatch.setattr(run, "_run_once", run_once)
+    report = run.main(
+        [
+            "--brokers", "mosquitto", "mqttgw",
+            "--scenarios", "fan-in qos1", "latency qos1 saturated",
+            "--rate-repeats", "3",
+            "--json", str(tmp_path / "repeats.json"),
+        ]
+    )
+    assert calls == [("mqttgw", "fan-in qos1"), ("mosquitto", "fan-in qos1")] * 3 + [
+        ("mqttgw", "latency qos1 saturated"), ("mosquitto", "latency qos1 saturated"),
+    ]
+    results = report["results"]
+    assert results["mqttgw"]["fan-in qos1"]["per_second"] == 7.0
+    assert results["mqttgw"]["fan-in qos1"]["runs"] == [5.0, 9.0, 7.0]
+    assert results["mosquitto"]["fan-in qos1"]["per_second"] == 2.0
+    assert results["mosquitto"]["fan-in qos1"]["runs"] == [1.0, 2.0, 3.0]
+    assert "runs" not in results["mqttgw"]["latency qos1 saturated"]
+
+
+def test_the_latency_scenario_runs_at_half_the_median_qos0_rate(tmp_path, monkeypatch):
+    figures = iter([100.0, 300.0, 200.0])
+    rates_seen = []
+
+    def run_once(name, scenario, args, workdir, auth_files, broker_cpu, load_cpu, rates):
+        if scenario == "latency":
+            rates_seen.append(rates["latency"])
+            return {"p99_ms": 1.0, "lost": 0, "sent": 1, "errors": 0}
+        return {"per_second": next(figures), "lost": 0, "sent": 1, "errors": 0}
+
+    monkeypatch.setattr(run, "_run_once", run_once)
+    run.main(
+        [
+            "--brokers", "mqttgw", "--scenarios", "fan-in qos0", "latency",
+            "--rate-repeats", "3", "--json", str(tmp_path / "rate.json"),
+        ]
+    )
+    assert rates_seen == [100.0]
+
+
 def test_hot_path_benchmark_reports_a_cost_per_message():
     from bench import hotpath
 
