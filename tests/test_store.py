@@ -253,6 +253,34 @@ def test_a_backlog_drains_without_an_update_per_qos1_delivery_or_a_delete_per_ac
     assert broker.store._db.execute("SELECT count(*) FROM deliveries").fetchone() == (0,)
 
 
+def test_a_turns_queued_deliveries_sent_make_one_sent_op_for_their_session(broker, monkeypatch):
+    queued_while_away(broker, 20)
+    handed = []
+    add = writes.Compaction.add
+    monkeypatch.setattr(writes.Compaction, "add", lambda self, ops: (handed.extend(ops), add(self, ops)))
+    back = broker.client(client_id="s", clean_session=False)
+    assert len(publishes_packets(back.received())) == 20
+    broker.commit()
+    assert [op for op in handed if op[0] == writes.SENT] == [(writes.SENT, "s", 20)]
+    assert broker.store._db.execute("SELECT sent_seq FROM sessions WHERE client_id = 's'").fetchone() == (20,)
+
+
+def test_a_dropped_session_takes_its_turns_sent_mark_with_it(tmp_path):
+    store = Store(tmp_path, reactor=None)
+    store.add_session("c")
+    store.sent("c", 7)
+    # The session goes and a new one takes its client id in the same turn:
+    # nothing it has sent yet may be marked as the old one's was.
+    store.delete_session("c")
+    store.add_session("c")
+    store.run_pending()
+    assert store._db.execute("SELECT sent_seq FROM sessions WHERE client_id = 'c'").fetchone() == (None,)
+    store.sent("c", 3)
+    store.run_pending()
+    assert store._db.execute("SELECT sent_seq FROM sessions WHERE client_id = 'c'").fetchone() == (3,)
+    store.stop()
+
+
 def test_a_delivery_acknowledged_before_its_commit_never_reaches_the_disk(broker):
     sub = persistent_subscriber(broker, "s", ("a", 1))
     pub = connected(broker, "p")

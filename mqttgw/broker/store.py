@@ -180,8 +180,10 @@ class Store:
         self.failed = None
         self._queue = queue.SimpleQueue()
         self._thread = None
-        # Ops of this reactor turn, not yet handed to the writer.
+        # Ops of this reactor turn, not yet handed to the writer; and per
+        # client id, its last queued delivery sent this turn (see sent).
         self._ops = []
+        self._sent_through = {}
         self._seconds_per_op = None
         # Seconds the writer lets a batch gather before it commits.
         self._gather = 0
@@ -312,6 +314,9 @@ class Store:
             self._turn_end = self.reactor.callLater(0, self._end_turn)
 
     def _hand_over(self):
+        if self._sent_through:
+            self._ops.extend((writes.SENT, client_id, seq) for client_id, seq in self._sent_through.items())
+            self._sent_through = {}
         if self._ops:
             self._queue.put(self._ops)
             self.backlog += len(self._ops)
@@ -386,6 +391,8 @@ class Store:
         self.write("UPDATE sessions SET last_seen = ? WHERE client_id = ?", (last_seen, client_id))
 
     def delete_session(self, client_id):
+        # What it sent goes with it (a new session may take its client id).
+        self._sent_through.pop(client_id, None)
         self._put((writes.DROP_SESSION, client_id))
 
     def subscribe(self, client_id, topic_filter, qos):
@@ -410,8 +417,12 @@ class Store:
         """
         A queued QoS 1 delivery went out (under an id not recorded): after
         a restart it is sent again marked DUP, as every one up to ``seq``.
+        Only the last of a turn matters: one op per session a turn, made
+        when the turn's ops are handed over, not one per message.
         """
-        self._put((writes.SENT, client_id, seq))
+        if not self._sent_through and self._turn_end is None and self.reactor is not None:
+            self._turn_end = self.reactor.callLater(0, self._end_turn)
+        self._sent_through[client_id] = seq
 
     def delete_delivery(self, client_id, seq):
         self._put((writes.DELETE, client_id, seq))
