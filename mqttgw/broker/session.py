@@ -567,23 +567,28 @@ class Session:
                 self.connection.write(message.frame(0, None, retain))
             else:
                 self._write5(message, 0, None, retain, False, group)
+        # Drained queues are let go, so an idle client holds no deque.
+        if not queue0 and self._queue0 is queue0:
+            self._queue0 = _EMPTY
         window = self.window
         if self._deferred and self._writable:
             self._send_deferred(window)
         queue = self._queue
         if queue:
             self._drain(queue, window, None)
+            if queue:
+                # The window or the socket is full, so what comes after the
+                # queue (the backlog, retained messages) cannot move either:
+                # under load, the usual end of a PUBACK's pump.
+                return
+            if self._queue is queue:
+                self._queue = _EMPTY
         backlog = self._backlog
         if backlog and self._writable:
             self._drain(backlog, window, self.pacer)
             if not backlog and self._backlog is backlog:
                 self._backlog = _EMPTY
-        # Drained queues are let go, so an idle client holds no deque.
-        if not queue0 and self._queue0 is queue0:
-            self._queue0 = _EMPTY
-        if not queue and self._queue is queue:
-            self._queue = _EMPTY
-        if self._retained and self._writable and not queue and not queue0:
+        if self._retained and self._writable and not queue0:
             self._pump_retained()
 
     # Retained messages on SUBSCRIBE
@@ -876,14 +881,6 @@ class Session:
             flight.held.delivered()
         if flight.seq is not None:
             self.store.delete_delivery(self.client_id, flight.seq)
-        queue = self._queue
-        if queue and self._writable and not (self._queue0 or self._deferred):
-            # Under load, the usual case: the slot goes to the next queued
-            # message.  While the queue holds more, pump's other work (the
-            # backlog and retained messages after it) has nothing to do.
-            self._drain(queue, self.window, None)
-            if queue:
-                return
         self.pump()
 
     # Restoring from the store
