@@ -317,7 +317,7 @@ def main(argv=None):
             for name in order:
                 if runs[name]:
                     results[name][scenario] = _median(scenario, runs[name])
-            if scenario == "fan-in qos0" and "fan-in qos0" in results.get("mqttgw", {}):
+            if scenario == "fan-in qos0" and scenario in results.get("mqttgw", {}):
                 # The latency scenario runs at half mqttgw's top QoS 0 rate.
                 rates["latency"] = results["mqttgw"][scenario]["per_second"] / 2
 

@@ -309,8 +309,14 @@ class Store:
 
     def _put(self, op):
         self._ops.append(op)
-        # Without a reactor (tools, tests) ops wait for a barrier or stop.
-        if self._turn_end is None and self.reactor is not None:
+        if self._turn_end is None:
+            self._end_turn_later()
+
+    def _end_turn_later(self):
+        """The turn's writes go to the writer when the turn ends.  Without
+        a reactor (tools, tests) they wait for a barrier, run_pending or
+        stop."""
+        if self.reactor is not None:
             self._turn_end = self.reactor.callLater(0, self._end_turn)
 
     def _hand_over(self):
@@ -359,7 +365,7 @@ class Store:
         """
         self._after_commit.append((callback, args))
         if self._turn_end is None:
-            self._turn_end = self.reactor.callLater(0, self._end_turn)
+            self._end_turn_later()
 
     def _end_turn(self):
         self._turn_end = None
@@ -420,8 +426,8 @@ class Store:
         Only the last of a turn matters: one op per session a turn, made
         when the turn's ops are handed over, not one per message.
         """
-        if not self._sent_through and self._turn_end is None and self.reactor is not None:
-            self._turn_end = self.reactor.callLater(0, self._end_turn)
+        if self._turn_end is None:
+            self._end_turn_later()
         self._sent_through[client_id] = seq
 
     def delete_delivery(self, client_id, seq):
@@ -472,8 +478,7 @@ class Store:
         """
         if self._turn_end is not None and self._turn_end.active():
             self._turn_end.cancel()
-            self._end_turn()
-        self._hand_over()
+        self._end_turn()
         batch = []
         while True:
             try:
