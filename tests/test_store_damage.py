@@ -150,13 +150,14 @@ def test_a_store_whose_wal_was_lost_after_sigkill_is_refused_and_recover_logs_wh
     assert wal.stat().st_size > 30 * 100
     gw.stop(signal.SIGKILL)
     assert wal.stat().st_size > 30 * 100
-    record = json.loads((data / "mqttgw.db.state").read_text())
     wal.unlink()
     (data / "mqttgw.db-shm").unlink(missing_ok=True)
 
     code, err = refused(tmp_path, data)
     assert code not in (0, None), "started on a store that lost its -wal"
     assert len(err.strip().splitlines()) == 1, err
+    record = json.loads((data / "mqttgw.db.state").read_text())
+    assert record["commits"] > 30
     assert f"store {data / 'mqttgw.db'} is older than its record {data / 'mqttgw.db.state'}" in err
     assert f"the record says {record['commits']}" in err
 
@@ -248,6 +249,27 @@ def test_files_removed_while_running_stop_acks_and_nothing_acknowledged_is_lost(
         acked |= publish_acknowledged(gw.port, 200, 20)
     finally:
         gw.stop(signal.SIGKILL)
+    again = start(tmp_path / "again", data)
+    try:
+        received_all(again.port, acked)
+    finally:
+        again.stop()
+    assert "Traceback" not in gw.log() + again.log()
+
+
+def test_files_removed_then_a_normal_stop_loses_nothing_acknowledged(tmp_path):
+    data = tmp_path / "data"
+    gw = start(tmp_path / "first", data)
+    client, _ = keeper(gw.port)
+    client.disconnect()
+    acked = publish_acknowledged(gw.port, 1, 20)
+    for path in list(data.iterdir()):
+        path.unlink()
+    sock = publisher(gw.port)
+    assert not acknowledged(sock, b"after rm", 100)
+    # Stopped at once: the store is made again as it stops, if no probe did.
+    gw.stop()
+    assert "stopped before it could be made again" not in gw.log()
     again = start(tmp_path / "again", data)
     try:
         received_all(again.port, acked)

@@ -446,6 +446,14 @@ class Store:
             self._queue.put(_STOP)
             self._thread.join()
             self._thread = None
+            if self._moved:
+                log.critical(
+                    "store {path}: stopped before it could be made again at its path"
+                    " ({error}): the {n} commit(s) it held are lost",
+                    path=self.path,
+                    error=str(self.failed),
+                    n=self.committed,
+                )
         self._db.close()
         self._lock.close()
         self._record.close()
@@ -660,6 +668,8 @@ class Store:
                 compaction.add(item)
             elif item is _STOP:
                 carry_on = False
+                # A last chance to make a removed store again.
+                probe = probe or self._moved
             elif item is _PROBE:
                 probe = True
             else:
