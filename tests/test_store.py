@@ -808,11 +808,14 @@ def test_a_database_replaced_while_open_is_left_and_the_store_stays_failed(tmp_p
     assert (tmp_path / "a" / "mqttgw.db").read_bytes() == foreign
 
 
-def test_a_record_removed_alone_is_written_again_at_the_next_commit(tmp_path):
+def test_a_record_removed_alone_is_written_again_at_the_next_probe(tmp_path):
     store = committed_session(tmp_path)
     (tmp_path / "mqttgw.db.state").unlink()
     store.add_session("t")
     store.run_pending()
+    assert not (tmp_path / "mqttgw.db.state").exists()
+    store.probe()
+    store.run_pending()
     assert store.state == "ok"
-    assert record_of(tmp_path) == {"id": store.id, "commits": 2}
+    assert record_of(tmp_path) == {"id": store.id, "commits": 3}
     store.stop()

@@ -213,9 +213,17 @@ def test_a_data_directory_removed_while_running_stops_acks_until_made_again(tmp_
         assert len(critical) == 1 and "cannot write" in critical[0], critical
         status, body = http(http_port, "/readyz")
         assert status == 503, body
-        # Still none while the directory is missing (probes come and go).
+        # Still none while the directory is missing (probes come and go);
+        # a 5.0 client is told why.
         sock = publisher(gw.port)
         assert not acknowledged(sock, b"still missing", 101)
+        v5 = PahoClient(gw.port, "v5", "MQTTv5")
+        v5.connect()
+        info = v5.client.publish("keep/v5", b"5.0", 1)
+        code, properties = v5.disconnect_reason.get(timeout=10)
+        assert code.value == 0x80 and "store" in properties.ReasonString
+        assert not info.is_published()
+        v5.client.loop_stop()
         data.mkdir()
         gw.wait_for_log("made again at its path from the open database")
         wait_until(lambda: http(http_port, "/readyz")[0] == 200, what="/readyz 200 again")

@@ -207,6 +207,8 @@ class Store:
     def __init__(self, data_dir, reactor, durability="fsync", batch=1000, recover=False):
         self.path = Path(data_dir) / DB_NAME
         self._wal = Path(data_dir) / (DB_NAME + "-wal")
+        # As str, for the stats after each commit.
+        self._paths = (str(self.path), str(self._wal))
         self._record = RecordFile(Path(data_dir) / (DB_NAME + RECORD_SUFFIX))
         # The database's identity and its commits (a commit that writes
         # nothing is not counted), kept in its meta table.
@@ -681,6 +683,9 @@ class Store:
                     self._restore()
                     db = self._db
                 self._probe_directory()
+                if self._record.displaced():
+                    # Only the record: nothing acknowledged depends on it.
+                    self._record.write(Record(self.id, self.committed))
             db.execute("BEGIN")
             wrote = probe
             for sql, args in compaction.statements():
@@ -739,17 +744,19 @@ class Store:
         """
         StoreMoved unless the database and its -wal are still the files at
         their paths (two stats a commit): a commit to a file removed or
-        replaced would be acknowledged and lost.
+        replaced would be acknowledged and lost.  (The record is looked at
+        by the probes: nothing acknowledged depends on it.)
         """
-        if self._moved or (file_id(self.path), file_id(self._wal)) != self._file_ids:
+        try:
+            found = tuple((st.st_dev, st.st_ino) for st in map(os.stat, self._paths))
+        except FileNotFoundError:
+            found = None
+        if self._moved or found != self._file_ids:
             self._moved = True
             raise StoreMoved(
                 "the database or its -wal was removed or replaced while open"
                 " (what it held is kept, to be made again at its path)"
             )
-        if self._record.displaced():
-            # Only the record: nothing acknowledged depends on it yet.
-            self._record.write(Record(self.id, self.committed))
 
     def _restore(self):
         """
