@@ -267,16 +267,19 @@ class Store:
                 self._db = self._open()
             else:
                 if recover:
-                    log.info("store {path}: sound; persistence.recover set nothing aside", path=self.path)
+                    log.info(
+                        "store {path}: sound; persistence.recover set nothing aside", path=self.path
+                    )
         except StoreError:
             self._lock.close()
             self._record.close()
             raise
 
-    def _open(self):
+    def _open(self, warn=log.warn):
         """
         The database, checked against its record (StoreDamaged when it
         does not hold what the record says) and made if there is neither.
+        ``warn`` logs (from the writer thread, through the reactor).
         """
         try:
             recorded = self._record.read()
@@ -317,7 +320,7 @@ class Store:
                 raise StoreError(
                     f"store {self.path}: cannot be used: schema version {row[0]} is not {SCHEMA_VERSION}"
                 )
-            self._identify(db, recorded)
+            self._identify(db, recorded, warn)
             # The database file itself holds its identity, whatever becomes
             # of its -wal.
             db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -338,14 +341,14 @@ class Store:
             raise StoreError(f"store {self.path}: its record cannot be written: {e.strerror}") from None
         return db
 
-    def _identify(self, db, recorded):
+    def _identify(self, db, recorded, warn):
         """The database's id and commits, checked against ``recorded``."""
         meta = dict(db.execute("SELECT key, value FROM meta WHERE key IN ('id', 'commits')"))
         if "id" not in meta and recorded is None:
             meta = {"id": new_id(), "commits": 0}
             db.executemany("INSERT INTO meta VALUES (?, ?)", meta.items())
         elif recorded is None:
-            log.warn(
+            warn(
                 "store {path}: its record {record} is missing: made again from the database",
                 path=self.path,
                 record=self._record.path,
@@ -356,14 +359,14 @@ class Store:
                 f" describes (id {meta.get('id')}, not {recorded.id})",
                 _contents(db),
             )
-        elif meta["commits"] < recorded.commits:
+        elif meta.get("commits", 0) < recorded.commits:
             raise StoreDamaged(
                 f"store {self.path} is older than its record {self._record.path}: it holds"
-                f" {meta['commits']} commit(s), the record says {recorded.commits}"
+                f" {meta.get('commits', 0)} commit(s), the record says {recorded.commits}"
                 " (its write-ahead log was lost?)",
                 _contents(db),
             )
-        self.id, self.committed = meta["id"], meta["commits"]
+        self.id, self.committed = meta["id"], meta.get("commits", 0)
 
     def _set_aside(self, damage):
         """
@@ -449,12 +452,15 @@ class Store:
             self._thread.join()
             self._thread = None
             if self._moved:
-                log.critical(
-                    "store {path}: stopped before it could be made again at its path"
-                    " ({error}): the {n} commit(s) it held are lost",
-                    path=self.path,
-                    error=str(self.failed),
-                    n=self.committed,
+                self.reactor.callFromThread(
+                    partial(
+                        log.critical,
+                        "store {path}: stopped before it could be made again at its path"
+                        " ({error}): the {n} commit(s) it held are lost",
+                        path=self.path,
+                        error=str(self.failed),
+                        n=self.committed,
+                    )
                 )
         self._db.close()
         self._lock.close()
@@ -680,7 +686,7 @@ class Store:
         try:
             if probe:
                 if self._moved:
-                    self._restore()
+                    self._restore(lambda *a, **kw: call_in_reactor(partial(log.warn, *a, **kw)))
                     db = self._db
                 self._probe_directory()
                 if self._record.displaced():
@@ -758,7 +764,7 @@ class Store:
                 " (what it held is kept, to be made again at its path)"
             )
 
-    def _restore(self):
+    def _restore(self, warn):
         """
         Make the store again at its path from the open database, which
         holds everything committed (SQLite's backup reads it through the
@@ -799,11 +805,11 @@ class Store:
         fsync_directory(self.data_dir)
         # Until it is open and holds what was committed, the store stays
         # unwritable (a later probe finds the copy, not the file opened).
-        self._db = self._open()
+        self._db = self._open(warn)
         if (self.id, self.committed) != held:
             raise StoreMoved(f"{self.path} as made again holds commit {self.committed}, not {held[1]}")
         self._moved = False
-        log.warn(
+        warn(
             "store {path}: made again at its path from the open database ({n} commit(s))",
             path=self.path,
             n=self.committed,
