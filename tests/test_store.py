@@ -819,3 +819,21 @@ def test_a_record_removed_alone_is_written_again_at_the_next_probe(tmp_path):
     assert store.state == "ok"
     assert record_of(tmp_path) == {"id": store.id, "commits": 3}
     store.stop()
+
+
+def test_a_wal_removed_alone_fails_commits_until_the_store_is_made_again(tmp_path):
+    store = committed_session(tmp_path)
+    (tmp_path / "mqttgw.db-wal").unlink()
+    store.add_session("after")
+    store.run_pending()
+    assert store.state == "failed"
+    store.probe()
+    store.run_pending()
+    assert store.state == "ok"
+    store.add_session("later")
+    store.run_pending()
+    # What is at the paths holds every commit (as a crash would find it).
+    db = sqlite3.connect(tmp_path / "mqttgw.db")
+    assert sorted(db.execute("SELECT client_id FROM sessions")) == [("after",), ("later",), ("s",)]
+    db.close()
+    store.stop()
