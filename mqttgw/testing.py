@@ -98,6 +98,7 @@ class FakeBroker:
         path = self.store.path.parent
         self.store._db.close()
         self.store._lock.close()
+        self.store._record.close()
         return FakeBroker(self.router.limits, store_dir=path)
 
     def client(self, connect=None, **connect_fields):

@@ -3,6 +3,7 @@ Durable state on a real SQLite store whose commits the tests drive: ack
 means safe, what survives a restart, and a store that cannot be used.
 """
 
+import json
 import sqlite3
 
 import pytest
@@ -12,7 +13,7 @@ from mqttgw.bridges.bridge import MQTTBridgeKind
 from mqttgw.broker import store as store_module
 from mqttgw.broker import writes
 from mqttgw.broker.session import INTERNAL_PREFIX, SessionLimits
-from mqttgw.broker.store import Store, StoreError
+from mqttgw.broker.store import Store, StoreDamaged, StoreError
 from mqttgw.testing import FakeBroker
 from mqttgw.transports.protocol import MQTTServerFactory
 from mqttgw.wire import packets as P
@@ -637,3 +638,202 @@ def test_listeners_sharing_a_flusher_register_it_once(tmp_path):
     # A second listener, as a gateway with TCP and WebSocket ports has.
     MQTTServerFactory(broker.router, clock=broker.clock, flusher=broker.factory.flusher)
     assert broker.store.congestion_listeners == [broker.factory.flusher.hold_reading]
+
+
+# What the store held: its record (mqttgw.db.state) and the files at its path
+
+
+def record_of(path):
+    return json.loads((path / "mqttgw.db.state").read_text())
+
+
+def committed_session(path, client_id="s"):
+    store = Store(path, None)
+    store.add_session(client_id)
+    store.run_pending()
+    return store
+
+
+def test_the_record_names_the_database_and_follows_its_commits_never_ahead(tmp_path):
+    store = Store(tmp_path, None)
+    first = record_of(tmp_path)
+    assert first == {"id": store.id, "commits": 0}
+    store.add_session("a")
+    store.run_pending()
+    assert record_of(tmp_path) == {"id": store.id, "commits": 1}
+    # A commit that writes nothing is not counted.
+    store.barrier()
+    store.run_pending()
+    assert store.committed == 1
+    # A commit that fails leaves database and record where they were.
+    store.add_delivery("a", 1, P.Publish("t", b"p", 1, properties={"no_such_property": 1}), 1, False)
+    store.run_pending()
+    assert store.state == "failed"
+    assert record_of(tmp_path)["commits"] == 1
+    store.stop()
+    db = sqlite3.connect(tmp_path / "mqttgw.db")
+    assert dict(db.execute("SELECT key, value FROM meta")) == {
+        "schema": store_module.SCHEMA_VERSION, "id": store.id, "commits": 1,
+    }
+    db.close()
+    again = Store(tmp_path, None)
+    assert (again.id, again.committed) == (store.id, 1)
+    again.stop()
+
+
+def test_a_database_behind_its_record_is_refused(tmp_path):
+    store = committed_session(tmp_path)
+    # As after a lost -wal: the record counted commits the database lacks.
+    store._record.update(store_module.Record(store.id, store.committed + 5))
+    store.stop()
+    state = tmp_path / "mqttgw.db.state"
+    with pytest.raises(StoreDamaged, match=rf"older than its record {state}: it holds 1 commit\(s\), the record says 6"):
+        Store(tmp_path, None)
+    # Nothing was changed by looking.
+    assert record_of(tmp_path)["commits"] == 6
+
+
+def test_another_database_under_the_record_is_refused(tmp_path):
+    committed_session(tmp_path / "a").stop()
+    committed_session(tmp_path / "b").stop()
+    (tmp_path / "b" / "mqttgw.db").replace(tmp_path / "a" / "mqttgw.db")
+    with pytest.raises(StoreDamaged, match="is not the database its record .* describes"):
+        Store(tmp_path / "a", None)
+
+
+def test_a_missing_or_empty_database_is_refused(tmp_path):
+    committed_session(tmp_path).stop()
+    db = tmp_path / "mqttgw.db"
+    db.write_bytes(b"")
+    with pytest.raises(StoreDamaged, match=r"is empty \(0 bytes\), and its record says it held 1 commit"):
+        Store(tmp_path, None)
+    db.unlink()
+    with pytest.raises(StoreDamaged, match="is missing, and its record says it held 1 commit"):
+        Store(tmp_path, None)
+    assert not db.exists()
+    # Empty is damage even without a record: SQLite never leaves one so.
+    (tmp_path / "mqttgw.db.state").unlink()
+    db.write_bytes(b"")
+    with pytest.raises(StoreDamaged, match=r"is empty \(0 bytes\)$"):
+        Store(tmp_path, None)
+
+
+def test_a_damaged_record_is_refused_naming_it(tmp_path):
+    committed_session(tmp_path).stop()
+    (tmp_path / "mqttgw.db.state").write_bytes(b"")
+    with pytest.raises(StoreDamaged, match=r"its record .*mqttgw\.db\.state is damaged \(0 bytes\)"):
+        Store(tmp_path, None)
+
+
+def test_a_record_lost_alone_is_made_again_from_the_database(tmp_path, logged):
+    store = committed_session(tmp_path)
+    store.stop()
+    (tmp_path / "mqttgw.db.state").unlink()
+    again = Store(tmp_path, None)
+    assert record_of(tmp_path) == {"id": store.id, "commits": 1}
+    assert any("is missing: made again from the database" in line for line in logged())
+    again.stop()
+
+
+def test_recover_sets_the_damaged_files_aside_and_starts_empty(tmp_path, logged):
+    store = committed_session(tmp_path)
+    store._record.update(store_module.Record(store.id, 9))
+    store.stop()
+    again = Store(tmp_path, None, recover=True)
+    assert again.load() == ([], [])
+    assert again.id != store.id and again.committed == 0
+    again.stop()
+    aside = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("mqttgw.db.2"))
+    assert len(aside) == 2 and aside[1] == aside[0] + ".state"
+    # What was set aside is as it was.
+    old = sqlite3.connect(tmp_path / aside[0])
+    assert old.execute("SELECT client_id FROM sessions").fetchall() == [("s",)]
+    old.close()
+    assert json.loads((tmp_path / aside[1]).read_text()) == {"id": store.id, "commits": 9}
+    [line] = [l for l in logged() if "persistence.recover" in l]
+    assert "it holds 1 commit(s), the record says 9" in line
+    assert "the database held 1 commit(s): 1 session(s), 0 queued message(s), 0 retained" in line
+    assert f"set aside mqttgw.db, mqttgw.db.state as {tmp_path / aside[0]}*" in line
+
+
+def test_recover_leaves_a_sound_store_as_it_is(tmp_path):
+    store = committed_session(tmp_path)
+    store.stop()
+    again = Store(tmp_path, None, recover=True)
+    assert again.id == store.id and [s.client_id for s in again.load()[1]] == ["s"]
+    again.stop()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mqttgw.db", "mqttgw.db.state", "mqttgw.lock"]
+
+
+def test_a_database_removed_while_open_fails_commits_until_made_again_with_all_it_held(tmp_path):
+    store = committed_session(tmp_path)
+    changes = []
+    store.on_state_change = changes.append
+    for path in list(tmp_path.iterdir()):
+        path.unlink()
+    store.add_session("after")
+    waited = store.barrier()
+    errors = []
+    waited.addErrback(errors.append)
+    store.run_pending()
+    assert len(errors) == 1 and store.state == "failed"
+    assert "removed or replaced while open" in str(changes[0])
+    # Later commits fail too, until a probe makes the store again.
+    store.add_session("later")
+    store.run_pending()
+    assert store.state == "failed"
+    store.probe()
+    store.run_pending()
+    assert store.state == "ok" and changes[-1] is None
+    assert record_of(tmp_path) == {"id": store.id, "commits": store.committed}
+    store.stop()
+    again = Store(tmp_path, None)
+    assert sorted(s.client_id for s in again.load()[1]) == ["after", "later", "s"]
+    again.stop()
+
+
+def test_a_database_replaced_while_open_is_left_and_the_store_stays_failed(tmp_path):
+    store = committed_session(tmp_path / "a")
+    committed_session(tmp_path / "b", "other").stop()
+    foreign = (tmp_path / "b" / "mqttgw.db").read_bytes()
+    (tmp_path / "b" / "mqttgw.db").replace(tmp_path / "a" / "mqttgw.db")
+    store.add_session("after")
+    store.run_pending()
+    assert store.state == "failed"
+    store.probe()
+    store.run_pending()
+    assert store.state == "failed"
+    assert "is another file than the one opened" in str(store.failed)
+    store.stop()
+    assert (tmp_path / "a" / "mqttgw.db").read_bytes() == foreign
+
+
+def test_a_record_removed_alone_is_written_again_at_the_next_probe(tmp_path):
+    store = committed_session(tmp_path)
+    (tmp_path / "mqttgw.db.state").unlink()
+    store.add_session("t")
+    store.run_pending()
+    assert not (tmp_path / "mqttgw.db.state").exists()
+    store.probe()
+    store.run_pending()
+    assert store.state == "ok"
+    assert record_of(tmp_path) == {"id": store.id, "commits": 3}
+    store.stop()
+
+
+def test_a_wal_removed_alone_fails_commits_until_the_store_is_made_again(tmp_path):
+    store = committed_session(tmp_path)
+    (tmp_path / "mqttgw.db-wal").unlink()
+    store.add_session("after")
+    store.run_pending()
+    assert store.state == "failed"
+    store.probe()
+    store.run_pending()
+    assert store.state == "ok"
+    store.add_session("later")
+    store.run_pending()
+    # What is at the paths holds every commit (as a crash would find it).
+    db = sqlite3.connect(tmp_path / "mqttgw.db")
+    assert sorted(db.execute("SELECT client_id FROM sessions")) == [("after",), ("later",), ("s",)]
+    db.close()
+    store.stop()

@@ -5,6 +5,12 @@ SQLite (WAL).  The reactor thread never touches the disk: writes go to one
 writer thread that commits them in batches, and ``barrier()`` gives a
 Deferred that fires (in the reactor) once everything written before it is
 committed.  Loading happens once, at start-up, before the reactor runs.
+
+The store knows what it held: a record beside the database (record.py)
+says which database it is and how far it was committed, so a database
+lost, emptied or set back is refused at start-up; and after each commit
+the writer checks that the open files are still the ones at their paths,
+so nothing is acknowledged into a file that was removed.
 """
 
 import os
@@ -21,6 +27,15 @@ from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 
 from mqttgw.broker import writes
+from mqttgw.broker.record import (
+    SUFFIX as RECORD_SUFFIX,
+    Record,
+    RecordFile,
+    RecordUnreadable,
+    file_id,
+    fsync_directory,
+    new_id,
+)
 from mqttgw.wire.properties import PUBLISH, decode_properties
 
 log = Logger()
@@ -99,6 +114,22 @@ class StoreError(Exception):
     """The store cannot be opened or read; the message names the file."""
 
 
+class StoreDamaged(StoreError):
+    """
+    The database does not hold what its record says it held (or cannot be
+    read): ``persistence.recover`` sets its files aside.  ``held`` says
+    what it holds, for the log.
+    """
+
+    def __init__(self, message, held="nothing"):
+        super().__init__(message)
+        self.held = held
+
+
+class StoreMoved(Exception):
+    """The open database is no longer the file at its path."""
+
+
 @attr.s(slots=True)
 class StoredDelivery:
     seq = attr.ib()
@@ -173,8 +204,22 @@ class Store:
     with an existing file raises StoreError; it is never replaced.
     """
 
-    def __init__(self, data_dir, reactor, durability="fsync", batch=1000):
+    def __init__(self, data_dir, reactor, durability="fsync", batch=1000, recover=False):
         self.path = Path(data_dir) / DB_NAME
+        self._wal = Path(data_dir) / (DB_NAME + "-wal")
+        # As str, for the stats after each commit.
+        self._paths = (str(self.path), str(self._wal))
+        self._record = RecordFile(Path(data_dir) / (DB_NAME + RECORD_SUFFIX))
+        # The database's identity and its commits (a commit that writes
+        # nothing is not counted), kept in its meta table.
+        self.id = None
+        self.committed = 0
+        # (st_dev, st_ino) of the database and its -wal as opened; set when
+        # they are found elsewhere, until the store is made again at its
+        # path (see _restore).
+        self._file_ids = None
+        self._moved = False
+        self._synchronous = DURABILITY[durability]
         self.reactor = reactor
         self.batch = batch
         self.failed = None
@@ -213,16 +258,54 @@ class Store:
             raise StoreError(f"data directory {data_dir}: {e.strerror}") from None
         self._lock = _lock(self.data_dir / LOCK_NAME)
         try:
-            self._db = self._open(DURABILITY[durability])
+            try:
+                self._db = self._open()
+            except StoreDamaged as e:
+                if not recover:
+                    raise
+                self._set_aside(e)
+                self._db = self._open()
+            else:
+                if recover:
+                    log.info(
+                        "store {path}: sound; persistence.recover set nothing aside", path=self.path
+                    )
         except StoreError:
             self._lock.close()
+            self._record.close()
             raise
 
-    def _open(self, synchronous):
+    def _open(self, warn=log.warn):
+        """
+        The database, checked against its record (StoreDamaged when it
+        does not hold what the record says) and made if there is neither.
+        ``warn`` logs (from the writer thread, through the reactor).
+        """
+        try:
+            recorded = self._record.read()
+        except RecordUnreadable as e:
+            raise StoreDamaged(f"store {self.path}: its {e}", _held_unread) from None
+        try:
+            size = self.path.stat().st_size
+        except FileNotFoundError:
+            size = None
+        except OSError as e:
+            raise StoreError(f"store {self.path}: cannot be used: {e.strerror}") from None
+        if recorded is not None and size is None:
+            raise StoreDamaged(
+                f"store {self.path} is missing, and its record says it held"
+                f" {recorded.commits} commit(s)"
+            )
+        if size == 0:
+            raise StoreDamaged(
+                f"store {self.path} is empty (0 bytes)"
+                + (f", and its record says it held {recorded.commits} commit(s)" if recorded else "")
+            )
+        db = None
         try:
             db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
             db.execute("PRAGMA journal_mode=WAL")
-            db.execute(f"PRAGMA synchronous={synchronous}")
+            db.execute(f"PRAGMA synchronous={self._synchronous}")
             ok = db.execute("PRAGMA quick_check").fetchone()[0]
             if ok != "ok":
                 raise sqlite3.DatabaseError(ok)
@@ -234,10 +317,90 @@ class Store:
                 _upgrade(db)
                 db.execute("UPDATE meta SET value = ? WHERE key = 'schema'", (SCHEMA_VERSION,))
             elif row[0] != SCHEMA_VERSION:
-                raise sqlite3.DatabaseError(f"schema version {row[0]} is not {SCHEMA_VERSION}")
-        except sqlite3.Error as e:
+                raise StoreError(
+                    f"store {self.path}: cannot be used: schema version {row[0]} is not {SCHEMA_VERSION}"
+                )
+            self._identify(db, recorded, warn)
+            # The database file itself holds its identity, whatever becomes
+            # of its -wal.
+            db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            self._file_ids = (file_id(self.path), file_id(self._wal))
+        except sqlite3.OperationalError as e:
+            _close(db)
             raise StoreError(f"store {self.path}: cannot be used: {e}") from None
+        except sqlite3.Error as e:
+            _close(db)
+            raise StoreDamaged(f"store {self.path}: cannot be used: {e}", _held_unread) from None
+        except StoreError:
+            _close(db)
+            raise
+        try:
+            self._record.write(Record(self.id, self.committed))
+        except OSError as e:
+            _close(db)
+            raise StoreError(f"store {self.path}: its record cannot be written: {e.strerror}") from None
         return db
+
+    def _identify(self, db, recorded, warn):
+        """The database's id and commits, checked against ``recorded``."""
+        meta = dict(db.execute("SELECT key, value FROM meta WHERE key IN ('id', 'commits')"))
+        if "id" not in meta and recorded is None:
+            meta = {"id": new_id(), "commits": 0}
+            db.executemany("INSERT INTO meta VALUES (?, ?)", meta.items())
+        elif recorded is None:
+            warn(
+                "store {path}: its record {record} is missing: made again from the database",
+                path=self.path,
+                record=self._record.path,
+            )
+        elif meta.get("id") != recorded.id:
+            raise StoreDamaged(
+                f"store {self.path} is not the database its record {self._record.path}"
+                f" describes (id {meta.get('id')}, not {recorded.id})",
+                _contents(db),
+            )
+        elif meta.get("commits", 0) < recorded.commits:
+            raise StoreDamaged(
+                f"store {self.path} is older than its record {self._record.path}: it holds"
+                f" {meta.get('commits', 0)} commit(s), the record says {recorded.commits}"
+                " (its write-ahead log was lost?)",
+                _contents(db),
+            )
+        self.id, self.committed = meta["id"], meta.get("commits", 0)
+
+    def _set_aside(self, damage):
+        """
+        persistence.recover: the damaged database, its -wal and -shm, and
+        its record are renamed (never deleted), and a new store is made.
+        """
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        stem = f"{DB_NAME}.{stamp}"
+        suffixes = ("", "-wal", "-shm", RECORD_SUFFIX)
+        n = 1
+        while any(os.path.lexists(self.data_dir / (stem + s)) for s in suffixes):
+            n += 1
+            stem = f"{DB_NAME}.{stamp}.{n}"
+        moved = []
+        try:
+            for suffix in suffixes:
+                source = self.data_dir / (DB_NAME + suffix)
+                if os.path.lexists(source):
+                    os.rename(source, self.data_dir / (stem + suffix))
+                    moved.append(DB_NAME + suffix)
+            fsync_directory(self.data_dir)
+        except OSError as e:
+            raise StoreError(f"store {self.path}: cannot be set aside: {e}") from None
+        self._record.close()
+        # A warning: a critical event before logging starts is also printed
+        # to stderr, so it would show twice.
+        log.warn(
+            "{damage}; persistence.recover: set aside {moved} as {stem}*; the database"
+            " held {held}: all of it is lost to the new, empty store",
+            damage=str(damage),
+            moved=", ".join(moved) or "nothing",
+            stem=self.data_dir / stem,
+            held=damage.held,
+        )
 
     # Start-up
 
@@ -288,8 +451,20 @@ class Store:
             self._queue.put(_STOP)
             self._thread.join()
             self._thread = None
+            if self._moved:
+                self.reactor.callFromThread(
+                    partial(
+                        log.critical,
+                        "store {path}: stopped before it could be made again at its path"
+                        " ({error}): the {n} commit(s) it held are lost",
+                        path=self.path,
+                        error=str(self.failed),
+                        n=self.committed,
+                    )
+                )
         self._db.close()
         self._lock.close()
+        self._record.close()
 
     @property
     def state(self):
@@ -501,6 +676,8 @@ class Store:
                 compaction.add(item)
             elif item is _STOP:
                 carry_on = False
+                # A last chance to make a removed store again.
+                probe = probe or self._moved
             elif item is _PROBE:
                 probe = True
             else:
@@ -508,13 +685,26 @@ class Store:
         started = time.perf_counter()
         try:
             if probe:
+                if self._moved:
+                    self._restore(lambda *a, **kw: call_in_reactor(partial(log.warn, *a, **kw)))
+                    db = self._db
                 self._probe_directory()
+                if self._record.displaced():
+                    # Only the record: nothing acknowledged depends on it.
+                    self._record.write(Record(self.id, self.committed))
             db.execute("BEGIN")
+            wrote = probe
             for sql, args in compaction.statements():
                 db.executemany(sql, args)
-            if probe:
-                db.execute("UPDATE meta SET value = value WHERE key = 'schema'")
+                wrote = True
+            if wrote:
+                db.execute("UPDATE meta SET value = ? WHERE key = 'commits'", (self.committed + 1,))
             db.execute("COMMIT")
+            if wrote:
+                self.committed += 1
+            self._check_in_place()
+            if wrote:
+                self._record.update(Record(self.id, self.committed))
         except Exception as e:
             # The disk failed us (or a row could not be made): nothing in
             # this batch is acknowledged as safe.  Those waiting are told,
@@ -555,6 +745,75 @@ class Store:
         for barrier in barriers:
             call_in_reactor(barrier.deferred.callback, None)
         return carry_on
+
+    def _check_in_place(self):
+        """
+        StoreMoved unless the database and its -wal are still the files at
+        their paths (two stats a commit): a commit to a file removed or
+        replaced would be acknowledged and lost.  (The record is looked at
+        by the probes: nothing acknowledged depends on it.)
+        """
+        try:
+            found = tuple((st.st_dev, st.st_ino) for st in map(os.stat, self._paths))
+        except FileNotFoundError:
+            found = None
+        if self._moved or found != self._file_ids:
+            self._moved = True
+            raise StoreMoved(
+                "the database or its -wal was removed or replaced while open"
+                " (what it held is kept, to be made again at its path)"
+            )
+
+    def _restore(self, warn):
+        """
+        Make the store again at its path from the open database, which
+        holds everything committed (SQLite's backup reads it through the
+        open files, removed or not), once the data directory is there again
+        and nothing else took the paths; StoreMoved while it cannot.
+        """
+        if not self.data_dir.is_dir():
+            raise StoreMoved(f"data directory {self.data_dir} is missing")
+        for path, opened in zip((self.path, self._wal), self._file_ids):
+            found = file_id(path)
+            if found is not None and found != opened:
+                raise StoreMoved(
+                    f"{path} is another file than the one opened: it is left as it is,"
+                    " and the store stays unwritable until a restart"
+                )
+        lock_path = self.data_dir / LOCK_NAME
+        if file_id(lock_path) != _fd_id(self._lock):
+            try:
+                lock = _lock(lock_path)
+            except StoreError as e:
+                raise StoreMoved(str(e)) from None
+            self._lock.close()
+            self._lock = lock
+        copy = self.data_dir / (DB_NAME + ".restoring")
+        for stale in (copy, Path(f"{copy}-wal"), Path(f"{copy}-shm")):
+            if os.path.lexists(stale):
+                stale.unlink()
+        target = sqlite3.connect(copy)
+        try:
+            self._db.backup(target)
+        finally:
+            target.close()
+        with open(copy, "rb+") as f:
+            os.fsync(f.fileno())
+        held = (self.id, self.committed)
+        self._db.close()
+        os.replace(copy, self.path)
+        fsync_directory(self.data_dir)
+        # Until it is open and holds what was committed, the store stays
+        # unwritable (a later probe finds the copy, not the file opened).
+        self._db = self._open(warn)
+        if (self.id, self.committed) != held:
+            raise StoreMoved(f"{self.path} as made again holds commit {self.committed}, not {held[1]}")
+        self._moved = False
+        warn(
+            "store {path}: made again at its path from the open database ({n} commit(s))",
+            path=self.path,
+            n=self.committed,
+        )
 
     def _probe_directory(self):
         probe = self.data_dir / ".probe"
@@ -679,3 +938,29 @@ def _fail_all(reason, callbacks):
             told.add(id(owner))
             failed(reason.value)
     return None
+
+
+_held_unread = "what could not be read"
+
+
+def _contents(db):
+    """What a database holds, in words, for the log."""
+    try:
+        count = lambda table: db.execute(f"SELECT count(*) FROM {table}").fetchone()[0]  # noqa: E731
+        commits = db.execute("SELECT value FROM meta WHERE key = 'commits'").fetchone()
+        return (
+            f"{commits[0] if commits else 0} commit(s): {count('sessions')} session(s),"
+            f" {count('deliveries')} queued message(s), {count('retained')} retained message(s)"
+        )
+    except sqlite3.Error:
+        return _held_unread
+
+
+def _fd_id(f):
+    st = os.fstat(f.fileno())
+    return st.st_dev, st.st_ino
+
+
+def _close(db):
+    if db is not None:
+        db.close()

@@ -317,7 +317,9 @@ def open_store(settings, reactor):
     if not persistence["enabled"]:
         return None, ([], [])
     try:
-        store = Store(persistence["data_dir"], reactor, persistence["durability"])
+        store = Store(
+            persistence["data_dir"], reactor, persistence["durability"], recover=persistence["recover"]
+        )
         return store, store.load()
     except StoreError as e:
         sys.exit(f"mqttgw: {e}")

@@ -147,6 +147,17 @@ KEYS = [
     ),
     Key("persistence", "data_dir", str, "./mqttgw-data", "directory of the store"),
     Key(
+        "persistence",
+        "recover",
+        bool,
+        False,
+        "start on a store refused as damaged (missing, empty, another, or older"
+        " than its record) by setting its files aside, renamed, and starting empty",
+        flag_name="store-recover",
+        flag_help="set a store refused as damaged aside (renamed, never deleted) and start"
+        " with a new, empty one, logging what it held",
+    ),
+    Key(
         "archive",
         "directory",
         str,
