@@ -8,6 +8,7 @@ beside mosquitto).
 """
 
 import os
+import re
 import signal
 import time
 
@@ -22,7 +23,8 @@ def test_clients_that_pinged_while_the_gateway_was_stopped_are_kept(gateway):
     assert result["false_wills"] == 0, result
     assert result["silent_dropped"] and result["silent_will"], result
     log = gateway.log()
-    assert log.count("the gateway did not run for") == 1, log
+    stalls = [float(s) for s in re.findall(r"the gateway did not run for (\d+\.\d)s", log)]
+    assert stalls and max(stalls) >= 6.0, log
     assert "client pause-silent keepalive expired" in log
     assert "keepalive expired" not in log.replace("client pause-silent keepalive expired", "")
 
