@@ -15,8 +15,9 @@ from mqttgw.schema import ConfigError
 # Mozilla's "intermediate" profile (v5.7) for TLS 1.2: keys exchanged with
 # forward secrecy (ECDHE, DHE) and authenticated encryption (AES-GCM,
 # ChaCha20-Poly1305) only; no plain RSA key exchange, no CBC.  (DHE needs
-# DH parameters, which are not loaded: it is offered where a setting adds
-# them.)  TLS 1.3's own suites are not changed by a cipher string.
+# DH parameters, which are not loaded, so ECDHE is what is agreed; the DHE
+# suites stay as the profile lists them.)  TLS 1.3's own suites are not
+# changed by a cipher string.
 INTERMEDIATE_CIPHERS = ":".join(
     (
         "ECDHE-ECDSA-AES128-GCM-SHA256",
