@@ -25,8 +25,11 @@ MAX_QUEUED = 10_000
 
 
 def free_port():
+    # Free on every address: mosquitto binds its WebSocket listener to all
+    # of them, and a port the kernel hands out for 127.0.0.1 alone may be
+    # held on another (127.0.0.2, a connection in TIME_WAIT).
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind(("", 0))
         return s.getsockname()[1]
 
 

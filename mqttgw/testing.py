@@ -26,6 +26,29 @@ from mqttgw.wire import packets as P
 from mqttgw.wire.framing import Framer
 
 
+class IdleClock(Clock):
+    """
+    A Clock that, told to advance, wakes at each call's time on the way,
+    as an idle reactor does, so that no timer runs late; :meth:`stall`
+    passes time the way a stopped process or a jump of the clock does,
+    every call due meanwhile run late at its end.
+    """
+
+    def advance(self, amount):
+        end = self.rightNow + amount
+        Clock.advance(self, 0)
+        calls = self.calls
+        # Each round runs the calls due at the next one's time (and those
+        # they make for then): the clock only moves forward.
+        while calls and calls[0].getTime() <= end:
+            self.rightNow = max(self.rightNow, calls[0].getTime())
+            Clock.advance(self, 0)
+        self.rightNow = max(self.rightNow, end)
+
+    def stall(self, amount):
+        Clock.advance(self, amount)
+
+
 class ImmediateThreadPool:
     """A thread pool that runs its work at once, in the caller's thread."""
 
@@ -56,7 +79,7 @@ class FakeBroker:
         ``passwords``: {user: password} to check logins against (hashed as
         a password file would hold them); ``acl``: the lines of an ACL file.
         """
-        self.clock = Clock()
+        self.clock = IdleClock()
         # What deferToThreadPool needs of a reactor.
         self.clock.callFromThread = lambda f, *a, **kw: f(*a, **kw)
         self.store = None

@@ -297,3 +297,21 @@ def test_publishers_together_fill_the_whole_window(tmp_path):
         broker.stop()
     assert shared.errors.value == 0
     assert run.WINDOW[qos] <= sent <= run.WINDOW[qos] + (publishers - 1) * run.BATCH[qos]
+
+
+def test_pause_benchmark_reports_clients_kept_beside_mosquitto(tmp_path, monkeypatch):
+    from bench import pause
+
+    monkeypatch.setenv("PATH", "/usr/sbin:" + os.environ["PATH"])
+    require_program("mosquitto")
+    out = tmp_path / "pause.json"
+    results = pause.main(
+        ["--clients", "4", "--keepalive", "1", "--pause", "3", "--json", str(out)]
+    )
+    assert json.loads(out.read_text()) == results
+    assert set(results) == {"mqttgw", "mosquitto"}
+    for r in results.values():
+        assert 0 <= r["kept"] <= r["clients"] == 4 and 0 <= r["false_wills"] <= 4
+    mqttgw = results["mqttgw"]
+    assert mqttgw["kept"] == 4 and mqttgw["false_wills"] == 0, mqttgw
+    assert mqttgw["silent_dropped"] and mqttgw["silent_will"], mqttgw

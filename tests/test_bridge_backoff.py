@@ -268,3 +268,38 @@ def test_links_the_upstream_keeps_closing_at_once_suggest_a_shared_client_id(rou
         reactor.advance(0.5)
         upstream.lose()
     assert len([line for line in logged() if "another client" in line]) == 1
+
+
+def test_a_stall_of_the_gateway_is_not_the_upstreams_silence():
+    # Stopped (SIGSTOP) for 30 s with a keepalive of 10: the upstream's
+    # answer waited unread, and the link stays; an upstream that then
+    # stays silent is still given up 1.5 keepalives later.
+    from twisted.internet.testing import StringTransport
+
+    from mqttgw.bridges.client import MQTTClientProtocol
+    from mqttgw.testing import IdleClock
+
+    class Handler:
+        def connected(self, protocol):
+            pass
+
+        def packet(self, protocol, packet):
+            pass
+
+    clock = IdleClock()
+    link = MQTTClientProtocol(P.Connect("bridge", keepalive=10), Handler(), clock)
+    transport = StringTransport()
+    link.makeConnection(transport)
+    link.dataReceived(P.Connack(0).encode())
+    clock.advance(10)
+    assert transport.value().endswith(P.Pingreq().encode())
+    link.dataReceived(P.Pingresp().encode())
+    transport.clear()
+    clock.stall(30)
+    assert not transport.disconnecting
+    assert transport.value() == P.Pingreq().encode()
+    link.dataReceived(P.Pingresp().encode())
+    clock.advance(15)
+    assert not transport.disconnecting
+    clock.advance(5)
+    assert transport.disconnecting

@@ -305,6 +305,59 @@ def test_keepalive_zero_means_no_timeout(broker):
     assert not client.closed
 
 
+@pytest.mark.parametrize("level", [P.MQTT_311, P.MQTT_5], ids=["3.1.1", "5.0"])
+def test_a_stall_of_the_gateway_is_no_clients_silence(broker, logged, level):
+    # Stopped (SIGSTOP) or the clock jumped: 30 s pass with nothing read.
+    # A client whose PINGREQ waited in its socket meanwhile is kept; one
+    # that truly stays silent is still dropped, its will published.
+    watcher = will_watcher(broker)
+    props = {"properties": {}} if level == P.MQTT_5 else {}
+    healthy, silent = (
+        connected(
+            broker, name, keepalive=10, version={"protocol_level": level},
+            will_topic=f"will/{name}", will_message=b"gone", **props,
+        )
+        for name in ("healthy", "silent")
+    )
+    broker.clock.advance(5)
+    healthy.send(P.Pingreq())
+    assert healthy.received() == [P.Pingresp()]
+    broker.clock.stall(30)
+    assert not healthy.closed and not silent.closed
+    assert publishes(watcher.received()) == []
+    assert [line for line in logged() if "did not run" in line] == [
+        "the gateway did not run for 30.0s (stopped, or the clock jumped):"
+        " what clients sent meanwhile is read before keepalive is judged"
+    ]
+    healthy.send(P.Pingreq())
+    assert healthy.received() == [P.Pingresp()]
+    for _ in range(3):
+        broker.clock.advance(5)
+        healthy.send(P.Pingreq())
+        assert healthy.received() == [P.Pingresp()]
+    # 15 s of its own silence (5 before the stall, 10 after), and 1.5 x 10
+    # is the limit.
+    assert silent.closed and not healthy.closed
+    assert publishes(watcher.received()) == [("will/silent", b"gone", 0)]
+    assert any("client silent keepalive expired (15.0s silent)" in line for line in logged())
+
+
+def test_a_connection_waiting_for_connect_through_a_stall_is_read_first():
+    broker = FakeBroker(connect_timeout=2)
+    late, silent = broker.client(), broker.client()
+    broker.clock.advance(1)
+    broker.clock.stall(30)
+    # Its CONNECT was waiting to be read: it is answered, not cut off.
+    assert not late.closed and not silent.closed
+    late.send(P.Connect("late"))
+    assert late.received() == [P.Connack(0)]
+    broker.clock.advance(0.5)
+    assert not silent.closed
+    # Its own silence past the timeout after the stall: closed.
+    broker.clock.advance(2)
+    assert silent.closed and not late.closed
+
+
 # Wills
 
 

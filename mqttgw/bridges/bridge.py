@@ -34,7 +34,7 @@ from mqttgw.broker.store import OrderedAcks
 from mqttgw.broker.topics import InvalidTopic, matches, validate_topic_filter
 from mqttgw.schema import REQUIRED, ConfigError, Key, check_table
 from mqttgw.transports.mqtt5 import Connection5
-from mqttgw.transports.tls import pem_certificates, read_file
+from mqttgw.transports.tls import INTERMEDIATE_CIPHERS, acceptable_ciphers, pem_certificates, read_file
 from mqttgw.wire import packets as P
 from mqttgw.wire import reasons as R
 
@@ -144,6 +144,7 @@ class BridgeSettings:
     ca = attr.ib()
     cert = attr.ib()
     key = attr.ib()
+    ciphers = attr.ib()
     qos0_policy = attr.ib()
     drop_policy = attr.ib()
     drain_messages_per_second = attr.ib()
@@ -176,6 +177,7 @@ BRIDGE_KEYS = [
     Key("bridge", "ca", str, "", "authorities the upstream's certificate is checked against"),
     Key("bridge", "cert", str, "", "client certificate (PEM)"),
     Key("bridge", "key", str, "", "client key (PEM)"),
+    Key("bridge", "ciphers", str, INTERMEDIATE_CIPHERS, "TLS 1.2 cipher suites offered upstream (OpenSSL cipher string)"),
     Key("bridge", "queue_qos0", bool, False, "queue QoS 0 messages while the upstream is away (qos0_policy memory)"),
     Key("bridge", "qos0_policy", str, "", "QoS 0 while the upstream is away: drop, memory or store", choices=("", "drop", "memory", "store")),
     Key("bridge", "drop_policy", str, "oldest", "which message a full queue drops: oldest or newest", choices=("oldest", "newest")),
@@ -260,6 +262,7 @@ class MQTTBridgeKind:
             ca=values["ca"] or None,
             cert=values["cert"] or None,
             key=values["key"] or None,
+            ciphers=values["ciphers"],
             qos0_policy=qos0_policy,
             drop_policy=values["drop_policy"],
             drain_messages_per_second=values["drain_messages_per_second"],
@@ -297,7 +300,16 @@ def _tls_options(settings, hostname):
             )
         except Exception as e:
             raise ConfigError(f"{where}: client certificate {settings.cert}: {e}") from None
-    return ssl.optionsForClientTLS(hostname, trustRoot=trust, clientCertificate=client)
+    # As the listeners': TLS 1.2 at least, forward-secret AEAD suites by default.
+    return ssl.optionsForClientTLS(
+        hostname,
+        trustRoot=trust,
+        clientCertificate=client,
+        extraCertificateOptions={
+            "raiseMinimumTo": ssl.TLSVersion.TLSv1_2,
+            "acceptableCiphers": acceptable_ciphers(settings.ciphers, f"{where}: bridge.ciphers"),
+        },
+    )
 
 
 @implementer(IStreamClientEndpoint)

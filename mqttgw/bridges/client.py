@@ -9,6 +9,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
 
+from mqttgw.transports.schedulers import Stalls
 from mqttgw.wire import packets as P
 from mqttgw.wire import reasons as R
 from mqttgw.wire.framing import Framer, ProtocolViolation
@@ -140,7 +141,14 @@ class MQTTClientProtocol(Protocol):
     def _keepalive(self):
         # Ping every keepalive; silence for 1.5 keepalives means it is gone.
         keepalive = self.keepalive
-        if self.clock.seconds() - self._last_received > keepalive * 1.5:
+        now = self.clock.seconds()
+        late = now - self._ping.getTime()
+        if late > Stalls.LATE:
+            # This process did not run meanwhile (see Stalls): the
+            # upstream's answers may wait unread, and the time is not
+            # its silence.
+            self._last_received = min(now, self._last_received + late)
+        if now - self._last_received > keepalive * 1.5:
             log.warn("upstream silent for {s}s: closing", s=keepalive * 1.5)
             self._ping = None
             self.transport.abortConnection()

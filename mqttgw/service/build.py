@@ -183,6 +183,8 @@ def check_listener_tables(settings):
                 key,
                 table.get("ca", tls["ca"]) or None,
                 table.get("require_client_cert", tls["require_client_cert"]),
+                table.get("ciphers", tls["ciphers"]),
+                f"{where}: listener.ciphers" if "ciphers" in table else "tls.ciphers",
             )
             table["tls_options"] = server_options(*table["tls_files"])
         checked.append(table)
@@ -211,7 +213,7 @@ def server_tls_options(settings):
         return None
     tls = settings.section("tls")
     return server_options(
-        tls["cert"], tls["key"], tls["ca"] or None, tls["require_client_cert"]
+        tls["cert"], tls["key"], tls["ca"] or None, tls["require_client_cert"], tls["ciphers"]
     )
 
 

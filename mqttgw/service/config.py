@@ -16,6 +16,7 @@ from mqttgw.schema import (
     check_table,
     check_value,
 )
+from mqttgw.transports.tls import INTERMEDIATE_CIPHERS
 
 # The schema; deploy/mqttgw.toml documents each key.
 KEYS = [
@@ -81,6 +82,13 @@ KEYS = [
         bool,
         False,
         "refuse TLS clients without a certificate signed by tls.ca",
+    ),
+    Key(
+        "tls",
+        "ciphers",
+        str,
+        INTERMEDIATE_CIPHERS,
+        "TLS 1.2 cipher suites, an OpenSSL cipher string (default: forward-secret AEAD only)",
     ),
     Key(
         "tls",
@@ -548,6 +556,7 @@ LISTENER_KEYS = [
     Key("listener", "key", str, "", "this listener's private key (PEM)"),
     Key("listener", "ca", str, "", "authorities its client certificates are checked against"),
     Key("listener", "require_client_cert", bool, False, "refuse clients without a certificate"),
+    Key("listener", "ciphers", str, "", "its TLS 1.2 cipher suites (OpenSSL cipher string; default tls.ciphers)"),
     Key("listener", "use_identity_as_username", bool, False, "user name from the certificate"),
     Key("listener", "allowed_origins", list, [], "web page origins that may connect (ws, wss)"),
     Key("listener", "auth", list, ["password", "token"], "what logins it accepts: password, token"),

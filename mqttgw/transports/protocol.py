@@ -317,12 +317,13 @@ class MQTTServerProtocol(MQTTConnection):
             log.info("no CONNECT from {peer} in time: closing", peer=self.peer)
             self._close(publish_will=False, graceful=True)
 
-    def keepalive_due(self, now):
+    def keepalive_due(self, now, stalls):
         """
         The keepalive's deadline came (see :class:`KeepaliveTimers`): None
         when the client is gone or expired, else its next deadline.
         Rather than re-arming a timer per packet, check now how long it has
-        really been since the client was last heard from.
+        really been since the client was last heard from, less the time
+        the gateway could not read it (``stalls``, a :class:`Stalls`).
         """
         if self.state is not CONNECTED:
             return None
@@ -330,16 +331,20 @@ class MQTTServerProtocol(MQTTConnection):
         if self._awaiting_admission:
             # Not read from because of us (see Flusher): its silence is ours.
             return now + limit
-        idle = now - self._last_received
+        last = self._last_received
+        idle = now - last
         if idle >= limit:
+            stalled = stalls.since(last)
+            if idle - stalled < limit:
+                return last + stalled + limit
             log.info(
                 "client {client_id} keepalive expired ({idle:.1f}s silent)",
                 client_id=self.log_id,
-                idle=idle,
+                idle=idle - stalled,
             )
             self._close(publish_will=True, graceful=self.disconnect5(R.KEEP_ALIVE_TIMEOUT))
             return None
-        return self._last_received + limit
+        return last + limit
 
     # Packet handlers
 

@@ -14,16 +14,77 @@ from mqttgw.transports.connection import AWAITING_CONNECT, CLOSED
 log = Logger()
 
 
+class Stalls:
+    """
+    Spans of time in which the reactor did not run: the process was stopped
+    (SIGSTOP, a suspended machine), a turn took that long, or the clock
+    jumped forward.  Nothing a client sent meanwhile could be read, so a
+    span is nobody's silence: keepalive and CONNECT deadlines are moved on
+    by it.  A timer that fires more than ``LATE`` seconds after it was due
+    finds one, reaching back to the last moment the reactor was seen at
+    work (:meth:`alive`).
+    """
+
+    LATE = 1.0
+    # Spans kept: an older one only counts for clients silent since.
+    KEPT = 16
+
+    def __init__(self, clock):
+        self.clock = clock
+        self.last = clock.seconds()
+        self._spans = deque(maxlen=self.KEPT)
+
+    def alive(self, now):
+        """The reactor was at work at ``now``."""
+        self.last = now
+
+    def late(self, due, now):
+        """
+        How long the reactor stalled, if a timer due at ``due`` that fires
+        at ``now`` found a stall (recorded, and logged once), else 0.
+        Neither read nor judged meanwhile: from the timer's due time, or
+        the last sign of work if earlier, to now.
+        """
+        if now - due <= self.LATE:
+            self.last = now
+            return 0.0
+        start, self.last = min(self.last, due), now
+        spans = self._spans
+        if spans and start <= spans[-1][1]:
+            # Another timer found this one already.
+            start = min(start, spans[-1][0])
+            spans[-1] = (start, now)
+            return now - start
+        spans.append((start, now))
+        log.warn(
+            "the gateway did not run for {seconds:.1f}s (stopped, or the clock jumped):"
+            " what clients sent meanwhile is read before keepalive is judged",
+            seconds=now - start,
+        )
+        return now - start
+
+    def since(self, moment):
+        """Seconds of stall after ``moment``."""
+        if not self._spans:
+            return 0.0
+        return sum(end - max(start, moment) for start, end in self._spans if end > moment)
+
+
 class KeepaliveTimers:
     """
     Every connection's keepalive deadline in one heap under one timer, set
     for the earliest: a DelayedCall per connection cost an idle client
     some 450 bytes, a heap entry a fifth of that.  Entries of connections
     that closed are dropped when they come due.
+
+    A check that comes late (see :class:`Stalls`) judges nobody: it runs
+    again on the next turn, once the reactor has read what is waiting, and
+    the stall is not counted as any client's silence.
     """
 
-    def __init__(self, clock):
+    def __init__(self, clock, stalls=None):
         self.clock = clock
+        self.stalls = stalls if stalls is not None else Stalls(clock)
         self._heap = []
         self._call = None
         self._order = 0
@@ -50,13 +111,18 @@ class KeepaliveTimers:
             self._call = self.clock.callLater(max(0.0, due - self.clock.seconds()), self._fire)
 
     def _fire(self):
+        due_at = self._call.getTime()
         self._call = None
         heap = self._heap
         now = self.clock.seconds()
+        stalls = self.stalls
+        if stalls.late(due_at, now):
+            self._call = self.clock.callLater(0, self._fire)
+            return
         while heap and heap[0][0] <= now:
             _, _, connection = heapq.heappop(heap)
             try:
-                due = connection.keepalive_due(now)
+                due = connection.keepalive_due(now, stalls)
             except Exception:
                 log.failure("keepalive check of {client_id} failed", client_id=connection.log_id)
                 continue
@@ -81,8 +147,9 @@ class ConnectDeadlines:
 
     GRAIN = 0.1
 
-    def __init__(self, clock):
+    def __init__(self, clock, stalls=None):
         self.clock = clock
+        self.stalls = stalls if stalls is not None else Stalls(clock)
         # [due, first member's due, connections]
         self._buckets = deque()
         self._call = None
@@ -90,7 +157,9 @@ class ConnectDeadlines:
         self._closed = 0
 
     def add(self, connection, timeout):
-        due = self.clock.seconds() + timeout
+        now = self.clock.seconds()
+        self.stalls.alive(now)
+        due = now + timeout
         buckets = self._buckets
         if buckets and 0 <= due - buckets[-1][1] < self.GRAIN:
             bucket = buckets[-1]
@@ -118,9 +187,21 @@ class ConnectDeadlines:
             self._closed = 0
 
     def _fire(self):
+        due_at = self._call.getTime()
         self._call = None
         buckets = self._buckets
         now = self.clock.seconds()
+        stalled = self.stalls.late(due_at, now)
+        if stalled:
+            # Those waiting could not be read meanwhile: their deadlines
+            # move on by the stall, and none is judged before the next
+            # turn has read what they sent.
+            for bucket in buckets:
+                bucket[0] += stalled
+                bucket[1] += stalled
+            if buckets:
+                self._call = self.clock.callLater(max(0.0, buckets[0][0] - now), self._fire)
+            return
         while buckets and buckets[0][0] <= now:
             _, _, connections = buckets.popleft()
             self._held -= len(connections)
@@ -158,8 +239,9 @@ class Flusher:
 
     def __init__(self, clock):
         self.clock = clock
-        self.keepalives = KeepaliveTimers(clock)
-        self.connects = ConnectDeadlines(clock)
+        self.stalls = Stalls(clock)
+        self.keepalives = KeepaliveTimers(clock, self.stalls)
+        self.connects = ConnectDeadlines(clock, self.stalls)
         self.pending = []
         self._call = None
         # Connections admitted and not yet read from (``opening`` set on
@@ -296,6 +378,7 @@ class Flusher:
 
     def _run(self):
         self._call = None
+        self.stalls.alive(self.clock.seconds())
         self.flush()
 
     def flush(self):

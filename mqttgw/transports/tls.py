@@ -1,6 +1,7 @@
 """
-TLS for listeners: server options from PEM files (TLS 1.2 and newer), and
-the identity a client certificate carries.
+TLS for listeners: server options from PEM files (TLS 1.2 and newer, its
+suites forward-secret AEAD ones by default), and the identity a client
+certificate carries.
 """
 
 from OpenSSL import SSL, crypto
@@ -9,6 +10,40 @@ from twisted.internet.interfaces import IOpenSSLServerConnectionCreator
 from zope.interface import implementer
 
 from mqttgw.schema import ConfigError
+
+
+# Mozilla's "intermediate" profile (v5.7) for TLS 1.2: keys exchanged with
+# forward secrecy (ECDHE, DHE) and authenticated encryption (AES-GCM,
+# ChaCha20-Poly1305) only; no plain RSA key exchange, no CBC.  (DHE needs
+# DH parameters, which are not loaded, so ECDHE is what is agreed; the DHE
+# suites stay as the profile lists them.)  TLS 1.3's own suites are not
+# changed by a cipher string.
+INTERMEDIATE_CIPHERS = ":".join(
+    (
+        "ECDHE-ECDSA-AES128-GCM-SHA256",
+        "ECDHE-RSA-AES128-GCM-SHA256",
+        "ECDHE-ECDSA-AES256-GCM-SHA384",
+        "ECDHE-RSA-AES256-GCM-SHA384",
+        "ECDHE-ECDSA-CHACHA20-POLY1305",
+        "ECDHE-RSA-CHACHA20-POLY1305",
+        "DHE-RSA-AES128-GCM-SHA256",
+        "DHE-RSA-AES256-GCM-SHA384",
+        "DHE-RSA-CHACHA20-POLY1305",
+    )
+)
+
+
+def acceptable_ciphers(cipher_string, what):
+    """
+    The suites an OpenSSL cipher string names, for TLS 1.2; a ConfigError
+    naming the setting (``what``) when it names none OpenSSL knows.
+    """
+    try:
+        # OpenSSL's own parse: an error when no TLS 1.2 suite matches.
+        SSL.Context(SSL.TLS_METHOD).set_cipher_list(cipher_string.encode("ascii"))
+    except (SSL.Error, UnicodeEncodeError):
+        raise ConfigError(f"{what}: no TLS 1.2 cipher suite matches {cipher_string!r}") from None
+    return ssl.AcceptableCiphers.fromOpenSSLCipherString(cipher_string)
 
 
 def read_file(path, what):
@@ -31,13 +66,18 @@ def pem_certificates(pem, path, what):
         raise ConfigError(f"{what} {path}: not a valid certificate: {e}") from None
 
 
-def server_options(cert, key, ca=None, require_client_cert=False):
+def server_options(
+    cert, key, ca=None, require_client_cert=False, ciphers=INTERMEDIATE_CIPHERS, ciphers_key="tls.ciphers"
+):
     """
     ``CertificateOptions`` for a TLS listener.  ``cert`` may hold the
     server certificate followed by its chain; ``ca`` holds the authorities
-    client certificates are checked against.  Any unreadable or mismatched
-    file is a ConfigError naming it.
+    client certificates are checked against; ``ciphers`` is the OpenSSL
+    cipher string for TLS 1.2 (the setting ``ciphers_key``).  Any
+    unreadable or mismatched file, or a cipher string that names no
+    suite, is a ConfigError naming it.
     """
+    acceptable = acceptable_ciphers(ciphers, ciphers_key)
     chain = pem_certificates(read_file(cert, "tls.cert"), cert, "tls.cert")
     try:
         private_key = crypto.load_privatekey(
@@ -57,6 +97,7 @@ def server_options(cert, key, ca=None, require_client_cert=False):
             caCerts=authorities,
             requireCertificate=require_client_cert,
             raiseMinimumTo=ssl.TLSVersion.TLSv1_2,
+            acceptableCiphers=acceptable,
         )
         # Checks now, not at the first handshake, that key and cert match.
         options.getContext()
