@@ -144,7 +144,7 @@ class Session:
         "_gated", "filter_bytes", "internal", "encoder", "options", "window",
         "expiry_interval", "expiry_call", "will_call", "will_delay",
         "max_qos", "_deferred", "dropped_too_large", "dropped_expired",
-        "pacer", "_backlog", "_dup_through",
+        "pacer", "_backlog", "_dup_through", "owner",
     )
 
     def __init__(
@@ -157,6 +157,11 @@ class Session:
         # Whether the client may read a topic (a cached ACL check), or
         # None: everything.
         self.may_read = None
+        # The identity that made the session (a user name; "" for an
+        # anonymous client), or None: not known (the gateway's own
+        # sessions, or one stored before owners were).  Another identity
+        # never resumes it (see Router.owner_refusal).
+        self.owner = None
         # Frames of this connection waiting for a commit before they go out.
         self._gated = 0
         self.client_id = client_id
