@@ -196,6 +196,39 @@ def test_a_version_4_store_gains_the_owner_column_empty(tmp_path):
     store.stop()
 
 
+def test_queued_messages_are_checked_against_the_readers_rights_when_they_go_out(tmp_path, logged):
+    broker = make_broker(tmp_path)
+    n = alice_away_with_queue(broker)
+    # A reload takes alice's read right away.
+    broker.router.access.replace(ACL.parse(["user alice", "topic write private/alice/#", "user bob", "topic #"]))
+    alice, connack, rest = login(broker, "device-1", "alice")
+    assert connack.session_present and not publishes(rest)
+    assert broker.router.stats.messages_unreadable == n
+    assert broker.router.stats.stored_messages == 0
+    assert any("may no longer read that topic" in m for m in logged())
+    broker.commit()
+    assert broker.store._db.execute("SELECT count(*) FROM deliveries").fetchone() == (0,)
+
+
+def test_in_flight_messages_are_not_sent_again_once_the_reader_may_not_read_them(tmp_path):
+    broker = make_broker(tmp_path)
+    alice, connack, _ = login(broker, "device-1", "alice")
+    alice.send(P.Subscribe(1, [("private/alice/#", 1)]))
+    alice.received()
+    bob, _, _ = login(broker, "bob-pub", "bob", clean=True)
+    bob.send(P.Publish("private/alice/x", b"one", 1, message_id=1))
+    broker.commit()
+    # Sent, never acknowledged: in flight when she goes.
+    assert publishes(alice.received()) == [("private/alice/x", b"one")]
+    alice.lose_connection()
+    broker.router.access.replace(ACL.parse(["user bob", "topic #"]))
+    alice, connack, rest = login(broker, "device-1", "alice")
+    assert connack.session_present and not publishes(rest)
+    assert broker.router.stats.messages_unreadable == 1
+    broker.commit()
+    assert broker.store._db.execute("SELECT count(*) FROM deliveries").fetchone() == (0,)
+
+
 def test_the_gateways_own_sessions_have_no_owner_to_check(tmp_path):
     broker = make_broker(tmp_path)
     router = broker.router

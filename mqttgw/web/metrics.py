@@ -47,6 +47,11 @@ COUNTERS = [
         "session_owner_replaced",
         "sessions discarded for another identity (auth.session_owner_mismatch)",
     ),
+    (
+        "mqttgw_publish_unreadable",
+        "messages_unreadable",
+        "waiting messages dropped: their reader may no longer read the topic",
+    ),
     ("mqttgw_store_refused", "store_refused", "publishes refused while the store failed"),
     ("mqttgw_messages_expired", "messages_expired", "5.0 messages whose expiry interval ended before delivery"),
     (
