@@ -237,3 +237,58 @@ def test_the_gateways_own_sessions_have_no_owner_to_check(tmp_path):
     assert router.owner_refusal(INTERNAL_PREFIX + "bridge", "bob") is None
     session, present = router.connect(INTERNAL_PREFIX + "bridge", clean_session=False)
     assert present
+
+
+SECRET = b"s" * 40
+
+
+def token_for(subject, now):
+    import jwt
+
+    return jwt.encode({"sub": subject, "exp": now + 3600}, SECRET, algorithm="HS256").encode()
+
+
+def test_a_token_subject_owns_the_session_whatever_user_name_the_client_sends():
+    from mqttgw.security.tokens import TokenKeys
+
+    broker = FakeBroker(tokens=TokenKeys(SECRET, ("HS256",)))
+    now = broker.clock.seconds()
+    fields = dict(client_id="dash", clean_session=False)
+    first = broker.client(username="whoever", password=token_for("alice", now), **fields)
+    assert first.received()[0].return_code == 0
+    assert broker.router.sessions["dash"].owner == "alice"
+    first.lose_connection()
+    # The user name sent beside a token is not who the client is.
+    other = broker.client(username="alice", password=token_for("bob", now), **fields)
+    assert other.received()[0].return_code == 5
+    again = broker.client(username="x", password=token_for("alice", now), **fields)
+    [connack] = again.received()
+    assert connack.return_code == 0 and connack.session_present
+
+
+class Certificate:
+    def __init__(self, common_name):
+        self.common_name = common_name
+
+    def get_subject(self):
+        return type("Subject", (), {"CN": self.common_name})()
+
+
+def test_a_client_certificate_identity_owns_the_session():
+    broker = FakeBroker()
+    broker.factory.identity_as_username = True
+
+    def connect(common_name):
+        client = broker.client()
+        client.transport.getPeerCertificate = lambda: Certificate(common_name)
+        client.send(P.Connect("sensor-7", clean_session=False))
+        [connack] = client.received()
+        return client, connack
+
+    first, connack = connect("sensor-7.example")
+    assert connack.return_code == 0
+    assert broker.router.sessions["sensor-7"].owner == "sensor-7.example"
+    first.lose_connection()
+    assert connect("intruder.example")[1].return_code == 5
+    again, connack = connect("sensor-7.example")
+    assert connack.return_code == 0 and connack.session_present
