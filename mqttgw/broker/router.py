@@ -101,8 +101,8 @@ class Router:
         if session.connection is None and self.session_owner_mismatch == "new_session":
             return None
         self.stats.session_owner_refused += 1
-        if session.connection is not None:
-            return "its session belongs to another identity, connected now"
+        # The same words whether its owner is connected or not: the
+        # refused client learns nothing of the owner's presence.
         return "its session belongs to another identity"
 
     def connect(
