@@ -18,16 +18,15 @@ import subprocess
 import sys
 import time
 
-import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
+from mqttgw.wire import packets as P
+from mqttgw.wire.framing import Framer
 from tests.conftest import check_log_is_readable
 from tests.gateway import Gateway
 from tests.paho import TIMEOUT, PahoClient
-from mqttgw.wire import packets as P
-from mqttgw.wire.framing import Framer
 
 PASSWORDS = {"alice": "alice-pw-1", "bob": "bob-pw-2"}
 # alice alone reads private/alice/#; bob may write there, not read.
