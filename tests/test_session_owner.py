@@ -95,6 +95,18 @@ def test_another_user_is_refused_a_stored_session_and_reads_nothing_of_it(tmp_pa
     assert publishes(rest) == [("private/alice/x", b"secret-%d" % i) for i in range(n)]
 
 
+def test_a_flood_of_refusals_is_counted_each_and_logged_at_a_bounded_rate(tmp_path, logged):
+    broker = make_broker(tmp_path)
+    alice_away_with_queue(broker)
+    for _ in range(200):
+        bob, connack, rest = login(broker, "device-1", "bob")
+        assert connack.return_code == 5 and not rest
+    assert broker.router.stats.session_owner_refused == 200
+    lines = [m for m in logged() if "belongs to another identity" in m]
+    # RateLimited's burst, the last saying that more are only counted.
+    assert 1 <= len(lines) <= 10
+
+
 @pytest.mark.parametrize("level", ["3.1.1", "5.0"])
 def test_another_user_may_not_take_over_a_live_session(tmp_path, level):
     broker = make_broker(tmp_path)

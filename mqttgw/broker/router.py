@@ -134,7 +134,8 @@ class Router:
                 if not clean_start:
                     self._claim(session, owner)
             elif session.connection is None:
-                log.warn(
+                # Two identities taking turns could repeat it at any rate.
+                self.limited("session owner replaced").warn(
                     "discarding the session of client {client_id} (owned by {old}):"
                     " {new} connected with its client id (auth.session_owner_mismatch)",
                     client_id=printable(client_id),
