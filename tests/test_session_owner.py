@@ -208,7 +208,18 @@ def test_a_version_4_store_gains_the_owner_column_empty(tmp_path):
     store.stop()
 
 
-def test_queued_messages_are_checked_against_the_readers_rights_when_they_go_out(tmp_path, logged):
+@pytest.fixture
+def unreadable_log(monkeypatch):
+    """The process's bounded log of unreadable drops, fresh for this test."""
+    from mqttgw.broker import session
+    from mqttgw.broker.ratelimited import RateLimited
+
+    monkeypatch.setattr(session, "_unreadable_log", RateLimited(session.log))
+
+
+def test_queued_messages_are_checked_against_the_readers_rights_when_they_go_out(
+    tmp_path, logged, unreadable_log
+):
     broker = make_broker(tmp_path)
     n = alice_away_with_queue(broker)
     # A reload takes alice's read right away.
