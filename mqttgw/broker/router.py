@@ -31,6 +31,11 @@ log = Logger()
 NEVER_EXPIRES = 0xFFFFFFFF
 
 
+def owner_name(owner):
+    """A session owner as the log names it."""
+    return "anonymous" if owner == "" else repr(printable(owner))
+
+
 class Router:
     # Bounds of the whole broker (0: none); see [limits].
     max_persistent_sessions = 0
@@ -40,6 +45,10 @@ class Router:
     max_shared_group_members = 1_000
     # Seconds a persistent session may go unused, or None: for ever.
     persistent_client_expiration = None
+    # What a CONNECT gets whose client id's session belongs to another
+    # identity (see owner_refusal): "refuse", or "new_session" (the old
+    # session is discarded, never resumed).
+    session_owner_mismatch = "refuse"
     # Sampling of messages for the delivery latency metric (see
     # trace_deliveries): off until something asks for it.
     trace = None
@@ -78,7 +87,27 @@ class Router:
 
     # Sessions
 
-    def connect(self, client_id, clean_session, will=None, expiry_interval=None, will_delay=0):
+    def owner_refusal(self, client_id, owner):
+        """
+        Why the identity ``owner`` may not connect as ``client_id``, or
+        None.  An identity owns its session: another one never resumes it
+        nor takes it over from its connected owner; it may only replace a
+        session left unconnected, and only with ``session_owner_mismatch``
+        set to "new_session".  Refusals are counted; the caller logs them.
+        """
+        session = self.sessions.get(client_id)
+        if session is None or session.owner is None or session.owner == owner:
+            return None
+        if session.connection is None and self.session_owner_mismatch == "new_session":
+            return None
+        self.stats.session_owner_refused += 1
+        # The same words whether its owner is connected or not: the
+        # refused client learns nothing of the owner's presence.
+        return "its session belongs to another identity"
+
+    def connect(
+        self, client_id, clean_session, will=None, expiry_interval=None, will_delay=0, owner=None
+    ):
         """
         Claim the session for ``client_id``, taking it over from any
         connection that holds it (that connection is closed, and its will
@@ -88,12 +117,34 @@ class Router:
         ``clean_session`` is 3.1.1's Clean Session, or with an
         ``expiry_interval`` (5.0) its Clean Start: then the session
         outlives the connection for that many seconds.
+
+        ``owner``: the identity connecting (a user name, "" for anonymous;
+        None for the gateway's own sessions), which :meth:`owner_refusal`
+        has let through.  A session another identity owns ends here, as
+        with a clean start; one without an owner (stored before owners
+        were) becomes this one's.
         """
         if expiry_interval is not None:
             clean_start, clean_session = clean_session, expiry_interval == 0
         else:
             clean_start = clean_session
         session = self.sessions.get(client_id)
+        if session is not None and owner is not None and session.owner != owner:
+            if session.owner is None:
+                if not clean_start:
+                    self._claim(session, owner)
+            elif session.connection is None:
+                # Two identities taking turns could repeat it at any rate.
+                self.limited("session owner replaced").warn(
+                    "discarding the session of client {client_id} (owned by {old}):"
+                    " {new} connected with its client id (auth.session_owner_mismatch)",
+                    client_id=printable(client_id),
+                    old=owner_name(session.owner),
+                    new=owner_name(owner),
+                )
+                self.stats.session_owner_replaced += 1
+                self._end_session(session)
+                session = None
         if session is not None and session.connection is not None:
             old = session.connection
             log.info(
@@ -122,12 +173,25 @@ class Router:
                     session.store.set_session_expiry(client_id, expiry_interval)
         if session is None:
             session = self._new_session(client_id, clean_session)
+            session.owner = owner
             if session.store is not None:
-                session.store.add_session(client_id, expiry_interval)
+                session.store.add_session(client_id, expiry_interval, owner)
         session.expiry_interval = expiry_interval
         session.will = will
         session.will_delay = will_delay
         return session, present
+
+    def _claim(self, session, owner):
+        """A session restored from a store without owners: its first login owns it."""
+        session.owner = owner
+        if session.store is not None:
+            session.store.set_session_owner(session.client_id, owner)
+        log.warn(
+            "session of client {client_id} was stored without an owner: now owned by {owner},"
+            " its first login",
+            client_id=printable(session.client_id),
+            owner=owner_name(owner),
+        )
 
     def set_session_expiry(self, session, expiry_interval):
         """A 5.0 DISCONNECT changed the session's expiry interval."""
@@ -304,6 +368,7 @@ class Router:
             # Sessions stored before last_seen was recorded start counting now.
             session.last_seen = stored.last_seen if stored.last_seen is not None else now
             session.expiry_interval = stored.expiry_interval
+            session.owner = stored.owner
             for topic_filter, value in stored.subscriptions.items():
                 qos, options = from_stored(topic_filter, value)
                 session.subscriptions[topic_filter] = qos

@@ -11,6 +11,7 @@ from types import MappingProxyType
 import attr
 from twisted.logger import Logger
 
+from mqttgw.broker.ratelimited import RateLimited
 from mqttgw.broker.stats import Stats
 from mqttgw.broker.subscriptions import subscription_ids
 from mqttgw.wire import reasons as R
@@ -19,6 +20,8 @@ from mqttgw.wire.packets import Publish, pubrel_bytes
 from mqttgw.wire.printable import printable
 
 log = Logger()
+# A reload that takes rights away may drop many waiting messages at once.
+_unreadable_log = RateLimited(log)
 
 # An empty queue until a message must wait: an idle client keeps no deque
 # (three of them were 2.2 KiB of its memory).
@@ -144,7 +147,7 @@ class Session:
         "_gated", "filter_bytes", "internal", "encoder", "options", "window",
         "expiry_interval", "expiry_call", "will_call", "will_delay",
         "max_qos", "_deferred", "dropped_too_large", "dropped_expired",
-        "pacer", "_backlog", "_dup_through",
+        "pacer", "_backlog", "_dup_through", "owner", "unreadable",
     )
 
     def __init__(
@@ -155,8 +158,14 @@ class Session:
         self.no_local = False
         self.retain_as_published = False
         # Whether the client may read a topic (a cached ACL check), or
-        # None: everything.
+        # None: everything.  Asked when a message is routed, and again
+        # when one that waited (queued, or in flight) goes out.
         self.may_read = None
+        # The identity that made the session (a user name; "" for an
+        # anonymous client), or None: not known (the gateway's own
+        # sessions, or one stored before owners were).  Another identity
+        # never resumes it (see Router.owner_refusal).
+        self.owner = None
         # Frames of this connection waiting for a commit before they go out.
         self._gated = 0
         self.client_id = client_id
@@ -229,6 +238,9 @@ class Session:
         # (not counted in ``dropped``) those that expired waiting.
         self.dropped_too_large = 0
         self.dropped_expired = 0
+        # Messages that waited and were dropped, not sent: the reader may
+        # no longer read their topic (not counted in ``dropped``).
+        self.unreadable = 0
 
     def __repr__(self):
         return f"<Session {self.client_id!r}>"
@@ -555,6 +567,7 @@ class Session:
         """Move queued messages to the wire as the socket and window allow."""
         stats = self._stats
         queue0 = self._queue0
+        may_read = self._reader() if queue0 else None
         while queue0 and self._writable:
             message, _, retain, _, group = queue0.popleft()
             size = len(message.payload)
@@ -562,6 +575,9 @@ class Session:
             stats.queued_bytes -= size
             stats.stored_messages -= 1
             if message.expiry is not None and self._expired(message):
+                continue
+            if may_read is not None and not may_read(message.topic):
+                self._unreadable(message, None)
                 continue
             if self.encoder is None:
                 self.connection.write(message.frame(0, None, retain))
@@ -661,6 +677,10 @@ class Session:
         backlog's, or None) allow.
         """
         stats = self._stats
+        # What waited is read as the reader may read now (see _reader).
+        may_read = self.may_read
+        if may_read is not None:
+            may_read = getattr(may_read, "__wrapped__", may_read)
         while queue and self._writable and len(self.inflight) < window:
             if pacer is not None:
                 wait = pacer.take(len(queue[0][0].payload), self.clock.seconds())
@@ -677,7 +697,37 @@ class Session:
                 if seq is not None:
                     self.store.delete_delivery(self.client_id, seq)
                 continue
+            if may_read is not None and not may_read(message.topic):
+                stats.stored_messages -= 1
+                self._unreadable(message, seq)
+                continue
             self._send(message, qos, retain, seq, True, group)
+
+    def _reader(self):
+        """
+        The read check a message that waited is held to when it goes out,
+        or None: everything.  A dashboard's delivery budget counts what is
+        routed, not this.
+        """
+        may_read = self.may_read
+        return getattr(may_read, "__wrapped__", may_read)
+
+    def _unreadable(self, message, seq):
+        """
+        ``message`` waited (queued, or in flight) and its reader may no
+        longer read its topic (an ACL reload, or a login with fewer
+        rights): dropped, its store row with it, and counted.
+        """
+        self.unreadable += 1
+        self._stats.messages_unreadable += 1
+        if seq is not None:
+            self.store.delete_delivery(self.client_id, seq)
+        _unreadable_log.warn(
+            "client {client_id}: dropped a message on {topic} that waited for it:"
+            " it may no longer read that topic",
+            client_id=printable(self.client_id),
+            topic=printable(message.topic),
+        )
 
     def _paced(self):
         self.pacer.call = None
@@ -800,6 +850,14 @@ class Session:
             flight.qos = self.max_qos
         if flight.state == AWAITING_ACK:
             message = flight.message
+            may_read = self._reader()
+            if may_read is not None and not may_read(message.topic):
+                # Its reader's rights changed since it was sent (a PUBREL,
+                # once due, goes on: it carries no payload).
+                del self.inflight[mid]
+                self._stats.stored_messages -= 1
+                self._unreadable(message, flight.seq)
+                return
             if self.encoder is None:
                 frame = message.frame(flight.qos, mid, flight.retain, dup=True)
             elif flight.qos == 1 and self.expired(message):

@@ -44,6 +44,14 @@ class Stats:
         # messages larger than their subscriber's maximum packet size.
         "messages_expired",
         "messages_too_large",
+        # Messages that waited (queued or in flight) and were dropped: their
+        # reader may no longer read the topic.
+        "messages_unreadable",
+        # CONNECTs refused because the client id's session belongs to
+        # another identity, and sessions discarded for another identity
+        # (auth.session_owner_mismatch = "new_session").
+        "session_owner_refused",
+        "session_owner_replaced",
         # Clients connected by protocol version: 3.1, 3.1.1 and 5.0.
         "clients_v31",
         "clients_v311",

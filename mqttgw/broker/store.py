@@ -43,9 +43,9 @@ log = Logger()
 DB_NAME = "mqttgw.db"
 LOCK_NAME = "mqttgw.lock"
 # 2: sessions.last_seen; 3: MQTT 5.0's session expiry, and message
-# properties and expiry; 4: sessions.sent_seq (older stores are upgraded
-# in place).
-SCHEMA_VERSION = 4
+# properties and expiry; 4: sessions.sent_seq; 5: sessions.owner (older
+# stores are upgraded in place).
+SCHEMA_VERSION = 5
 
 # A commit takes about this long at most: batches are sized from the
 # measured cost per op.
@@ -75,7 +75,7 @@ CREATE TABLE IF NOT EXISTS retained (
     properties BLOB, expiry REAL);
 CREATE TABLE IF NOT EXISTS sessions (
     client_id TEXT PRIMARY KEY, last_seen REAL, expiry_interval INTEGER,
-    sent_seq INTEGER);
+    sent_seq INTEGER, owner TEXT);
 CREATE TABLE IF NOT EXISTS subscriptions (
     client_id TEXT NOT NULL, topic_filter TEXT NOT NULL, qos INTEGER NOT NULL,
     PRIMARY KEY (client_id, topic_filter));
@@ -100,6 +100,8 @@ _ADDED_COLUMNS = [
     ("deliveries", "properties", "BLOB"),
     ("deliveries", "expiry", "REAL"),
     ("sessions", "sent_seq", "INTEGER"),
+    # NULL in a session stored before: its first login claims it.
+    ("sessions", "owner", "TEXT"),
 ]
 
 
@@ -151,6 +153,9 @@ class StoredSession:
     expiry_interval = attr.ib(default=None)
     # Queued QoS 1 deliveries up to this seq may have been sent.
     sent_seq = attr.ib(default=None)
+    # The identity that made it (see Session.owner), or None: stored
+    # before owners were.
+    owner = attr.ib(default=None)
     subscriptions = attr.ib(factory=dict)
     deliveries = attr.ib(factory=list)
     awaiting_pubrel = attr.ib(factory=set)
@@ -412,9 +417,9 @@ class Store:
                 "SELECT topic, payload, qos, properties, expiry FROM retained"
             ).fetchall()
             sessions = {
-                cid: StoredSession(cid, last_seen, expiry_interval, sent_seq)
-                for (cid, last_seen, expiry_interval, sent_seq) in db.execute(
-                    "SELECT client_id, last_seen, expiry_interval, sent_seq FROM sessions"
+                cid: StoredSession(cid, last_seen, expiry_interval, sent_seq, owner)
+                for (cid, last_seen, expiry_interval, sent_seq, owner) in db.execute(
+                    "SELECT client_id, last_seen, expiry_interval, sent_seq, owner FROM sessions"
                 )
             }
             for cid, topic_filter, qos in db.execute(
@@ -555,12 +560,15 @@ class Store:
     def delete_retained(self, topic):
         self._put((writes.RETAIN, topic, None))
 
-    def add_session(self, client_id, expiry_interval=None):
+    def add_session(self, client_id, expiry_interval=None, owner=None):
         self.write(
-            "INSERT OR REPLACE INTO sessions (client_id, last_seen, expiry_interval)"
-            " VALUES (?, NULL, ?)",
-            (client_id, expiry_interval),
+            "INSERT OR REPLACE INTO sessions (client_id, last_seen, expiry_interval, owner)"
+            " VALUES (?, NULL, ?, ?)",
+            (client_id, expiry_interval, owner),
         )
+
+    def set_session_owner(self, client_id, owner):
+        self.write("UPDATE sessions SET owner = ? WHERE client_id = ?", (owner, client_id))
 
     def set_session_expiry(self, client_id, expiry_interval):
         self.write(

@@ -21,3 +21,12 @@ class Identity:
     publish = attr.ib(default=None)
     subscribe = attr.ib(default=None)
     expires = attr.ib(default=None)
+
+    @property
+    def owner(self):
+        """
+        Who the sessions it makes belong to: its user name (from a
+        password, a token's subject or a client certificate), or "" when
+        anonymous.  Another owner never resumes them.
+        """
+        return self.username or ""

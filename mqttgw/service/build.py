@@ -242,6 +242,7 @@ def configure_router(router, settings):
     router.max_shared_groups = settings["limits.max_shared_groups"]
     router.max_shared_group_members = settings["limits.max_shared_group_members"]
     router.persistent_client_expiration = settings["persistence.persistent_client_expiration"]
+    router.session_owner_mismatch = settings["auth.session_owner_mismatch"]
 
 
 def build_router(settings, clock, store=None):

@@ -73,6 +73,15 @@ KEYS = [
         "user names that may write $analytics/... (the pipeline's)",
         flag_name="analytics-writer",
     ),
+    Key(
+        "auth",
+        "session_owner_mismatch",
+        str,
+        "refuse",
+        "a CONNECT with the client id of another identity's session: refuse it,"
+        " or new_session (that session is discarded)",
+        choices=("refuse", "new_session"),
+    ),
     Key("tls", "cert", str, "", "server certificate (PEM), its chain after it"),
     Key("tls", "key", str, "", "server private key (PEM)"),
     Key("tls", "ca", str, "", "authorities client certificates are checked against (PEM)"),

@@ -223,6 +223,11 @@ class Assembly:
             self.issuer = TokenIssuer(settings["http.token_lifetime"])
         gateway.checker = credentials_checker(self.passwords, tokens, reactor, pool, self.issuer)
         self.portal = self.portal_for(allow_anonymous)
+        if auth["session_owner_mismatch"] == "new_session":
+            log.warn(
+                "auth.session_owner_mismatch = new_session: a client connecting with the"
+                " client id of another identity's unconnected session discards that session"
+            )
         if self.options.auth_methods:
             log.info(
                 "auth.methods: MQTT 5.0 enhanced authentication offered: {methods}",

@@ -19,6 +19,7 @@ from twisted.logger import Logger
 
 from mqttgw.broker.access import BRIDGE_STATE_PREFIX, READ, WRITE
 from mqttgw.broker.delivery_budget import DeliveryBudget
+from mqttgw.broker.router import owner_name
 from mqttgw.broker.store import OrderedAcks
 from mqttgw.broker.subscriptions import (
     SEND_RETAINED_IF_NEW,
@@ -284,9 +285,12 @@ class MQTTServerProtocol(MQTTConnection):
         session, self.session = self.session, None
         self.router.disconnect(session, publish_will)
 
-    def _refuse(self, reason_code, reason):
-        """CONNACK with a refusal: ``reason_code`` in 5.0's terms."""
-        log.info(
+    def _refuse(self, reason_code, reason, logger=log):
+        """
+        CONNACK with a refusal: ``reason_code`` in 5.0's terms; ``logger``:
+        a RateLimited one for refusals a flood could repeat.
+        """
+        logger.info(
             "refusing CONNECT from {peer} (client {client_id}): {reason}",
             peer=self.peer,
             client_id=self.log_id,
@@ -508,6 +512,14 @@ class MQTTServerProtocol(MQTTConnection):
                 R.NOT_AUTHORIZED, f"may not publish its will on {printable(will.topic)!r}"
             )
         router = self.router
+        owner = identity.owner
+        refusal = router.owner_refusal(client_id, owner)
+        if refusal is not None:
+            return self._refuse(
+                R.NOT_AUTHORIZED,
+                f"user {owner_name(owner)}: {refusal}",
+                router.limited("session owner", log),
+            )
         v5 = self.v5
         persistent = self.session_expiry != 0 if v5 is not None else not packet.clean_session
         if persistent:
@@ -521,7 +533,7 @@ class MQTTServerProtocol(MQTTConnection):
                     f"max_persistent_sessions ({router.max_persistent_sessions}) reached",
                 )
         if v5 is None:
-            session, present = router.connect(client_id, packet.clean_session, will)
+            session, present = router.connect(client_id, packet.clean_session, will, owner=owner)
         else:
             will_props = packet.will_properties or {}
             session, present = router.connect(
@@ -530,6 +542,7 @@ class MQTTServerProtocol(MQTTConnection):
                 will,
                 self.session_expiry,
                 will_props.get("will_delay_interval", 0),
+                owner,
             )
         self.session = session
         session.may_read = access.checker(self.username, client_id, READ, identity.subscribe)

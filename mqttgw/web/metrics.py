@@ -37,6 +37,21 @@ COUNTERS = [
     ("mqttgw_clients_expired", "clients_expired", "persistent sessions expired"),
     ("mqttgw_retained_refused", "retained_refused", "retained messages not kept at the limit"),
     ("mqttgw_sessions_refused", "sessions_refused", "persistent sessions refused at the limit"),
+    (
+        "mqttgw_session_owner_refused",
+        "session_owner_refused",
+        "CONNECTs refused: the client id's session belongs to another identity",
+    ),
+    (
+        "mqttgw_session_owner_replaced",
+        "session_owner_replaced",
+        "sessions discarded for another identity (auth.session_owner_mismatch)",
+    ),
+    (
+        "mqttgw_publish_unreadable",
+        "messages_unreadable",
+        "waiting messages dropped: their reader may no longer read the topic",
+    ),
     ("mqttgw_store_refused", "store_refused", "publishes refused while the store failed"),
     ("mqttgw_messages_expired", "messages_expired", "5.0 messages whose expiry interval ended before delivery"),
     (
