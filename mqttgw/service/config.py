@@ -258,7 +258,8 @@ KEYS = [
         "login_throttle_size",
         int,
         10_000,
-        "addresses and user names the login throttle remembers (about 400 bytes each)",
+        "addresses and user names the login throttle (and addresses the connection"
+        " rate) remembers, about 400 bytes each",
         1,
     ),
     Key(
