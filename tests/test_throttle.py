@@ -223,3 +223,40 @@ def test_an_unknown_user_of_a_sha512_file_costs_a_sha512(tmp_path, monkeypatch):
     monkeypatch.setattr(hashlib, "pbkdf2_hmac", lambda *a: pbkdf2.append(a))
     assert not table.verify("nobody", b"x")
     assert pbkdf2 == []
+
+
+def test_a_login_past_the_waiting_bound_gets_server_busy_unchecked():
+    from mqttgw.testing import FakeBroker
+    from mqttgw.wire import packets as P
+    from mqttgw.wire import reasons as R
+
+    broker = FakeBroker(passwords={"alice": "right"})
+    broker.factory.throttle = Throttle(0.1, 10.0, max_waiting=1, seconds=broker.clock.seconds)
+    waiting = broker.client(client_id="a", username="alice", password=b"wrong")
+    assert waiting.received() == []
+    # Its answer is due in 0.1 s: meanwhile the address and user are full.
+    busy = broker.client(client_id="b", username="alice", password=b"right")
+    assert busy.received() == [P.Connack(3)] and busy.closed
+    busy5 = broker.client(
+        client_id="c", username="bob", password=b"x", protocol_level=P.MQTT_5
+    )
+    [connack] = busy5.received()
+    assert connack.return_code == R.SERVER_BUSY and busy5.closed
+    broker.clock.advance(0.1)
+    assert waiting.received() == [P.Connack(4)]
+    assert broker.client(client_id="d", username="alice", password=b"right").received() == [P.Connack(0)]
+
+
+def test_idle_connections_past_their_connect_deadline_are_logged_once_per_address():
+    from mqttgw.testing import FakeBroker
+
+    broker = FakeBroker(connect_timeout=5)
+    lines = Collected()
+    broker.factory.refusals = BySource(
+        Logger(observer=lines), broker.clock, "{count} more from {source}: {reason}", 10.0
+    )
+    idle = [broker.client() for _ in range(100)]
+    broker.clock.advance(5)
+    assert all(client.closed for client in idle)
+    broker.clock.advance(10)
+    assert len(lines.lines) == 2 and lines.lines[1] == "99 more from 127.0.0.1: no CONNECT in time", lines.lines

@@ -324,7 +324,13 @@ class MQTTServerProtocol(MQTTConnection):
     def connect_due(self):
         """The CONNECT deadline came (see :class:`ConnectDeadlines`)."""
         if self.state is AWAITING_CONNECT:
-            log.info("no CONNECT from {peer} in time: closing", peer=self.peer)
+            # Idle connections by the thousand: one line per address.
+            self.factory.refusals.info(
+                self._host,
+                "no CONNECT from {peer} in time: closing",
+                peer=self.peer,
+                reason="no CONNECT in time",
+            )
             self._close(publish_will=False, graceful=True)
 
     def keepalive_due(self, now):
