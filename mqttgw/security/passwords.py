@@ -84,7 +84,11 @@ class PasswordTable:
     path = attr.ib()
     entries = attr.ib()
     # What an unknown user's password is hashed against (see stand_in).
-    stand_in = attr.ib(default=attr.Factory(lambda self: stand_in(self.entries.values()), takes_self=True))
+    stand_in = attr.ib(
+        default=attr.Factory(lambda self: stand_in(self.entries.values()), takes_self=True),
+        eq=False,
+        repr=False,
+    )
 
     @classmethod
     def from_file(cls, path):
