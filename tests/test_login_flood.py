@@ -36,7 +36,8 @@ def test_a_connect_flood_from_one_address_is_answered_logged_in_a_few_lines_and_
     # Before: from the 1,025th refusal on, OverflowError in the throttle:
     # a traceback per connection, and those CONNECTs never answered.
     gateway = gateway_with(
-        "--password-file", password_file(tmp_path, "neighbour", "good"), *FAST_THROTTLE
+        "--password-file", password_file(tmp_path, "neighbour", "good"), *FAST_THROTTLE,
+        "--max-waiting-logins", "16",
     )
     neighbour = Neighbour(gateway.port, "neighbour", PASSWORD, interval=0.05)
     try:
@@ -68,7 +69,7 @@ def test_parallel_guesses_for_one_user_are_throttled_across_addresses(tmp_path, 
     # the right one with CONNACK 0 among them.
     gateway = gateway_with(
         "--password-file", password_file(tmp_path, "alice"),
-        "--max-waiting-logins", "8", "--login-delay", "0.01", "--max-login-delay", "0.2",
+        "--max-waiting-logins-per-user", "8", "--login-delay", "0.01", "--max-login-delay", "0.2",
     )
     socks = []
     try:

@@ -80,7 +80,7 @@ def test_a_right_guess_among_parallel_ones_waits_for_those_before_it():
 
 def test_a_success_is_held_at_most_the_longest_delay():
     now = Now()
-    throttle = Throttle(0.1, 10.0, max_waiting=100, seconds=now)
+    throttle = Throttle(0.1, 10.0, max_waiting_per_user=100, seconds=now)
     for i in range(50):
         throttle.answer(throttle.begin(f"10.0.1.{i}", "alice"), False)
     assert throttle.answer(throttle.begin("10.0.0.1", "alice"), True) == approx(10.0)
@@ -112,7 +112,7 @@ def test_failures_are_forgotten_in_time():
 
 def test_logins_waiting_are_bounded_per_address_and_per_user():
     now = Now()
-    throttle = Throttle(0.1, 10.0, max_waiting=4, seconds=now)
+    throttle = Throttle(0.1, 10.0, max_waiting=4, max_waiting_per_user=4, seconds=now)
     held = [throttle.begin("10.0.0.1", f"u{i}") for i in range(4)]
     assert None not in held
     assert throttle.begin("10.0.0.1", "another") is None
@@ -130,9 +130,9 @@ def test_logins_waiting_are_bounded_per_address_and_per_user():
     assert throttle.begin("10.0.0.1", "x") is not None
 
 
-def test_no_answer_is_due_beyond_the_waiting_bound_times_the_longest_delay():
+def test_no_answer_is_due_beyond_the_user_waiting_bound_times_the_longest_delay():
     now = Now()
-    throttle = Throttle(0.1, 10.0, max_waiting=4, seconds=now)
+    throttle = Throttle(0.1, 10.0, max_waiting_per_user=4, seconds=now)
     for _ in range(1000):
         assert throttle.failed("10.0.0.1") <= 40.0
 
@@ -260,3 +260,13 @@ def test_idle_connections_past_their_connect_deadline_are_logged_once_per_addres
     assert all(client.closed for client in idle)
     broker.clock.advance(10)
     assert len(lines.lines) == 2 and lines.lines[1] == "99 more from 127.0.0.1: no CONNECT in time", lines.lines
+
+
+def test_a_site_behind_one_address_logs_in_at_once_up_to_the_address_bound():
+    now = Now()
+    throttle = Throttle(max_waiting=256, max_waiting_per_user=16, seconds=now)
+    fleet = [throttle.begin("192.0.2.1", f"device-{i}") for i in range(256)]
+    assert None not in fleet
+    assert throttle.begin("192.0.2.1", "device-256") is None
+    assert all(throttle.answer(login, True) == 0 for login in fleet)
+    assert throttle.begin("192.0.2.1", "device-256") is not None

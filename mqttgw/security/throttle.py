@@ -7,8 +7,8 @@ bounded; and a per-address connection rate may be set.
 Bounded everywhere: a failure count stops growing once its delay is the
 longest, so the arithmetic never overflows; the table keeps at most
 ``size`` addresses and user names (about 400 bytes each), the least
-recently seen going first; an address or user name keeps at most
-``max_waiting`` answer times.
+recently seen going first; an address keeps at most ``max_waiting``
+answer times, a user name ``max_waiting_per_user``.
 """
 
 import ipaddress
@@ -51,7 +51,7 @@ class _Record:
         # When it last failed.
         self.last = 0.0
         # Logins being checked (hashing), and the times answers are due
-        # (a list once there are some): together at most max_waiting.
+        # (a list once there are some): together at most the bound.
         self.hashing = 0
         self.pending = None
 
@@ -83,9 +83,12 @@ class Throttle:
     of many parallel guesses was right is not told first.  A success
     forgets nothing: failures are forgotten ``forget_after`` seconds after
     the last, so a good login cannot clear the penalty of other
-    connections' failures.  At most ``max_waiting`` logins of one address,
-    or of one user name, are checked or wait for their answer at once; no
-    answer is due more than ``max_waiting * longest`` seconds ahead.
+    connections' failures.  At most ``max_waiting`` logins of one address
+    (room for a site's devices behind one NAT address reconnecting at
+    once) and ``max_waiting_per_user`` of one user name are checked or
+    wait for their answer at once.  The refusals waiting are answered one
+    after another, so places come free as a flood goes on, not all at its
+    end: for an address's own failures, one at least every ``longest``.
 
     ``failed(key)`` and ``succeeded(key)`` serve callers that check
     credentials one request at a time (the admin HTTP listener): the delay
@@ -93,12 +96,13 @@ class Throttle:
     :meth:`begin` and :meth:`answer` are used.
     """
 
-    def __init__(self, first=0.1, longest=10.0, size=10_000, max_waiting=16,
-                 forget_after=600.0, seconds=time.monotonic):
+    def __init__(self, first=0.1, longest=10.0, size=10_000, max_waiting=256,
+                 max_waiting_per_user=16, forget_after=600.0, seconds=time.monotonic):
         self.first = first
         self.longest = longest
         self.size = size
         self.max_waiting = max_waiting
+        self.max_waiting_per_user = max_waiting_per_user
         self.forget_after = forget_after
         self.seconds = seconds
         # The count whose delay is already the longest: no count goes past it.
@@ -129,11 +133,14 @@ class Throttle:
                 record.failures = 0
         return record
 
-    def _fail(self, records, now):
-        """The answer time of a failure against ``records``, counted."""
+    def _fail(self, records, now, most_waiting):
+        """
+        The answer time of a failure against ``records``, counted: never
+        further ahead than ``most_waiting`` answers could be queued.
+        """
         failures = max(r.failures for r in records)
         start = max(now, max(r.free_at for r in records))
-        at = min(start + self.delay(failures), now + self.max_waiting * self.longest)
+        at = min(start + self.delay(failures), now + most_waiting * self.longest)
         for r in records:
             r.failures = min(r.failures + 1, self.most_failures)
             r.free_at = max(r.free_at, at)
@@ -145,7 +152,7 @@ class Throttle:
     def failed(self, key):
         """The delay before this refusal is answered."""
         now = self.seconds()
-        return self._fail([self._record(key, now)], now) - now
+        return self._fail([self._record(key, now)], now, self.max_waiting_per_user) - now
 
     def succeeded(self, key):
         """
@@ -161,15 +168,18 @@ class Throttle:
         """
         A login from ``host`` as ``username`` (None: anonymous) starts:
         a :class:`Login` to :meth:`answer`, or None when its address or
-        user name already has ``max_waiting`` logins under way.
+        user name already has as many logins under way as it may.
         """
         now = self.seconds()
-        records = [self._record(address_key(host), now)]
+        address = self._record(address_key(host), now)
+        if address.waiting(now) >= self.max_waiting:
+            return None
+        records = [address]
         if username is not None:
-            records.append(self._record(user_key(username), now))
-        for r in records:
-            if r.waiting(now) >= self.max_waiting:
+            user = self._record(user_key(username), now)
+            if user.waiting(now) >= self.max_waiting_per_user:
                 return None
+            records.append(user)
         for r in records:
             r.hashing += 1
         return Login(records)
@@ -188,7 +198,7 @@ class Throttle:
             # After what is due for its user name, not its address's.
             at = min(max(now, records[-1].free_at if len(records) > 1 else now), now + self.longest)
         else:
-            at = self._fail(records, now)
+            at = self._fail(records, now, max(self.max_waiting, self.max_waiting_per_user))
         if at > now:
             for r in records:
                 if r.pending is None:

@@ -256,10 +256,11 @@ def login_gates(settings, reactor):
     """
     limits = settings.section("limits")
     throttle = Throttle(
-        limits["login_delay"],
-        limits["max_login_delay"],
-        limits["login_throttle_size"],
-        limits["max_waiting_logins"],
+        first=limits["login_delay"],
+        longest=limits["max_login_delay"],
+        size=limits["login_throttle_size"],
+        max_waiting=limits["max_waiting_logins"],
+        max_waiting_per_user=limits["max_waiting_logins_per_user"],
         seconds=reactor.seconds,
     )
     rate = ConnectionRate(

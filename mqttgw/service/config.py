@@ -248,9 +248,18 @@ KEYS = [
         "limits",
         "max_waiting_logins",
         int,
+        256,
+        "logins one address (an IPv6 /64) may have checked or waiting for their"
+        " answer at once; more get CONNACK 3 (5.0: 0x89) unchecked",
+        1,
+    ),
+    Key(
+        "limits",
+        "max_waiting_logins_per_user",
+        int,
         16,
-        "logins one address, or one user name, may have checked or waiting for"
-        " their answer at once; more get CONNACK 3 (5.0: 0x89) unchecked",
+        "logins one user name may have checked or waiting for their answer at"
+        " once, from any address; more get CONNACK 3 (5.0: 0x89) unchecked",
         1,
     ),
     Key(
