@@ -315,3 +315,21 @@ def test_pause_benchmark_reports_clients_kept_beside_mosquitto(tmp_path, monkeyp
     mqttgw = results["mqttgw"]
     assert mqttgw["kept"] == 4 and mqttgw["false_wills"] == 0, mqttgw
     assert mqttgw["silent_dropped"] and mqttgw["silent_will"], mqttgw
+
+
+def test_flood_benchmark_reports_every_figure_beside_mosquitto(tmp_path, monkeypatch):
+    from bench import flood
+
+    monkeypatch.setenv("PATH", "/usr/sbin:" + os.environ["PATH"])
+    require_program("mosquitto")
+    out = tmp_path / "flood.json"
+    flood.main(["--connections", "300", "--settle", "0.5", "--json", str(out)])
+    results = json.loads(out.read_text())["results"]
+    assert set(results) == {"mqttgw", "mosquitto"}
+    for broker, r in results.items():
+        assert sum(r["answers"].values()) == 300, (broker, r)
+        assert r["log_bytes_per_connection"] >= 0 and r["flood_round_trips"] > 0, (broker, r)
+        assert r["flood_p99_ms"] >= r["flood_p50_ms"] > 0, (broker, r)
+        assert r["good_login_after_s"] is not None, (broker, r)
+    assert results["mqttgw"]["tracebacks"] == 0
+    assert "mqttgw/mosquitto" in flood.table(results)

@@ -50,3 +50,63 @@ class RateLimited:
 
     def info(self, format, **fields):
         self.emit(LogLevel.info, format, **fields)
+
+
+class BySource:
+    """
+    A line that every connection from one address could repeat (a refused
+    CONNECT under a flood): the first from an address is logged, the rest
+    are counted, and once per ``interval`` one line per address says how
+    many there were.  At most ``size`` addresses are told apart; the rest
+    are counted together.
+    """
+
+    OTHERS = "other addresses"
+
+    def __init__(self, logger, clock, summary, interval=10.0, size=1000):
+        self.logger = logger
+        # What the line of an interval says, of {count}, {source},
+        # {interval} and the last line's fields.
+        self.summary = summary
+        self.clock = clock
+        self.interval = interval
+        self.size = size
+        # source: [count left out, last fields]
+        self._counts = {}
+        self._timer = None
+
+    def info(self, key, format, **fields):
+        """A line from ``key`` (an address)."""
+        counts = self._counts
+        entry = counts.get(key)
+        if entry is None:
+            if len(counts) >= self.size:
+                key = self.OTHERS
+                entry = counts.get(key)
+            if entry is None:
+                counts[key] = [0, fields]
+                if self._timer is None:
+                    self._timer = self.clock.callLater(self.interval, self._summarise)
+                self.logger.info(format, **fields)
+                return
+        entry[0] += 1
+        entry[1] = fields
+
+    def _summarise(self):
+        self._timer = None
+        counts, self._counts = self._counts, {}
+        for source, (count, fields) in counts.items():
+            if count:
+                self.logger.info(
+                    self.summary,
+                    **dict(fields, count=count, source=source, interval=self.interval),
+                )
+        # A source still busy gets a line of its own in the next interval.
+        if any(count for count, _ in counts.values()):
+            self._counts = {source: [0, fields] for source, (count, fields) in counts.items() if count}
+            self._timer = self.clock.callLater(self.interval, self._summarise)
+
+    def stop(self):
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self._timer = None

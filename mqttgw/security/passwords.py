@@ -9,7 +9,7 @@ import base64
 import hashlib
 import hmac
 import os
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 
 import attr
 from twisted.cred import checkers, credentials, error
@@ -60,12 +60,35 @@ def parse_entry(text):
     return None
 
 
+def stand_in(entries):
+    """
+    The hash an unknown user's password is checked against: a random one
+    of the same algorithm and parameters as most of ``entries`` (kind,
+    iterations, salt and digest lengths), so that refusing an unknown user
+    costs what refusing a known one does, whatever the file's parameters.
+    """
+    kinds = Counter(
+        (kind, iterations, len(salt), len(digest)) for kind, iterations, salt, digest in entries
+    )
+    if not kinds:
+        kind, iterations, salt_size, digest_size = "7", PBKDF2_ITERATIONS, 12, 64
+    else:
+        [((kind, iterations, salt_size, digest_size), _)] = kinds.most_common(1)
+    return (kind, iterations, os.urandom(salt_size), os.urandom(digest_size))
+
+
 @attr.s(frozen=True, slots=True)
 class PasswordTable:
     """A password file, parsed once; replaced whole on reload."""
 
     path = attr.ib()
     entries = attr.ib()
+    # What an unknown user's password is hashed against (see stand_in).
+    stand_in = attr.ib(
+        default=attr.Factory(lambda self: stand_in(self.entries.values()), takes_self=True),
+        eq=False,
+        repr=False,
+    )
 
     @classmethod
     def from_file(cls, path):
@@ -90,7 +113,7 @@ class PasswordTable:
         entry = self.entries.get(username)
         if entry is None:
             # As costly as a known user, so timing does not tell who exists.
-            _verify(("7", PBKDF2_ITERATIONS, b"0" * 12, b""), password)
+            _verify(self.stand_in, password)
             return False
         return _verify(entry, password)
 

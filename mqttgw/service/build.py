@@ -19,9 +19,10 @@ from mqttgw.broker.topics import InvalidTopic, validate_topic_filter
 from mqttgw.security.acl import ACL
 from mqttgw.security.enhanced import authentication_methods
 from mqttgw.security.passwords import PasswordTable
+from mqttgw.security.throttle import ConnectionRate, Throttle
 from mqttgw.security.tokens import TokenKeys
 from mqttgw.service import config
-from mqttgw.transports.protocol import ConnectionLimits
+from mqttgw.transports.protocol import ConnectionLimits, refusal_log
 from mqttgw.transports.tls import server_options
 from mqttgw.web.admin import is_loopback
 
@@ -249,6 +250,35 @@ def build_router(settings, clock, store=None):
     router = Router(clock, store=store)
     configure_router(router, settings)
     return router
+
+
+def login_gates(settings, reactor):
+    """
+    The login throttle, the per-address connection rate and the log of
+    refusals, shared by every listener.
+    """
+    limits = settings.section("limits")
+    throttle = Throttle(
+        first=limits["login_delay"],
+        longest=limits["max_login_delay"],
+        size=limits["login_throttle_size"],
+        max_waiting=limits["max_waiting_logins"],
+        max_waiting_per_user=limits["max_waiting_logins_per_user"],
+        seconds=reactor.seconds,
+    )
+    rate = ConnectionRate(
+        limits["max_connection_rate"],
+        limits["connection_rate_loopback"],
+        limits["login_throttle_size"],
+        reactor.seconds,
+    )
+    if rate.rate:
+        log.info(
+            "limits.max_connection_rate: at most {rate} new connections a second per address{loopback}",
+            rate=rate.rate,
+            loopback="" if rate.loopback else " (loopback exempt)",
+        )
+    return throttle, rate, refusal_log(reactor, settings["log.refusal_interval"])
 
 
 def connection_limits(settings):

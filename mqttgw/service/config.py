@@ -240,6 +240,67 @@ KEYS = [
     ),
     Key(
         "limits",
+        "max_connection_rate",
+        float,
+        0.0,
+        "new connections a second from one address (an IPv6 /64), a burst of as"
+        " many; more are closed before a byte is read (0: no limit)",
+        0.0,
+    ),
+    Key(
+        "limits",
+        "connection_rate_loopback",
+        bool,
+        False,
+        "apply max_connection_rate to loopback clients too",
+        flag_help="apply --max-connection-rate to loopback clients too",
+    ),
+    Key(
+        "limits",
+        "login_delay",
+        float,
+        0.1,
+        "seconds the answer to a failed login waits, doubled for each earlier"
+        " failure of its address or user name",
+        0.0,
+    ),
+    Key(
+        "limits",
+        "max_login_delay",
+        float,
+        10.0,
+        "longest wait of a failed login's answer (after those already due)",
+        0.0,
+    ),
+    Key(
+        "limits",
+        "max_waiting_logins",
+        int,
+        256,
+        "logins one address (an IPv6 /64) may have checked or waiting for their"
+        " answer at once; more get CONNACK 3 (5.0: 0x89) unchecked",
+        1,
+    ),
+    Key(
+        "limits",
+        "max_waiting_logins_per_user",
+        int,
+        16,
+        "logins one user name may have checked or waiting for their answer at"
+        " once, from any address; more get CONNACK 3 (5.0: 0x89) unchecked",
+        1,
+    ),
+    Key(
+        "limits",
+        "login_throttle_size",
+        int,
+        10_000,
+        "addresses and user names the login throttle (and addresses the connection"
+        " rate) remembers, about 400 bytes each",
+        1,
+    ),
+    Key(
+        "limits",
         "max_inflight_messages",
         int,
         20,
@@ -404,6 +465,15 @@ KEYS = [
         "log each client's connect and disconnect (as mosquitto's connection_messages)",
         flag_name="no-connection-messages",
         flag_help="do not log each client's connect and disconnect",
+    ),
+    Key(
+        "log",
+        "refusal_interval",
+        float,
+        10.0,
+        "seconds over which the refused connections of one address are logged"
+        " as one line with a count",
+        0.1,
     ),
     Key(
         "log",

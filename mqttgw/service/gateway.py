@@ -46,6 +46,9 @@ class Gateway(MultiService):
         # whether password files and token keys were configured.
         self.factories = []
         self.pool = self.checker = self.sys_topics = None
+        # The login throttle every listener shares (and the admin listener's
+        # Basic authentication may use), set by the tap.
+        self.throttle = None
         self.had_passwords = self.had_tokens = None
         # The settings it runs with and what the store gave back, for the
         # start-up summary.

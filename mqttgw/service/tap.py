@@ -33,6 +33,7 @@ from mqttgw.service.build import (
     check_listeners,
     connection_limits,
     endpoint_description,
+    login_gates,
     http_description,
     http_host,
     load_auth_files,
@@ -196,6 +197,8 @@ class Assembly:
         gateway.settings, gateway.restored = settings, restored
         self.flusher = Flusher(reactor)
         self.limits = connection_limits(settings)
+        self.throttle, self.connection_rate, self.refusals = login_gates(settings, reactor)
+        gateway.throttle = self.throttle
         self.reloader = ReloadService(reactor, options, gateway)
         # What the admin API changes bridges through.
         gateway.reloader = self.reloader
@@ -276,6 +279,7 @@ class Assembly:
         factory = MQTTServerFactory(
             self.gateway.router, self.limits, self.reactor, self.flusher,
             identity_as_username=identity_as_username, portal=portal,
+            throttle=self.throttle, connection_rate=self.connection_rate, refusals=self.refusals,
         )
         factory.kind = kind
         factory.auth_methods = self.options.auth_methods

@@ -19,6 +19,7 @@ from twisted.logger import Logger
 
 from mqttgw.broker.access import BRIDGE_STATE_PREFIX, READ, WRITE
 from mqttgw.broker.delivery_budget import DeliveryBudget
+from mqttgw.broker.ratelimited import BySource
 from mqttgw.broker.router import owner_name
 from mqttgw.broker.store import OrderedAcks
 from mqttgw.broker.subscriptions import (
@@ -37,7 +38,7 @@ from mqttgw.broker.topics import (
 from mqttgw.security.enhanced import Authenticated, Continue, Refused
 from mqttgw.security.identity import Identity, IIdentity
 from mqttgw.security.passwords import Busy
-from mqttgw.security.throttle import Throttle
+from mqttgw.security.throttle import ConnectionRate, Throttle, address_key
 from mqttgw.transports.connection import (
     AUTHENTICATING,
     AWAITING_CONNECT,
@@ -173,6 +174,8 @@ class MQTTServerProtocol(MQTTConnection):
         "auth_method", "_auth",
         # Messages a second it is sent at most (0: no bound): a dashboard page.
         "max_delivery_rate",
+        # The login under way in the throttle (a Login), or None.
+        "_login",
     )
     # Topic filters of one SUBSCRIBE or UNSUBSCRIBE handled per turn.
     FILTERS_PER_STEP = 64
@@ -202,6 +205,7 @@ class MQTTServerProtocol(MQTTConnection):
         self.auth_method = None
         self._auth = None
         self.max_delivery_rate = 0
+        self._login = None
         self._acks = None
         self._denied_topics = None
         # A cached ACL check of what the client may publish, or None: then
@@ -236,6 +240,10 @@ class MQTTServerProtocol(MQTTConnection):
         if self.keepalive:
             self._flusher.keepalives.closed()
         self._cancel_expiry()
+        if self._login is not None:
+            # Gone while its credentials were checked.
+            self.factory.throttle.release(self._login)
+            self._login = None
         if self.session is not None:
             self._count_version(-1)
             self._end_session(publish_will)
@@ -285,12 +293,11 @@ class MQTTServerProtocol(MQTTConnection):
         session, self.session = self.session, None
         self.router.disconnect(session, publish_will)
 
-    def _refuse(self, reason_code, reason, logger=log):
-        """
-        CONNACK with a refusal: ``reason_code`` in 5.0's terms; ``logger``:
-        a RateLimited one for refusals a flood could repeat.
-        """
-        logger.info(
+    def _refuse(self, reason_code, reason):
+        """CONNACK with a refusal: ``reason_code`` in 5.0's terms."""
+        # A flood from one address is one line an interval, not one each.
+        self.factory.refusals.info(
+            self._host,
             "refusing CONNECT from {peer} (client {client_id}): {reason}",
             peer=self.peer,
             client_id=self.log_id,
@@ -318,7 +325,13 @@ class MQTTServerProtocol(MQTTConnection):
     def connect_due(self):
         """The CONNECT deadline came (see :class:`ConnectDeadlines`)."""
         if self.state is AWAITING_CONNECT:
-            log.info("no CONNECT from {peer} in time: closing", peer=self.peer)
+            # Idle connections by the thousand: one line per address.
+            self.factory.refusals.info(
+                self._host,
+                "no CONNECT from {peer} in time: closing",
+                peer=self.peer,
+                reason="no CONNECT in time",
+            )
             self._close(publish_will=False, graceful=True)
 
     def keepalive_due(self, now, stalls):
@@ -458,6 +471,11 @@ class MQTTServerProtocol(MQTTConnection):
         portal = self.factory.portal
         if portal is None:
             return self._logged_in(packet, will)
+        login = self.factory.throttle.begin(self._host, packet.username)
+        if login is None:
+            # Refused before any hashing: it tells nothing of the password.
+            return self._refuse(R.SERVER_BUSY, "too many logins waiting from this address or for this user")
+        self._login = login
         if packet.username is not None:
             creds = UsernamePassword(packet.username.encode(), packet.password or b"")
         else:
@@ -475,7 +493,17 @@ class MQTTServerProtocol(MQTTConnection):
         _, identity, _ = result
         self.username = identity.username
         self.identity = identity
-        self.factory.throttle.succeeded(self._host)
+        # After the answers already due for this user name (parallel
+        # guesses are answered in turn).
+        delay = self.factory.throttle.answer(self._login, True)
+        self._login = None
+        if delay > 0:
+            self._timer = self.clock.callLater(delay, self._welcome, packet, will)
+        else:
+            self._welcome(packet, will)
+
+    def _welcome(self, packet, will):
+        self._timer = None
         self._logged_in(packet, will)
         if self._backlog is not None:
             # What arrived during the login is handled next.
@@ -485,9 +513,12 @@ class MQTTServerProtocol(MQTTConnection):
         if self.state is not AUTHENTICATING:
             # Closed meanwhile.
             return
+        throttle, login, self._login = self.factory.throttle, self._login, None
         if reason.check(Busy):
-            code, why = R.SERVER_BUSY, "too many logins waiting"
-        elif packet.username is None:
+            # No password was checked: answered at once, no failure counted.
+            throttle.release(login)
+            return self._refuse(R.SERVER_BUSY, "too many logins waiting")
+        if packet.username is None:
             code, why = R.NOT_AUTHORIZED, "anonymous clients are not allowed"
         elif reason.check(UnauthorizedLogin, UnhandledCredentials):
             code, why = R.BAD_USER_NAME_OR_PASSWORD, f"bad user name or password for {printable(packet.username)!r}"
@@ -495,8 +526,9 @@ class MQTTServerProtocol(MQTTConnection):
             log.failure("login of {client_id} failed", reason, client_id=self.log_id)
             code, why = R.SERVER_UNAVAILABLE, "authentication failed"
         self.router.stats.logins_refused += 1
-        delay = self.factory.throttle.failed(self._host)
-        # The answer waits, longer for each failure from the same address.
+        # The answer waits, longer for each failure from the same address
+        # or for the same user name, after those already due.
+        delay = throttle.answer(login, False)
         self._timer = self.clock.callLater(delay, self._refuse, code, why)
 
     def _logged_in(self, packet, will, auth_properties=None):
@@ -518,7 +550,6 @@ class MQTTServerProtocol(MQTTConnection):
             return self._refuse(
                 R.NOT_AUTHORIZED,
                 f"user {owner_name(owner)}: {refusal}",
-                router.limited("session owner", log),
             )
         v5 = self.v5
         persistent = self.session_expiry != 0 if v5 is not None else not packet.clean_session
@@ -1096,7 +1127,6 @@ class MQTTServerProtocol(MQTTConnection):
         self.username = answer.username
         self.identity = Identity(answer.username)
         self.auth_method = exchange.method
-        self.factory.throttle.succeeded(self._host)
         # CONNACK carries the method, and the last data if any ([MQTT-4.12.0-5]).
         self._logged_in(exchange.connect, exchange.will, props)
         self._resume_backlog()
@@ -1116,7 +1146,7 @@ class MQTTServerProtocol(MQTTConnection):
         self._cancel_timer()
         self.router.stats.logins_refused += 1
         self.state = AUTHENTICATING
-        delay = self.factory.throttle.failed(self._host)
+        delay = self.factory.throttle.failed(address_key(self._host))
         self._timer = self.clock.callLater(delay, self._refuse, connack_refusal(code), why)
 
     def _resume_backlog(self):
@@ -1218,6 +1248,9 @@ class MQTTServerFactory(Factory):
         flusher=None,
         identity_as_username=False,
         portal=None,
+        throttle=None,
+        connection_rate=None,
+        refusals=None,
     ):
         if clock is None:
             from twisted.internet import reactor as clock
@@ -1229,7 +1262,12 @@ class MQTTServerFactory(Factory):
         self.identity_as_username = identity_as_username
         # The twisted.cred portal logins go through, or None: no checks.
         self.portal = portal
-        self.throttle = Throttle()
+        # Shared by every listener's factory (see service.tap): failures
+        # count per address and user name whichever listener they came to.
+        self.throttle = throttle if throttle is not None else Throttle(seconds=clock.seconds)
+        self.connection_rate = connection_rate if connection_rate is not None else ConnectionRate()
+        # Refused CONNECTs, logged once per address per interval with a count.
+        self.refusals = refusals if refusals is not None else refusal_log(clock)
         # Set by whoever builds the listener: tcp, tls, ws or wss.
         self.kind = None
         # 5.0 enhanced authentication methods offered, by name (see
@@ -1253,6 +1291,17 @@ class MQTTServerFactory(Factory):
         bounded rate.
         """
         stats = self.router.stats
+        host = getattr(addr, "host", None)
+        if not self.connection_rate.allows(host):
+            # Refused before a byte is read.
+            self.refusals.info(
+                host,
+                "refusing connection from {peer}: {reason}",
+                peer=host,
+                reason="over limits.max_connection_rate",
+            )
+            stats.connections_refused += 1
+            return False
         if stats.connections + stats.handshakes < self.limits.max_connections:
             return True
         self.router.limited("connection limit", log).warn(
@@ -1270,3 +1319,13 @@ class MQTTServerFactory(Factory):
         protocol.listener_kind = self.kind
         return protocol
 
+
+
+def refusal_log(clock, interval=10.0):
+    """The log of refused connections and CONNECTs, one line per address per interval."""
+    return BySource(
+        log,
+        clock,
+        "refused {count} more from {source} in the last {interval:.0f}s; the last: {reason}",
+        interval,
+    )
