@@ -32,9 +32,9 @@ USERS = {"root": "rootpw", "viewer": "viewpw", "device": "devpw"}
 class API:
     """The admin listener's resources, called as an HTTP client would."""
 
-    def __init__(self, broker, portal=None, roles=None):
+    def __init__(self, broker, portal=None, roles=None, **options):
         self.gateway = Gateway(broker.router, broker.clock)
-        site = admin_site(self.gateway, Metrics(broker.router), portal, roles)
+        site = admin_site(self.gateway, Metrics(broker.router), portal, roles, **options)
         self.http = StubTreq(site.resource)
 
     def call(self, method, path, user=None, password=None, headers=None):
@@ -65,8 +65,8 @@ def broker():
 
 @pytest.fixture
 def api(broker):
-    """The API on a loopback listener: open, no credentials asked."""
-    return API(broker)
+    """The API on the local Unix socket: no credentials asked."""
+    return API(broker, local=True)
 
 
 # Clients
@@ -214,9 +214,22 @@ def test_without_credentials_the_answer_is_401_with_a_basic_challenge(guarded, p
     assert headers.getRawHeaders("www-authenticate") == ['Basic realm="mqttgw"']
 
 
-def test_a_wrong_password_or_an_unknown_user_is_a_401(guarded):
-    assert guarded.call("GET", "/api/clients", "root", "wrong")[0] == 401
-    assert guarded.call("GET", "/api/clients", "nobody", "rootpw")[0] == 401
+def basic(user, password):
+    return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
+
+
+def test_a_wrong_password_or_an_unknown_user_is_a_401_after_the_throttles_delay(guarded, logged):
+    clock = guarded.gateway.clock
+    for user, password in (("root", "wrong"), ("nobody", "rootpw")):
+        d = guarded.http.get(URL + "/api/clients", headers=basic(user, password))
+        guarded.http.flush()
+        # Held for the delay MQTT's throttle gives this address.
+        _sync.assertNoResult(d)
+        clock.advance(60)
+        guarded.http.flush()
+        assert successResultOf(d).code == 401
+    refused = [m for m in logged() if "admin API: credentials refused from 127.0.0.1" in m]
+    assert len(refused) == 2 and all("answered after" in m for m in refused)
 
 
 def test_the_dashboards_own_calls_are_challenged_for_a_token_not_a_password(guarded):
