@@ -330,8 +330,8 @@ def _payload(payload):
 class Roles:
     """
     Who may do what in the admin API and the dashboard.  ``open`` (a
-    loopback listener) asks for no credentials: whoever reaches it is an
-    admin.
+    loopback listener) asks no credentials for reads, and makes whoever
+    signs in an admin.
     """
 
     admin_users = attr.ib(converter=frozenset, default=())
