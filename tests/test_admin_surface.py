@@ -93,10 +93,10 @@ def test_a_rebound_host_name_is_refused_and_reads_see_only_what_the_acl_allows(g
     acl = tmp_path / "acl"
     # Anonymous clients read public/# only.
     acl.write_text("topic read public/#\nuser root\ntopic readwrite #\n")
-    port = free_port()
+    port, ws_port = free_port(), free_port()
     gw = gateway_with(
         "--http", str(port), "--password-file", str(users(tmp_path)), "--acl-file", str(acl),
-        "--allow-anonymous",
+        "--allow-anonymous", "--ws", f"tcp:{ws_port}:interface=127.0.0.1",
     )
     gw.wait_for_log(f"starting on {port}")
     for topic, payload in (("public/a", b"open"), ("secret/b", b"hidden")):
@@ -121,6 +121,12 @@ def test_a_rebound_host_name_is_refused_and_reads_see_only_what_the_acl_allows(g
     assert call(port, "DELETE", "/api/retained?filter=%23", headers={"Origin": "http://evil.example"})[0] == 403
     # The page's own origin still upgrades.
     assert upgrade(port, f"localhost:{port}", f"http://localhost:{port}").split(" ")[1] == "101"
+    # So on a WebSocket listener: a rebound page may not connect, its own may.
+    assert upgrade(ws_port, f"{REBIND}:{ws_port}", f"http://{REBIND}:{ws_port}").split(" ")[1] == "403"
+    assert upgrade(ws_port, f"127.0.0.1:{ws_port}", f"http://127.0.0.1:{ws_port}").split(" ")[1] == "101"
+    # A token put in a URL is neither taken nor logged.
+    assert call(ws_port, "GET", "/healthz?access_token=SECRET")[0] == 200
+    assert call(port, "GET", "/api/overview?access_token=SECRET")[0] == 200
 
     status, _, body = call(port, "GET", "/api/bridges")
     assert status == 200 and json.loads(body) == []
@@ -134,6 +140,7 @@ def test_a_rebound_host_name_is_refused_and_reads_see_only_what_the_acl_allows(g
     assert status == 200 and json.loads(body) == []
     status, _, body = call(port, "GET", "/api/retained?filter=%23", headers=basic("root", "rootpw"))
     assert sorted(m["topic"] for m in json.loads(body)) == ["public/a", "secret/b"]
+    assert "SECRET" not in gw.log()
 
 
 def ctl(*args):

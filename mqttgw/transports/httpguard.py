@@ -130,6 +130,10 @@ class HostSite(Site):
         self.refused = 0
         self._limited = RateLimited(log)
 
+    def log(self, request):
+        # No access log: no line per health check, and no URL in the log.
+        pass
+
     def getResourceFor(self, request):
         refusal = self.refusal(request)
         if refusal is None:

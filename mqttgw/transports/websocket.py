@@ -549,6 +549,7 @@ class Health(Resource):
 
     def render_GET(self, request):
         request.setHeader(b"content-type", b"application/json")
+        request.setHeader(b"x-content-type-options", b"nosniff")
         router = self.router
         status = {
             "status": "ok",
