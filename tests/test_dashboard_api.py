@@ -284,13 +284,15 @@ def test_a_caller_gone_before_its_credentials_are_checked_is_not_answered(gatewa
         "--http", f"0.0.0.0:{guarded}", "--password-file", passwords, "--admin-user", "root",
     )
     other = gateway_with("--http", str(open_), "--password-file", passwords)
+    gw.wait_for_log(f"starting on {guarded}")
+    other.wait_for_log(f"starting on {open_}")
     basic = base64.b64encode(b"root:rootpw").decode()
     for port, method, path in ((guarded, "GET", "/api/clients"), (open_, "POST", "/api/token")):
         for _ in range(5):
             # Hashing the password takes a while: the caller leaves first.
             with socket.create_connection(("127.0.0.1", port)) as sock:
                 sock.sendall(
-                    f"{method} {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Basic {basic}\r\n"
+                    f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Basic {basic}\r\n"
                     "Content-Length: 0\r\n\r\n".encode()
                 )
         assert request(port, path, method, "root", "rootpw")[0] == 200

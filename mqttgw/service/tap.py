@@ -438,6 +438,11 @@ class Assembly:
         ws = self.ws
         hosts, secure = self.hosts, description.startswith("ssl:")
         origins = settings["http.allowed_origins"]
+        if "*" in origins:
+            log.warn(
+                "http.allowed_origins has '*': a page of any origin may use the admin"
+                " listener's /mqtt and send it changes (with credentials)"
+            )
         # The dashboard's own MQTT, on the listener's origin.
         mqtt = websocket_resource(
             self.mqtt_factory("http", self.portal), ws["max_message_size"], ws["trusted_proxies"],
