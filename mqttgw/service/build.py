@@ -65,16 +65,25 @@ def open_file_limit():
     return soft
 
 
-def http_connection_limit(settings, soft=None):
-    """
-    What the admin listener and its Unix socket hold at once:
-    ``http.max_connections``, at most a quarter of the descriptors left
-    beside the reserve, and nothing without an admin listener.
-    """
+def http_listeners(settings):
+    """How many HTTP listeners the admin surface has: its TCP one and its Unix socket."""
     if not settings["http.address"]:
         return 0
+    return 2 if settings["http.socket"] else 1
+
+
+def http_connection_limit(settings, soft=None):
+    """
+    What each of the admin surface's listeners holds at once:
+    ``http.max_connections``, together at most a quarter of the
+    descriptors left beside the reserve.  Each has its own, so connections
+    to the TCP port never lock ``python -m mqttgw.ctl`` out of the socket.
+    """
+    listeners = http_listeners(settings)
+    if not listeners:
+        return 0
     soft = open_file_limit() if soft is None else soft
-    return max(1, min(settings["http.max_connections"], (soft - RESERVED_DESCRIPTORS) // 4))
+    return max(1, min(settings["http.max_connections"], (soft - RESERVED_DESCRIPTORS) // 4 // listeners))
 
 
 def connection_limit(configured, log, http=0, soft=None):
@@ -94,7 +103,7 @@ def connection_limit(configured, log, http=0, soft=None):
             n=available,
             soft=soft,
             reserve=RESERVED_DESCRIPTORS,
-            http_part=f" and {http} for the admin listener (http.max_connections)" if http else "",
+            http_part=f" and {http} for the admin listener and its socket (http.max_connections)" if http else "",
         )
         return available
     if configured > available:
@@ -282,7 +291,10 @@ def connection_limits(settings):
         max_connect_size=limits["max_connect_size"],
         connect_timeout=limits["connect_timeout"],
         max_connections=connection_limit(
-            limits["max_connections"], log, http_connection_limit(settings, soft), soft
+            limits["max_connections"],
+            log,
+            http_connection_limit(settings, soft) * http_listeners(settings),
+            soft,
         ),
         reject_control_characters=settings["mqtt.reject_control_characters"],
         allow_long_client_ids=settings["mqtt.allow_long_client_ids"],

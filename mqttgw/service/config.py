@@ -459,8 +459,8 @@ KEYS = [
         "max_connections",
         int,
         32,
-        "connections the admin listener and its Unix socket hold at once (at most a"
-        " quarter of the open-file limit less the reserve); more are closed at accept",
+        "connections the admin listener and its Unix socket each hold at once (together at"
+        " most a quarter of the open-file limit less the reserve); more are closed at accept",
         1,
         flag_name="http-max-connections",
     ),

@@ -451,7 +451,7 @@ class Assembly:
         signin = make_portal(checker, False) if checker is not None else None
         # Reads without credentials on loopback see what anonymous MQTT clients may.
         anonymous_reads = self.allow_anonymous
-        slots = ConnectionSlots(http_connection_limit(settings))
+        limit = http_connection_limit(settings)
         timeout = settings["http.idle_timeout"]
         site = admin_site(
             gateway, metrics, admin_portal, attr.evolve(self.roles(), open=open_), self.issuer,
@@ -460,14 +460,15 @@ class Assembly:
         )
         site.secure = secure
         ListenerService(
-            self.reactor, "http", description, BoundedFactory(site, slots, "admin"), name=http,
+            self.reactor, "http", description, BoundedFactory(site, ConnectionSlots(limit), "admin"),
+            name=http,
         ).setServiceParent(gateway)
         log.info(
-            "admin listener {address}: at most {n} connections with its socket"
+            "admin listener {address}: at most {n} connections, and as many on its socket"
             " (http.max_connections), idle ones closed after {timeout}s; host names"
             " besides its addresses: {names}",
             address=http,
-            n=slots.limit,
+            n=limit,
             timeout=timeout,
             names=", ".join(sorted(hosts.allowed)) or "none",
         )
@@ -479,8 +480,8 @@ class Assembly:
                 gateway, metrics, throttle=self.login_throttle(), local=True, timeout=timeout
             )
             ListenerService(
-                self.reactor, "http", unix_description(path), BoundedFactory(local, slots, "admin socket"),
-                name=path,
+                self.reactor, "http", unix_description(path),
+                BoundedFactory(local, ConnectionSlots(limit), "admin socket"), name=path,
             ).setServiceParent(gateway)
             log.info(
                 "admin socket {path} (mode 0600): the admin API for python -m mqttgw.ctl,"

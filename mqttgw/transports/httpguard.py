@@ -202,9 +202,8 @@ class _Refusal(Resource):
 
 class ConnectionSlots:
     """
-    Connections one or more HTTP listeners hold at once, at most
-    ``limit`` (``http.max_connections``); shared, so the listeners of the
-    admin surface together keep within their share of descriptors.
+    Connections an HTTP listener holds at once: at most ``limit``
+    (``http.max_connections``, within its share of descriptors).
     """
 
     def __init__(self, limit):
