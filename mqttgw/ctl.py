@@ -91,7 +91,10 @@ def request(
         response = connection.getresponse()
         data = response.read()
     except OSError as e:
-        raise CtlError(f"cannot reach {where}: {e.strerror or e}") from None
+        hint = ""
+        if socket_path is not None and isinstance(e, FileNotFoundError):
+            hint = " (is the gateway running with --http, and is this its socket? see --socket, --config)"
+        raise CtlError(f"cannot reach {where}: {e.strerror or e}{hint}") from None
     finally:
         connection.close()
     if response.status >= 400:

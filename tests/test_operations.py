@@ -437,7 +437,7 @@ def test_admin_api_beyond_loopback_asks_for_an_admin_user(gateway_with, tmp_path
     gw = gateway_with(
         "--http", f"0.0.0.0:{port}", "--password-file", str(passwords), "--admin-user", "root"
     )
-    gw.wait_for_log("admin listener")
+    gw.wait_for_log(f"starting on {port}")
     assert http(port, "/readyz")[0] == 200
     assert http(port, "/api/clients")[0] == 401
 

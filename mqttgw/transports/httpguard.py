@@ -94,12 +94,13 @@ class HostNames:
         except ValueError:
             return False
         scheme = "https" if secure else "http"
-        if parts.scheme != scheme or not parts.hostname or not self.allows(parts.hostname, local.host):
+        host = getattr(local, "host", None)
+        if parts.scheme != scheme or not parts.hostname or not self.allows(parts.hostname, host):
             return False
         expected = getattr(local, "port", None)
         if host_header:
             name, host_port = split_host(host_header)
-            if self.allows(name, local.host):
+            if self.allows(name, host):
                 expected = host_port or _DEFAULT_PORTS[scheme]
         return (port or _DEFAULT_PORTS[scheme]) == expected
 
