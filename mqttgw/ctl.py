@@ -1,7 +1,7 @@
 """
 ``python -m mqttgw.ctl``: the admin API from a shell.
 
-    python -m mqttgw.ctl [--url URL] [--user NAME] [--json] COMMAND
+    python -m mqttgw.ctl [--socket PATH | --url URL [--user NAME]] [--json] COMMAND
 
     clients                      connected clients
     kick CLIENT_ID               disconnect a client
@@ -13,48 +13,115 @@
     bridge-set NAME FILE         add or replace a bridge at runtime
     bridge-delete NAME           remove a bridge at runtime
 
-The password for ``--user`` comes from ``$MQTTGW_PASSWORD``; a token from
-``$MQTTGW_TOKEN``.  Exits 0 on success, 1 with one line on failure.
+By default it speaks over the gateway's Unix socket (``http.socket``,
+mode 0600: whoever may open it may change everything, so no password is
+asked): ``--socket PATH``, ``$MQTTGW_SOCKET``, the one ``--config FILE``
+names, or ``./mqttgw-data/admin.sock``.  With ``--url`` (or
+``$MQTTGW_URL``) it speaks to the admin listener over TCP, where changes
+need credentials: the password for ``--user`` comes from
+``$MQTTGW_PASSWORD``, a token from ``$MQTTGW_TOKEN``, both sent in the
+Authorization header.  Exits 0 on success, 1 with one line on failure.
 """
 
 import argparse
 import base64
+import http.client
 import json
 import os
+import socket
 import sys
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 
-DEFAULT_URL = "http://127.0.0.1:9883"
+from mqttgw.service import config
+
+DEFAULT_SOCKET = os.path.join("mqttgw-data", "admin.sock")
 
 
 class CtlError(Exception):
     pass
 
 
-def request(url, method="GET", user=None, password=None, token=None, timeout=10.0, body=None):
-    req = urllib.request.Request(url, method=method, data=body)
+class _UnixConnection(http.client.HTTPConnection):
+    """HTTP over the gateway's Unix socket."""
+
+    def __init__(self, path, timeout):
+        super().__init__("localhost", timeout=timeout)
+        self.path = path
+
+    def connect(self):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(self.path)
+        except OSError:
+            sock.close()
+            raise
+        self.sock = sock
+
+
+def request(
+    url, method="GET", user=None, password=None, token=None, timeout=10.0, body=None, socket_path=None
+):
+    """
+    The JSON answer to ``method`` on ``url`` (a full URL, or with
+    ``socket_path`` a path on the gateway's Unix socket).
+    """
+    headers = {"Host": "localhost"}
     if body is not None:
-        req.add_header("Content-Type", "application/json")
+        headers["Content-Type"] = "application/json"
     if token:
-        req.add_header("Authorization", f"Bearer {token}")
+        headers["Authorization"] = f"Bearer {token}"
     elif user is not None:
         basic = base64.b64encode(f"{user}:{password or ''}".encode()).decode()
-        req.add_header("Authorization", f"Basic {basic}")
+        headers["Authorization"] = f"Basic {basic}"
+    if socket_path is not None:
+        where, path = socket_path, url
+        connection = _UnixConnection(socket_path, timeout)
+    else:
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise CtlError(f"{url}: not an http:// or https:// URL")
+        where, path = url, parts.path + (f"?{parts.query}" if parts.query else "")
+        headers["Host"] = parts.netloc
+        kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+        connection = kind(parts.hostname, parts.port, timeout=timeout)
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as response:
-            return json.loads(response.read())
-    except urllib.error.HTTPError as e:
+        connection.request(method, path, body=body, headers=headers)
+        response = connection.getresponse()
+        data = response.read()
+    except OSError as e:
+        hint = ""
+        if socket_path is not None and isinstance(e, FileNotFoundError):
+            hint = " (is the gateway running with --http, and is this its socket? see --socket, --config)"
+        raise CtlError(f"cannot reach {where}: {e.strerror or e}{hint}") from None
+    finally:
+        connection.close()
+    if response.status >= 400:
         try:
-            detail = json.loads(e.read()).get("error", e.reason)
+            detail = json.loads(data).get("error", response.reason)
         except (ValueError, AttributeError):
-            detail = e.reason
-        raise CtlError(f"{method} {url}: {e.code} {detail}") from None
-    except (urllib.error.URLError, OSError) as e:
-        reason = getattr(e, "reason", e)
-        raise CtlError(f"cannot reach {url}: {reason}") from None
+            detail = response.reason
+        raise CtlError(f"{method} {path}: {response.status} {detail}")
+    try:
+        return json.loads(data)
+    except ValueError:
+        raise CtlError(f"{method} {path}: the answer is not JSON") from None
+
+
+def default_socket(config_path=None):
+    """Where the gateway's Unix socket is: $MQTTGW_SOCKET, the configuration's, or the default."""
+    if os.environ.get("MQTTGW_SOCKET"):
+        return os.environ["MQTTGW_SOCKET"]
+    if config_path is None:
+        return DEFAULT_SOCKET
+    try:
+        settings = config.build(config.load_file(config_path), {})
+    except config.ConfigError as e:
+        raise CtlError(str(e)) from None
+    if not settings["http.socket"]:
+        raise CtlError(f"{config_path}: http.socket is empty: use --url")
+    return os.path.join(settings["persistence.data_dir"], settings["http.socket"])
 
 
 def _when(seconds):
@@ -124,9 +191,12 @@ def parse_args(argv):
     parser = argparse.ArgumentParser(
         prog="python -m mqttgw.ctl", description="Talk to a running mqttgw's admin API."
     )
-    parser.add_argument("--url", default=os.environ.get("MQTTGW_URL", DEFAULT_URL),
-                        help=f"the admin listener (default {DEFAULT_URL}, or $MQTTGW_URL)")
-    parser.add_argument("--user", help="user name (password from $MQTTGW_PASSWORD)")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--socket", help=f"the gateway's Unix socket (default $MQTTGW_SOCKET, or {DEFAULT_SOCKET})")
+    where.add_argument("--config", "-c", help="the gateway's configuration file, to find its socket")
+    where.add_argument("--url", default=os.environ.get("MQTTGW_URL"),
+                       help="the admin listener over TCP instead, http://HOST:PORT (or $MQTTGW_URL)")
+    parser.add_argument("--user", help="user name, with --url (password from $MQTTGW_PASSWORD)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("clients", help="connected clients")
@@ -162,12 +232,17 @@ def parse_args(argv):
 
 
 def run(args):
-    base = args.url.rstrip("/") + "/api/"
-    auth = {
-        "user": args.user,
-        "password": os.environ.get("MQTTGW_PASSWORD"),
-        "token": os.environ.get("MQTTGW_TOKEN"),
-    }
+    if args.url and not args.socket and not args.config:
+        base = args.url.rstrip("/") + "/api/"
+        auth = {
+            "user": args.user,
+            "password": os.environ.get("MQTTGW_PASSWORD"),
+            "token": os.environ.get("MQTTGW_TOKEN"),
+        }
+    else:
+        # Over the socket no credentials are needed, nor sent.
+        base = "/api/"
+        auth = {"socket_path": args.socket or default_socket(args.config)}
     quote = lambda s: urllib.parse.quote(s, safe="")  # noqa: E731
     command = args.command
     if command == "clients":

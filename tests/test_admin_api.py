@@ -32,9 +32,9 @@ USERS = {"root": "rootpw", "viewer": "viewpw", "device": "devpw"}
 class API:
     """The admin listener's resources, called as an HTTP client would."""
 
-    def __init__(self, broker, portal=None, roles=None):
+    def __init__(self, broker, portal=None, roles=None, **options):
         self.gateway = Gateway(broker.router, broker.clock)
-        site = admin_site(self.gateway, Metrics(broker.router), portal, roles)
+        site = admin_site(self.gateway, Metrics(broker.router), portal, roles, **options)
         self.http = StubTreq(site.resource)
 
     def call(self, method, path, user=None, password=None, headers=None):
@@ -65,8 +65,8 @@ def broker():
 
 @pytest.fixture
 def api(broker):
-    """The API on a loopback listener: open, no credentials asked."""
-    return API(broker)
+    """The API on the local Unix socket: no credentials asked."""
+    return API(broker, local=True)
 
 
 # Clients
@@ -214,9 +214,22 @@ def test_without_credentials_the_answer_is_401_with_a_basic_challenge(guarded, p
     assert headers.getRawHeaders("www-authenticate") == ['Basic realm="mqttgw"']
 
 
-def test_a_wrong_password_or_an_unknown_user_is_a_401(guarded):
-    assert guarded.call("GET", "/api/clients", "root", "wrong")[0] == 401
-    assert guarded.call("GET", "/api/clients", "nobody", "rootpw")[0] == 401
+def basic(user, password):
+    return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
+
+
+def test_a_wrong_password_or_an_unknown_user_is_a_401_after_the_throttles_delay(guarded, logged):
+    clock = guarded.gateway.clock
+    for user, password in (("root", "wrong"), ("nobody", "rootpw")):
+        d = guarded.http.get(URL + "/api/clients", headers=basic(user, password))
+        guarded.http.flush()
+        # Held for the delay MQTT's throttle gives this address.
+        _sync.assertNoResult(d)
+        clock.advance(60)
+        guarded.http.flush()
+        assert successResultOf(d).code == 401
+    refused = [m for m in logged() if "admin API: credentials refused from 127.0.0.1" in m]
+    assert len(refused) == 2 and all("answered after" in m for m in refused)
 
 
 def test_the_dashboards_own_calls_are_challenged_for_a_token_not_a_password(guarded):
@@ -293,3 +306,81 @@ def test_a_caller_gone_before_its_credentials_are_checked_is_not_answered(logged
     api.http.flush()
     assert successResultOf(d).code == 200
     assert listed == [True]
+
+
+# Host names and origins (transports.httpguard)
+
+
+def test_a_listener_answers_to_its_own_names_only():
+    from mqttgw.transports.httpguard import HostNames, split_host
+
+    assert split_host("[::1]:9883") == ("::1", 9883)
+    assert split_host("Example.NET.:80") == ("example.net", 80)
+    assert split_host("::1") == ("::1", None)
+    hosts = HostNames(["gw.example.net"], machine="gw-7")
+    # On loopback, the loopback names; anywhere, the address the
+    # connection arrived on, the machine's name and the configured ones.
+    for name in ("localhost", "127.0.0.1", "127.0.0.2", "::1", "gw-7", "GW.example.net"):
+        assert hosts.allows(name, "127.0.0.1"), name
+    assert hosts.allows("10.0.4.1", "10.0.4.1")
+    assert not hosts.allows("localhost", "10.0.4.1")
+    assert not hosts.allows("rebind.attacker.example", "127.0.0.1")
+    assert not hosts.allows("10.0.4.2", "10.0.4.1")
+    assert HostNames(["*"]).allows("anything.example", "10.0.4.1")
+
+
+def test_an_origin_is_judged_by_the_listeners_names_never_by_the_host_header():
+    from twisted.internet.address import IPv4Address
+
+    from mqttgw.transports.httpguard import HostNames
+
+    hosts = HostNames(machine="gw-7")
+    local = IPv4Address("TCP", "127.0.0.1", 9883)
+    allowed = lambda origin, host, secure=False, origins=frozenset(): hosts.origin_allowed(  # noqa: E731
+        origin, host, local, secure, origins
+    )
+    assert allowed("http://localhost:9883", "localhost:9883")
+    # The Host and the Origin agree, but the name is not one of ours.
+    assert not allowed("http://rebind.attacker.example:9883", "rebind.attacker.example:9883")
+    # Another site on this machine, another scheme.
+    assert not allowed("http://localhost:3000", "localhost:9883")
+    assert not allowed("https://localhost:9883", "localhost:9883")
+    assert allowed("https://localhost:9883", "localhost:9883", secure=True)
+    # A port mapped in front of the listener (a container's) is the Host's.
+    assert allowed("http://127.0.0.1:18883", "127.0.0.1:18883")
+    assert not allowed("null", "localhost:9883")
+    assert allowed("https://dash.example.net", "localhost:9883", origins={"https://dash.example.net"})
+
+
+def test_on_loopback_reads_are_open_but_changes_need_credentials(broker):
+    portal = make_portal(
+        credentials_checker(FakeBroker(passwords=USERS).checker, None, broker.clock, ImmediateThreadPool()),
+        False,
+    )
+    api = API(broker, None, Roles(open=True), signin_portal=portal)
+    connected(broker, "dev/1", clean_session=False)
+    assert api.json("GET", "/api/clients")[0] == 200
+    status, headers, _ = api.call("DELETE", "/api/clients/dev%2F1")
+    assert status == 401 and headers.getRawHeaders("www-authenticate") == ['Basic realm="mqttgw"']
+    assert api.json("DELETE", "/api/clients/dev%2F1", user="device", password="devpw") == (200, {"kicked": "dev/1"})
+    # With no credentials to check, changes are for the Unix socket only.
+    bare = API(broker, None, Roles(open=True))
+    status, body = bare.json("DELETE", "/api/retained?filter=%23")
+    assert status == 403 and "Unix socket" in body["error"]
+
+
+def test_retained_payloads_are_listed_as_far_as_the_reader_may_read_them():
+    broker = FakeBroker(
+        passwords=USERS, acl=["topic read public/#", "user root", "topic readwrite #"], allow_anonymous=True
+    )
+    publisher = connected(broker, "pub", username="root", password="rootpw")
+    publisher.send(P.Publish("public/a", b"open", 0, True), P.Publish("secret/b", b"hidden", 0, True))
+    portal = make_portal(credentials_checker(broker.checker, None, broker.clock, ImmediateThreadPool()), False)
+    open_ = API(broker, None, Roles(open=True), signin_portal=portal)
+    assert [m["topic"] for m in open_.json("GET", "/api/retained")[1]] == ["public/a"]
+    assert len(open_.json("GET", "/api/retained", user="root", password="rootpw")[1]) == 2
+    assert open_.json("GET", "/api/retained", user="device", password="devpw")[1] == []
+    # Anonymous clients refused: a read without credentials is asked for them.
+    closed = API(broker, None, Roles(open=True), signin_portal=portal, anonymous_reads=False)
+    assert closed.call("GET", "/api/retained")[0] == 401
+    assert len(API(broker, local=True).json("GET", "/api/retained")[1]) == 2

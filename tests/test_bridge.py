@@ -502,14 +502,15 @@ def test_a_5_0_bridge_session_outlives_the_link_by_its_expiry_interval(tmp_path,
 # Bridges changed at runtime
 
 
-def _ctl(http_port, *args):
+def _ctl(socket_path, *args):
+    """python -m mqttgw.ctl over the gateway's admin socket, where changes need no password."""
     import subprocess
     import sys
 
     from tests.gateway import gateway_env
 
     return subprocess.run(
-        [sys.executable, "-m", "mqttgw.ctl", "--url", f"http://127.0.0.1:{http_port}", *args],
+        [sys.executable, "-m", "mqttgw.ctl", "--socket", str(socket_path), *args],
         capture_output=True, text=True, env=gateway_env(), timeout=30,
     )
 
@@ -528,6 +529,7 @@ def test_bridges_added_and_removed_at_runtime_survive_sighup_and_a_restart(tmp_p
     gw = Gateway(tmp_path / "gw", *args)
     _started.append(gw)
     gw.wait_for_log("bridge up: upstream accepted CONNECT")
+    admin = tmp_path / "gateway-data" / "admin.sock"
     extra = tmp_path / "extra.toml"
     extra.write_text(
         "[[bridge]]\n"
@@ -536,7 +538,7 @@ def test_bridges_added_and_removed_at_runtime_survive_sighup_and_a_restart(tmp_p
         'client_id = "mqttgw-extra"\n'
         "reconnect_initial = 0.2\n"
     )
-    added = _ctl(http, "bridge-set", "extra", str(extra))
+    added = _ctl(admin, "bridge-set", "extra", str(extra))
     assert added.returncode == 0, added.stderr
     assert "bridge extra: +extra" in added.stdout
     gw.wait_for_log("bridge extra: upstream accepted CONNECT")
@@ -552,17 +554,17 @@ def test_bridges_added_and_removed_at_runtime_survive_sighup_and_a_restart(tmp_p
     # A table that fails its checks changes nothing and says why.
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"addresses": ["127.0.0.1:1"], "rules": ["a"], "colour": "red"}))
-    refused = _ctl(http, "bridge-set", "bad", str(bad))
+    refused = _ctl(admin, "bridge-set", "bad", str(bad))
     assert refused.returncode == 1
     assert "unknown key bridge.colour" in refused.stderr
     # The file's bridge removed at runtime.
-    removed = _ctl(http, "bridge-delete", "up")
+    removed = _ctl(admin, "bridge-delete", "up")
     assert removed.returncode == 0, removed.stderr
     assert "-up" in removed.stdout
-    assert _ctl(http, "bridge-delete", "nothing").returncode == 1
+    assert _ctl(admin, "bridge-delete", "nothing").returncode == 1
 
     def names():
-        listed = _ctl(http, "--json", "bridges")
+        listed = _ctl(admin, "--json", "bridges")
         assert listed.returncode == 0, listed.stderr
         return sorted(b["name"] for b in json.loads(listed.stdout))
 

@@ -60,7 +60,7 @@ def test_sign_in_tokens_and_roles_of_the_admin_api(gateway_with, tmp_path):
         "--http", f"0.0.0.0:{port}", "--password-file", str(users(tmp_path)),
         "--admin-user", "root", "--read-user", "viewer",
     )
-    gw.wait_for_log("admin listener")
+    gw.wait_for_log(f"starting on {port}")
     status, headers, body = request(port, "/")
     assert status == 200 and b"<title>mqttgw</title>" in body
     assert "connect-src 'self'" in headers["content-security-policy"]
@@ -138,7 +138,7 @@ def test_sign_in_tokens_and_roles_of_the_admin_api(gateway_with, tmp_path):
 def test_an_open_loopback_admin_listener_makes_every_user_an_admin(gateway_with, tmp_path):
     port = free_port()
     gw = gateway_with("--http", str(port), "--password-file", str(users(tmp_path)))
-    gw.wait_for_log("admin listener")
+    gw.wait_for_log(f"starting on {port}")
     assert json.loads(request(port, "/api/whoami")[2]) == {"signin": True, "open": True}
     status, _, body = request(port, "/api/token", "POST", "device", "devpw")
     assert status == 200 and json.loads(body)["role"] == "admin"
@@ -147,7 +147,7 @@ def test_an_open_loopback_admin_listener_makes_every_user_an_admin(gateway_with,
 
 def test_without_credentials_to_check_there_is_no_sign_in(gateway_with):
     port = free_port()
-    gateway_with("--http", str(port)).wait_for_log("admin listener")
+    gateway_with("--http", str(port)).wait_for_log(f"starting on {port}")
     assert json.loads(request(port, "/api/whoami")[2]) == {"signin": False, "open": True}
     assert request(port, "/api/token", "POST", "any", "thing")[0] == 404
 
@@ -244,7 +244,7 @@ def test_the_gateways_own_pages_get_every_retained_topic_and_are_thinned_live(ga
         "--http", str(http_port), "--ws", f"tcp:{ws_port}:interface=127.0.0.1", "--dashboard",
         "--dashboard-message-rate", "2",
     )
-    gw.wait_for_log("admin listener")
+    gw.wait_for_log(f"starting on {http_port}")
     publisher = PahoClient(gw.port, "publisher", "MQTTv311")
     publisher.connect()
     for n in range(5):
@@ -284,13 +284,15 @@ def test_a_caller_gone_before_its_credentials_are_checked_is_not_answered(gatewa
         "--http", f"0.0.0.0:{guarded}", "--password-file", passwords, "--admin-user", "root",
     )
     other = gateway_with("--http", str(open_), "--password-file", passwords)
+    gw.wait_for_log(f"starting on {guarded}")
+    other.wait_for_log(f"starting on {open_}")
     basic = base64.b64encode(b"root:rootpw").decode()
     for port, method, path in ((guarded, "GET", "/api/clients"), (open_, "POST", "/api/token")):
         for _ in range(5):
             # Hashing the password takes a while: the caller leaves first.
             with socket.create_connection(("127.0.0.1", port)) as sock:
                 sock.sendall(
-                    f"{method} {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Basic {basic}\r\n"
+                    f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Basic {basic}\r\n"
                     "Content-Length: 0\r\n\r\n".encode()
                 )
         assert request(port, path, method, "root", "rootpw")[0] == 200

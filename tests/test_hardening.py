@@ -22,7 +22,7 @@ from tests.test_transports import free_port
 def healthz(port):
     """The gateway's counters, asked over HTTP on its WebSocket port."""
     sock = hostile.connection(port)
-    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
     response = b""
     while True:
         chunk = sock.recv(65536)
@@ -235,7 +235,7 @@ def test_request_body_to_the_websocket_port_is_refused_before_it_is_read(gateway
     gw = start(gateway_with, ws=True)
     read_before = healthz(gw.ws_port)["bytes_received"]
     sock = hostile.connection(gw.ws_port)
-    sock.sendall(b"POST /mqtt HTTP/1.1\r\nHost: x\r\nContent-Length: 67108864\r\n\r\n")
+    sock.sendall(b"POST /mqtt HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 67108864\r\n\r\n")
     # Answered before a byte of the body was sent.
     assert read_response(sock).startswith(b"HTTP/1.1 413 ")
     sent = hostile.send_for(sock, bytes(256 * 1024), 2.0)
@@ -259,14 +259,14 @@ def test_request_body_to_the_websocket_port_is_refused_before_it_is_read(gateway
 def test_dashboard_port_takes_small_bodies_only(gateway_with, headers, status):
     gw = start(gateway_with, "--dashboard", ws=True)
     sock = hostile.connection(gw.ws_port)
-    sock.sendall(b"POST /api/token HTTP/1.1\r\nHost: x\r\n" + headers + b"\r\n")
+    sock.sendall(b"POST /api/token HTTP/1.1\r\nHost: 127.0.0.1\r\n" + headers + b"\r\n")
     assert read_response(sock).startswith(b"HTTP/1.1 " + status)
     assert hostile.closed_by_peer(sock, 5)
     # A sign-in's small body is still read and answered.
     sock = hostile.connection(gw.ws_port)
     body = b'{"username": "nobody", "password": "x"}'
     sock.sendall(
-        b"POST /api/token HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"POST /api/token HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
         b"Content-Length: %d\r\n\r\n" % len(body) + body
     )
     assert read_response(sock).startswith(b"HTTP/1.1 401 ")

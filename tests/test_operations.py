@@ -38,9 +38,11 @@ def http(port, path, method="GET"):
         return e.code, e.read()
 
 
-def ctl(port, *args):
+def ctl(port, *args, socket_path=None):
+    """python -m mqttgw.ctl over TCP to ``port``, or over the Unix socket at ``socket_path``."""
+    where = ["--socket", str(socket_path)] if socket_path is not None else ["--url", f"http://127.0.0.1:{port}"]
     return subprocess.run(
-        [sys.executable, "-m", "mqttgw.ctl", "--url", f"http://127.0.0.1:{port}", *args],
+        [sys.executable, "-m", "mqttgw.ctl", *where, *args],
         capture_output=True,
         text=True,
         env=gateway_env(),
@@ -356,6 +358,12 @@ def test_readyz_turns_503_when_the_store_cannot_be_written(gateway_with, tmp_pat
 def test_admin_cli_lists_kicks_and_deletes(gateway_with):
     port = free_port()
     gw = gateway_with("--http", str(port))
+    sock = gw.workdir / "mqttgw-data" / "admin.sock"
+
+    def ctl(port, *args):
+        # Over the Unix socket, as by default: changes need no credentials there.
+        return globals()["ctl"](port, *args, socket_path=sock)
+
     device = PahoClient(gw.port, "dev/1", "MQTTv311", clean_session=False)
     device.connect()
     device.subscribe("x/#", 1)
@@ -409,8 +417,12 @@ def test_admin_cli_lists_kicks_and_deletes(gateway_with):
     missing = ctl(port, "kick", "nobody")
     assert missing.returncode == 1
     assert missing.stderr.strip().count("\n") == 0 and "not connected" in missing.stderr
-    unreachable = ctl(free_port(), "clients")
+    unreachable = globals()["ctl"](free_port(), "clients")
     assert unreachable.returncode == 1 and "cannot reach" in unreachable.stderr
+    # Over TCP, reads need no credentials on loopback; changes do.
+    assert globals()["ctl"](port, "clients").returncode == 0
+    refused = globals()["ctl"](port, "retained", "delete", "r/2")
+    assert refused.returncode == 1 and "403" in refused.stderr and "Unix socket" in refused.stderr
     late.disconnect()
     pub.disconnect()
 
@@ -425,7 +437,7 @@ def test_admin_api_beyond_loopback_asks_for_an_admin_user(gateway_with, tmp_path
     gw = gateway_with(
         "--http", f"0.0.0.0:{port}", "--password-file", str(passwords), "--admin-user", "root"
     )
-    gw.wait_for_log("admin listener")
+    gw.wait_for_log(f"starting on {port}")
     assert http(port, "/readyz")[0] == 200
     assert http(port, "/api/clients")[0] == 401
 

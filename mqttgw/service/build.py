@@ -6,6 +6,8 @@ credentials files.  ``tap`` composes them into the running service, and
 """
 
 
+import os
+import resource
 import sys
 
 from twisted.internet.endpoints import serverFromString
@@ -46,18 +48,13 @@ def endpoint_description(listener, backlog=None):
     return description
 
 
-# Descriptors kept back from max_connections for the store, the archive,
-# bridges, log files and listening sockets.
+# Descriptors kept back from every listener's connections for the store,
+# the archive, bridges, log files and listening sockets.
 RESERVED_DESCRIPTORS = 100
 
 
-def connection_limit(configured, log):
-    """
-    ``limits.max_connections``, or with 0 the open-file limit (raised to its
-    hard limit first) less a reserve, said at start-up either way.
-    """
-    import resource
-
+def open_file_limit():
+    """RLIMIT_NOFILE's soft limit, raised to its hard limit first if it can be."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     wanted = hard if hard != resource.RLIM_INFINITY else 1024 * 1024
     if soft != resource.RLIM_INFINITY and soft < wanted:
@@ -66,24 +63,62 @@ def connection_limit(configured, log):
             soft = wanted
         except (ValueError, OSError):
             pass
-    available = max(1, soft - RESERVED_DESCRIPTORS)
+    return soft
+
+
+def http_listeners(settings):
+    """How many HTTP listeners the admin surface has: its TCP one and its Unix socket."""
+    if not settings["http.address"]:
+        return 0
+    return 2 if settings["http.socket"] else 1
+
+
+def http_connection_limit(settings, soft=None):
+    """
+    What each of the admin surface's listeners holds at once:
+    ``http.max_connections``, together at most a quarter of the
+    descriptors left beside the reserve.  Each has its own, so connections
+    to the TCP port never lock ``python -m mqttgw.ctl`` out of the socket.
+    """
+    listeners = http_listeners(settings)
+    if not listeners:
+        return 0
+    soft = open_file_limit() if soft is None else soft
+    return max(1, min(settings["http.max_connections"], (soft - RESERVED_DESCRIPTORS) // 4 // listeners))
+
+
+def connection_limit(configured, log, http=0, soft=None):
+    """
+    ``limits.max_connections``, or with 0 the open-file limit (raised to its
+    hard limit first) less a reserve and the ``http`` connections; a
+    configured number above that is lowered to it.  Said at start-up
+    either way, so the listeners together never take the descriptors the
+    store, the archive and the bridges need.
+    """
+    soft = open_file_limit() if soft is None else soft
+    available = max(1, soft - RESERVED_DESCRIPTORS - http)
     if configured == 0:
         log.info(
             "max_connections {n}: the open-file limit {soft} less {reserve}"
-            " kept for the store, archive and bridges",
+            " kept for the store, archive and bridges{http_part}",
             n=available,
             soft=soft,
             reserve=RESERVED_DESCRIPTORS,
+            http_part=f" and {http} for the admin listener and its socket (http.max_connections)" if http else "",
         )
         return available
     if configured > available:
         log.warn(
             "limits.max_connections {n} is above what the open-file limit {soft}"
-            " allows ({available}): connections beyond it will fail",
+            " allows beside {reserve} kept for the store, archive and bridges"
+            " and {http} for the admin listener: {available} it is",
             n=configured,
             soft=soft,
+            reserve=RESERVED_DESCRIPTORS,
+            http=http,
             available=available,
         )
+        return available
     return configured
 
 
@@ -283,11 +318,17 @@ def login_gates(settings, reactor):
 
 def connection_limits(settings):
     limits = settings.section("limits")
+    soft = open_file_limit()
     return ConnectionLimits(
         max_packet_size=limits["max_packet_size"],
         max_connect_size=limits["max_connect_size"],
         connect_timeout=limits["connect_timeout"],
-        max_connections=connection_limit(limits["max_connections"], log),
+        max_connections=connection_limit(
+            limits["max_connections"],
+            log,
+            http_connection_limit(settings, soft) * http_listeners(settings),
+            soft,
+        ),
         reject_control_characters=settings["mqtt.reject_control_characters"],
         allow_long_client_ids=settings["mqtt.allow_long_client_ids"],
         connection_messages=settings["log.connection_messages"],
@@ -370,6 +411,20 @@ def http_description(address):
         host = host.strip("[]")
         return f"tcp{'6' if ':' in host else ''}:{port}:interface={host.replace(':', chr(92) + ':')}"
     return address
+
+
+def admin_socket(settings):
+    """The path of the admin API's Unix socket, or None (see http.socket)."""
+    path = settings["http.socket"]
+    if not (settings["http.address"] and path):
+        return None
+    return os.path.join(settings["persistence.data_dir"], path)
+
+
+def unix_description(path):
+    """A listening endpoint for the Unix socket at ``path``, mode 0600, stale files replaced."""
+    escaped = path.replace("\\", "\\\\").replace(":", "\\:")
+    return f"unix:{escaped}:mode=600:lockfile=1"
 
 
 def http_host(description):

@@ -535,6 +535,52 @@ KEYS = [
         1,
     ),
     Key(
+        "http",
+        "allowed_hosts",
+        list,
+        [],
+        "host names the HTTP listeners answer to besides their own addresses, the"
+        " loopback names (on loopback) and the machine's name ('*': any)",
+        flag_name="allowed-host",
+    ),
+    Key(
+        "http",
+        "allowed_origins",
+        list,
+        [],
+        "origins of web pages that may change things through the admin listener"
+        " or use its /mqtt besides its own",
+        flag_name="http-allowed-origin",
+    ),
+    Key(
+        "http",
+        "max_connections",
+        int,
+        32,
+        "connections the admin listener and its Unix socket each hold at once (together at"
+        " most a quarter of the open-file limit less the reserve); more are closed at accept",
+        1,
+        flag_name="http-max-connections",
+    ),
+    Key(
+        "http",
+        "idle_timeout",
+        float,
+        30.0,
+        "seconds the admin listener keeps a connection that sends no request",
+        0.1,
+        flag_name="http-idle-timeout",
+    ),
+    Key(
+        "http",
+        "socket",
+        str,
+        "admin.sock",
+        "Unix socket (mode 0600) of the admin API that python -m mqttgw.ctl uses, with"
+        " the admin listener; a relative path is in persistence.data_dir (empty: none)",
+        flag_name="http-socket",
+    ),
+    Key(
         "mqtt",
         "sys_interval",
         float,

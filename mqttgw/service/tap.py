@@ -2,6 +2,7 @@
 The twistd plugin's options and service: ``twistd -n mqttgw --tcp 1883``.
 """
 
+import os
 import sys
 
 import attr
@@ -30,9 +31,11 @@ from mqttgw.service.build import (
     check_bridges,
     check_http,
     check_listener_tables,
+    admin_socket,
     check_listeners,
     connection_limits,
     endpoint_description,
+    http_connection_limit,
     login_gates,
     http_description,
     http_host,
@@ -40,10 +43,12 @@ from mqttgw.service.build import (
     open_archive,
     open_store,
     server_tls_options,
+    unix_description,
 )
 from mqttgw.service.gateway import Gateway
 from mqttgw.service.reload import ReloadService
 from mqttgw.service.runtime_bridges import RuntimeBridges
+from mqttgw.transports.httpguard import BoundedFactory, ConnectionSlots, HostNames
 from mqttgw.transports.listening import ListenerService
 from mqttgw.transports.protocol import MQTTServerFactory
 from mqttgw.transports.schedulers import Flusher
@@ -204,6 +209,13 @@ class Assembly:
         gateway.reloader = self.reloader
         gateway.runtime_bridges = options.runtime_bridges
         self.renewable = {}
+        # The names every HTTP listener answers to besides its own addresses.
+        self.hosts = HostNames(settings["http.allowed_hosts"])
+        if "*" in self.hosts.allowed:
+            log.warn(
+                "http.allowed_hosts has '*': the HTTP listeners answer to any host name,"
+                " so a web page whose name is re-pointed at this machine may use them"
+            )
 
     def credentials(self):
         """Who may connect, and what they may touch."""
@@ -264,7 +276,10 @@ class Assembly:
         self.page = Dashboard()
         self.page.putChild(
             b"api",
-            api_resource(self.gateway, make_portal(self.gateway.checker, False), self.roles(), self.issuer),
+            api_resource(
+                self.gateway, make_portal(self.gateway.checker, False), self.roles(), self.issuer,
+                throttle=self.login_throttle(),
+            ),
         )
         log.warn(
             "websocket.dashboard: the dashboard and the admin API (/api/, with the"
@@ -274,6 +289,10 @@ class Assembly:
 
     def roles(self):
         return Roles(self.settings["http.admin_users"], self.settings["http.read_users"])
+
+    def login_throttle(self):
+        """The one login throttle of every listener, MQTT's and the admin surface's."""
+        return self.throttle
 
     def mqtt_factory(self, kind, portal, identity_as_username=False):
         factory = MQTTServerFactory(
@@ -299,6 +318,7 @@ class Assembly:
             secure,
             self.settings["http.dashboard_message_rate"] if self.page is not None else 0,
             dashboard=self.page,
+            hosts=self.hosts,
         )
 
     def tls(self, wrapped, tls_options=None, files=None):
@@ -414,27 +434,63 @@ class Assembly:
             )
         else:
             log.info(
-                "admin listener {address}: the dashboard at /, /metrics and /api/,"
-                " open to this machine only",
+                "admin listener {address}: the dashboard at /, /metrics and /api/ for"
+                " this machine only; changes need credentials (or the admin socket)",
                 address=http,
             )
         ws = self.ws
+        hosts, secure = self.hosts, description.startswith("ssl:")
+        origins = settings["http.allowed_origins"]
+        if "*" in origins:
+            log.warn(
+                "http.allowed_origins has '*': a page of any origin may use the admin"
+                " listener's /mqtt and send it changes (with credentials)"
+            )
         # The dashboard's own MQTT, on the listener's origin.
         mqtt = websocket_resource(
             self.mqtt_factory("http", self.portal), ws["max_message_size"], ws["trusted_proxies"],
-            ws["compression"], [], False, settings["http.dashboard_message_rate"],
+            ws["compression"], origins, secure, settings["http.dashboard_message_rate"], hosts,
         )
+        signin = make_portal(checker, False) if checker is not None else None
+        # Reads without credentials on loopback see what anonymous MQTT clients may.
+        anonymous_reads = self.allow_anonymous
+        limit = http_connection_limit(settings)
+        timeout = settings["http.idle_timeout"]
+        site = admin_site(
+            gateway, metrics, admin_portal, attr.evolve(self.roles(), open=open_), self.issuer,
+            signin, mqtt, hosts, self.login_throttle(), anonymous_reads,
+            allowed_origins=origins, timeout=timeout,
+        )
+        site.secure = secure
         ListenerService(
-            self.reactor, "http", description,
-            admin_site(
-                gateway, metrics, admin_portal,
-                attr.evolve(self.roles(), open=open_),
-                self.issuer, make_portal(checker, False) if checker is not None else None,
-                mqtt,
-            ),
+            self.reactor, "http", description, BoundedFactory(site, ConnectionSlots(limit), "admin"),
             name=http,
         ).setServiceParent(gateway)
+        log.info(
+            "admin listener {address}: at most {n} connections, and as many on its socket"
+            " (http.max_connections), idle ones closed after {timeout}s; host names"
+            " besides its addresses: {names}",
+            address=http,
+            n=limit,
+            timeout=timeout,
+            names=", ".join(sorted(hosts.allowed)) or "none",
+        )
         gateway.http = description
+        path = admin_socket(settings)
+        if path is not None:
+            os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
+            local = admin_site(
+                gateway, metrics, throttle=self.login_throttle(), local=True, timeout=timeout
+            )
+            ListenerService(
+                self.reactor, "http", unix_description(path),
+                BoundedFactory(local, ConnectionSlots(limit), "admin socket"), name=path,
+            ).setServiceParent(gateway)
+            log.info(
+                "admin socket {path} (mode 0600): the admin API for python -m mqttgw.ctl,"
+                " every change allowed to whoever may open it",
+                path=path,
+            )
 
 
 def makeService(options, reactor=None):

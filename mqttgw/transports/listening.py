@@ -4,6 +4,8 @@ and what it is bound to for the start-up summary, readiness and the admin
 API.
 """
 
+import os
+
 from twisted.application.internet import StreamServerEndpointService
 from twisted.internet.endpoints import serverFromString
 from twisted.internet.error import CannotListenError
@@ -38,11 +40,17 @@ class ListenerService(StreamServerEndpointService):
         # Before the first connection: see transports.tcp and .polling.
         tcp.share()
         polling.poll_lean(self.reactor)
+        # A Unix socket is made with no permission for others from the
+        # start, not only once its mode is set just after.
+        umask = os.umask(0o177) if self.description.startswith("unix:") else None
         try:
             super().privilegedStartService()
         except CannotListenError as e:
             reason = e.socketError.strerror if hasattr(e.socketError, "strerror") else e.socketError
             raise SystemExit(f"mqttgw: {self.kind} listener {self.name}: cannot listen: {reason}") from None
+        finally:
+            if umask is not None:
+                os.umask(umask)
         self._waitingForPort.addCallback(self._bound)
 
     def _bound(self, port):

@@ -24,9 +24,9 @@ from twisted.logger import Logger
 from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
 from twisted.python.failure import Failure
 from twisted.web.resource import Resource
-from twisted.web.server import Site
 from zope.interface import directlyProvides, implementer, providedBy
 
+from mqttgw.transports.httpguard import HostNames, HostSite
 from mqttgw.wire.printable import printable
 
 log = Logger()
@@ -185,7 +185,9 @@ class MQTTWebSocketProtocol(WebSocketServerProtocol):
     def onConnect(self, request):
         self._peer = self._client_address(request)
         origin = request.headers.get("origin")
-        if origin is not None and not self.factory.origin_allowed(origin, request.headers.get("host")):
+        if origin is not None and not self.factory.origin_allowed(
+            origin, request.headers.get("host"), self.transport.getHost()
+        ):
             log.info(
                 "refusing WebSocket from {peer}: origin {origin} is not allowed",
                 peer=_peer_text(self._peer),
@@ -472,8 +474,11 @@ class MQTTWebSocketFactory(WebSocketServerFactory):
         allowed_origins=(),
         secure=False,
         page_delivery_rate=0,
+        hosts=None,
     ):
         super().__init__(protocols=[*SUBPROTOCOLS, DASHBOARD_SUBPROTOCOL])
+        # The names the listener answers to (see transports.httpguard).
+        self.hosts = hosts if hosts is not None else HostNames()
         self.mqtt_factory = mqtt_factory
         # Messages a second sent at most to the dashboard page, where one is
         # served (0: none is).
@@ -482,7 +487,7 @@ class MQTTWebSocketFactory(WebSocketServerFactory):
             p if not isinstance(p, str) else ip_network(p, strict=False) for p in trusted_proxies
         ]
         self.allowed_origins = frozenset(o.rstrip("/").lower() for o in allowed_origins)
-        self.scheme = "https" if secure else "http"
+        self.secure = secure
         options = dict(
             maxFramePayloadSize=max_message_size,
             maxMessagePayloadSize=max_message_size,
@@ -518,19 +523,17 @@ class MQTTWebSocketFactory(WebSocketServerFactory):
             return False
         return any(address in network for network in self.trusted_proxies)
 
-    def origin_allowed(self, origin, host):
+    def origin_allowed(self, origin, host, local):
         """
-        Whether a page from ``origin`` may connect.  Without this check any
-        page a user happens to open could talk to a broker on their network
-        (MQTT over WebSocket has no other defence against that): by default
-        only pages the gateway serves itself, plus ``allowed_origins``
-        (exact origins, or ``*`` for any).
+        Whether a page from ``origin`` may connect to the listener reached
+        at ``local`` (its address) with ``host`` (the Host header).
+        Without this check any page a user happens to open could talk to a
+        broker on their network (MQTT over WebSocket has no other defence
+        against that): by default only pages of the listener's own names
+        (see HostNames; a page of a name re-pointed at this machine is not
+        one), plus ``allowed_origins`` (exact origins, or ``*`` for any).
         """
-        origin = origin.rstrip("/").lower()
-        allowed = self.allowed_origins
-        if "*" in allowed or origin in allowed:
-            return True
-        return host is not None and origin == f"{self.scheme}://{host.lower()}"
+        return self.hosts.origin_allowed(origin, host, local, self.secure, self.allowed_origins)
 
 
 class Health(Resource):
@@ -546,6 +549,7 @@ class Health(Resource):
 
     def render_GET(self, request):
         request.setHeader(b"content-type", b"application/json")
+        request.setHeader(b"x-content-type-options", b"nosniff")
         router = self.router
         status = {
             "status": "ok",
@@ -768,24 +772,36 @@ def websocket_resource(
     allowed_origins=(),
     secure=False,
     page_delivery_rate=0,
+    hosts=None,
 ):
     """MQTT over WebSocket as a twisted.web resource."""
     return WebSocketResource(
         MQTTWebSocketFactory(
             mqtt_factory, max_message_size, trusted_proxies, compression, allowed_origins, secure,
-            page_delivery_rate,
+            page_delivery_rate, hosts,
         )
     )
 
 
-def websocket_site(mqtt_factory, router, clock, *options, dashboard=None):
+def websocket_site(
+    mqtt_factory, router, clock, max_message_size, trusted_proxies=(), compression=False,
+    allowed_origins=(), secure=False, page_delivery_rate=0, dashboard=None, hosts=None,
+):
     """
     The WebSocket port's factory: a twisted.web Site serving MQTT over
-    WebSocket (``options`` as :func:`websocket_resource` takes them after
-    ``mqtt_factory``), /healthz and the ``dashboard`` (a resource) if any,
-    behind the guard that bounds connections that have not upgraded yet.
+    WebSocket (the options as :func:`websocket_resource` takes them),
+    /healthz and the ``dashboard`` (a resource) if any, behind the guard
+    that bounds connections that have not upgraded yet.  Requests other
+    than the MQTT upgrade (whose Origin is checked instead) must name one
+    of ``hosts``, and changes come only from the listener's own pages.
     """
-    ws = websocket_resource(mqtt_factory, *options)
-    site = Site(_Root(ws, Health(router, clock), dashboard))
-    site.noisy = False
+    hosts = hosts if hosts is not None else HostNames()
+    ws = websocket_resource(
+        mqtt_factory, max_message_size, trusted_proxies, compression, allowed_origins, secure,
+        page_delivery_rate, hosts,
+    )
+    site = HostSite(
+        _Root(ws, Health(router, clock), dashboard), hosts, secure, allowed_origins,
+        upgrades_by_origin=True,
+    )
     return _GuardedSite(site, mqtt_factory, reads_bodies=dashboard is not None)

@@ -15,13 +15,17 @@ The HTTP admin listener (``--http``): ``/healthz``, ``/readyz``,
     GET    /api/whoami                   who the credentials sent are, and their role
     POST   /api/token                    a short-lived token for the dashboard
 
-Client ids are URL-encoded path segments.  On loopback no credentials are
-asked for; bound anywhere else, ``/metrics`` and ``/api/`` take HTTP Basic
-(a user of the password file) or ``Bearer`` (a token), through the same
-portal as MQTT: ``http.admin_users`` may do everything, ``http.read_users``
-may read the overview and the bridges.  ``/healthz`` and ``/readyz`` stay
-open for health checks.  Everything else is the dashboard (``/``) and its
-MQTT over WebSocket (``/mqtt``).
+Client ids are URL-encoded path segments.  Credentials are HTTP Basic
+(a user of the password file) or ``Bearer`` (a token) in the
+Authorization header, never in the URL, checked through the same portal
+and the same login throttle as MQTT: ``http.admin_users`` may do
+everything, ``http.read_users`` may read the overview and the bridges.
+On loopback reads need none, but every change (PUT, DELETE, POST) does,
+and retained payloads are listed only as far as the ACL lets the reader
+read them; the local Unix socket (``admin_site(..., local=True)``) is
+open to whoever may open it.  ``/healthz`` and ``/readyz`` stay open for
+health checks.  Everything else is the dashboard (``/``) and its MQTT
+over WebSocket (``/mqtt``).
 """
 
 import base64
@@ -31,13 +35,19 @@ import json
 
 import attr
 from twisted.cred.credentials import UsernamePassword
+from twisted.internet import task
 from twisted.logger import Logger
-from twisted.web.resource import ErrorPage, Resource, getChildForRequest
-from twisted.web.server import NOT_DONE_YET, Site
+from twisted.web.pages import errorPage, forbidden
+from twisted.web.resource import Resource, getChildForRequest
+from twisted.web.server import NOT_DONE_YET
 
+from mqttgw.broker.access import READ
+from mqttgw.broker.ratelimited import RateLimited
 from mqttgw.broker.topics import InvalidTopic, validate_topic_filter
 from mqttgw.schema import ConfigError
 from mqttgw.security.identity import IIdentity
+from mqttgw.security.throttle import Throttle, address_key
+from mqttgw.transports.httpguard import SAFE_METHODS, HostSite
 from mqttgw.web.dashboard import Dashboard
 from mqttgw.wire.packets import Publish
 from mqttgw.wire.printable import printable
@@ -64,6 +74,7 @@ class _JSON(Resource):
         request.setResponseCode(code)
         request.setHeader(b"content-type", b"application/json")
         request.setHeader(b"cache-control", b"no-store")
+        request.setHeader(b"x-content-type-options", b"nosniff")
         return json.dumps(value, indent=1).encode() + b"\n"
 
 
@@ -146,9 +157,31 @@ class Sessions(_JSON):
 
 
 class Retained(_JSON):
-    def __init__(self, gateway):
+    """
+    Retained messages, listed as far as the reader may read them: what the
+    ACL (and a token's filters) give the identity that signed in; without
+    credentials (a loopback read), what an anonymous MQTT client may read,
+    or nothing when anonymous clients are refused.  ``local`` (the Unix
+    socket): everything.
+    """
+
+    def __init__(self, gateway, anonymous_reads=True, local=False):
         super().__init__()
         self.gateway = gateway
+        self.anonymous_reads = anonymous_reads
+        self.local = local
+
+    def _reader(self, request):
+        """A check of each topic, None for every topic, or False: credentials needed."""
+        if self.local:
+            return None
+        access = self.gateway.router.access
+        identity = getattr(request, "identity", None)
+        if identity is not None:
+            return access.checker(identity.username, "", READ, identity.subscribe)
+        if not self.anonymous_reads:
+            return False
+        return access.checker(None, "", READ)
 
     def _filter(self, request):
         raw = request.args.get(b"filter", [b"#"])[0]
@@ -163,8 +196,13 @@ class Retained(_JSON):
         topic_filter, error = self._filter(request)
         if error:
             return self.reply(request, {"error": error}, 400)
+        may_read = self._reader(request)
+        if may_read is False:
+            return _challenge(None, "reading retained payloads here needs credentials").render(request)
         listed = []
         for message in self.gateway.retained(topic_filter):
+            if may_read is not None and not may_read(message.topic):
+                continue
             listed.append({"topic": message.topic, "qos": message.qos, "payload": _payload(message.payload), "bytes": len(message.payload)})
             if len(listed) >= MAX_LISTED:
                 break
@@ -292,8 +330,8 @@ def _payload(payload):
 class Roles:
     """
     Who may do what in the admin API and the dashboard.  ``open`` (a
-    loopback listener) asks for no credentials: whoever reaches it is an
-    admin.
+    loopback listener) asks no credentials for reads, and makes whoever
+    signs in an admin.
     """
 
     admin_users = attr.ib(converter=frozenset, default=())
@@ -309,31 +347,79 @@ class Roles:
         return None
 
 
+class Logins:
+    """
+    How the admin surface checks credentials: ``portal`` (None: there are
+    none to check), and the login ``throttle`` MQTT uses, so wrong
+    passwords over HTTP are answered as late as over MQTT, per address.
+    """
+
+    def __init__(self, portal, throttle, clock):
+        self.portal = portal
+        self.throttle = throttle if throttle is not None else Throttle()
+        self.clock = clock
+        self.refused = 0
+        self._limited = RateLimited(log)
+
+    def failed(self, request):
+        """The delay before this refusal is answered; counted and logged (bounded)."""
+        host = _address(request)
+        delay = self.throttle.failed(host)
+        self.refused += 1
+        self._limited.info(
+            "admin API: credentials refused from {peer} for {path}, answered after {delay:.2f}s",
+            peer=host,
+            path=printable(request.path.decode("utf-8", "replace")),
+            delay=delay,
+        )
+        return delay
+
+    def succeeded(self, request):
+        self.throttle.succeeded(_address(request))
+
+
+def _address(request):
+    peer = request.getClientAddress()
+    return address_key(getattr(peer, "host", None)) or "local"
+
+
 class _Authorized(Resource):
     """
     Asks for credentials before ``wrapped``: HTTP Basic or a Bearer token,
-    checked by ``portal``; admins may do everything, read-only users use
-    the ``read_methods``.  The identity is left on the request for
-    ``wrapped``.
+    checked through ``logins``; admins may do everything, read-only users
+    use the ``read_methods``.  ``open_methods`` (reads on a loopback
+    listener) pass without credentials; sent anyway, they are checked.
+    The identity is left on the request for ``wrapped``.
     """
 
-    def __init__(self, wrapped, portal, roles, read_methods=()):
+    def __init__(self, wrapped, logins, roles, read_methods=(), open_methods=()):
         super().__init__()
         self.wrapped = wrapped
-        self.portal = portal
+        self.logins = logins
         self.roles = roles
         self.read_methods = frozenset(read_methods)
+        self.open_methods = frozenset(open_methods)
 
     isLeaf = True
 
     def render(self, request):
         header = request.getHeader(b"authorization")
+        logins = self.logins
+        if request.method in self.open_methods and (header is None or logins.portal is None):
+            return getChildForRequest(self.wrapped, request).render(request)
+        if logins.portal is None:
+            return _json_error(
+                request, 403,
+                "changes here need credentials and the gateway has none to check:"
+                " use python -m mqttgw.ctl over the Unix socket",
+            )
         creds = _credentials(header)
         if creds is None:
             return _challenge(header).render(request)
 
         def logged_in(result):
             _, identity, _ = result
+            logins.succeeded(request)
             role = self.roles.of(identity.username)
             if role != "admin" and not (role == "read" and request.method in self.read_methods):
                 log.info(
@@ -342,16 +428,20 @@ class _Authorized(Resource):
                     method=request.method.decode("ascii", "replace"),
                     path=printable(request.path.decode("utf-8", "replace")),
                 )
-                return ErrorPage(403, "Forbidden", "not allowed for this user")
+                return forbidden("Forbidden", "not allowed for this user")
             request.identity = identity
             # DeferredResource walks the rest of the path from here.
             return self.wrapped
 
+        def refused(_):
+            # Answered after the throttle's delay, as MQTT refusals are.
+            return task.deferLater(logins.clock, logins.failed(request), _challenge, header)
+
         # A caller may leave while its credentials are checked.
         gone = []
         request.notifyFinish().addErrback(gone.append)
-        d = self.portal.login(creds, None, IIdentity)
-        d.addCallbacks(logged_in, lambda _: _challenge(header))
+        d = logins.portal.login(creds, None, IIdentity)
+        d.addCallbacks(logged_in, refused)
 
         def render(resource):
             if not gone:
@@ -362,22 +452,34 @@ class _Authorized(Resource):
         return NOT_DONE_YET
 
 
-def _challenge(header=None):
-    page = ErrorPage(401, "Unauthorized", "credentials needed")
-    render = page.render
+def _json_error(request, code, error):
+    return _JSON().reply(request, {"error": error}, code)
 
-    def with_header(request):
+
+class _Challenge(Resource):
+    """401, asking for credentials in the way the caller can give them."""
+
+    isLeaf = True
+
+    def __init__(self, header, detail):
+        super().__init__()
+        self.page = errorPage(401, "Unauthorized", detail)
+        self.header = header
+
+    def render(self, request):
         # The dashboard's own calls (and any with a token) are not answered
         # with a Basic challenge, which makes a browser ask for a password
         # itself.
+        header = self.header
         script = request.getHeader(b"x-requested-with") is not None
         bearer = header is not None and header[:7].lower() == b"bearer "
         scheme = b"Bearer" if script or bearer else b'Basic realm="mqttgw"'
         request.setHeader(b"www-authenticate", scheme)
-        return render(request)
+        return self.page.render(request)
 
-    page.render = with_header
-    return page
+
+def _challenge(header=None, detail="credentials needed"):
+    return _Challenge(header, detail)
 
 
 def _credentials(header):
@@ -441,42 +543,71 @@ class Token(_JSON):
         )
 
 
-def api_resource(gateway, portal, roles, issuer=None, signin_portal=None):
-    """/api/: with ``portal``, every call but whoami needs credentials."""
+def api_resource(
+    gateway, portal, roles, issuer=None, signin_portal=None, throttle=None, anonymous_reads=True, local=False
+):
+    """
+    /api/: with ``portal``, every call but whoami needs credentials;
+    without (a loopback listener), reads need none but changes need those
+    of ``signin_portal``.  ``local`` (the Unix socket): none are asked.
+    ``anonymous_reads``: whether a read without credentials may list
+    what an anonymous MQTT client may read.
+    """
     children = {
         b"overview": (Overview(gateway), (b"GET", b"HEAD")),
         b"bridges": (Bridges(gateway), (b"GET", b"HEAD")),  # PUT, DELETE: admins
         b"clients": (Clients(gateway), ()),
         b"sessions": (Sessions(gateway), ()),
-        b"retained": (Retained(gateway), ()),
+        b"retained": (Retained(gateway, anonymous_reads, local), ()),
     }
     api = Resource()
     api.putChild(b"whoami", WhoAmI(roles, issuer is not None))
+    logins = Logins(portal or signin_portal, throttle, gateway.clock)
     for name, (resource, read_methods) in children.items():
         if portal is not None:
-            resource = _Authorized(resource, portal, roles, read_methods)
+            resource = _Authorized(resource, logins, roles, read_methods)
+        elif not local:
+            resource = _Authorized(resource, logins, roles, read_methods, SAFE_METHODS)
         api.putChild(name, resource)
     # Signing in asks for credentials even where the rest of the API does not.
     token = Token(issuer, roles, gateway.clock)
-    if (portal or signin_portal) is not None:
-        token = _Authorized(token, portal or signin_portal, roles, (b"POST",))
+    if logins.portal is not None and not local:
+        token = _Authorized(token, logins, roles, (b"POST",))
     api.putChild(b"token", token)
     return api
 
 
-def admin_site(gateway, metrics, portal=None, roles=None, issuer=None, signin_portal=None, mqtt=None):
+def admin_site(
+    gateway,
+    metrics,
+    portal=None,
+    roles=None,
+    issuer=None,
+    signin_portal=None,
+    mqtt=None,
+    hosts=None,
+    throttle=None,
+    anonymous_reads=True,
+    local=False,
+    allowed_origins=(),
+    timeout=60.0,
+):
     """
     The admin listener's site.  With ``portal``, /metrics and /api/ need
-    credentials, and ``roles`` says what each user may do there.
-    ``issuer`` hands out dashboard tokens to users ``signin_portal``
-    (the MQTT listeners' portal) accepts; ``mqtt``, a WebSocket resource,
-    serves the dashboard's MQTT at /mqtt.
+    credentials, and ``roles`` says what each user may do there; without,
+    only changes do, those of ``signin_portal`` (the MQTT listeners'
+    portal), whose users also get dashboard tokens from ``issuer``.
+    ``mqtt``, a WebSocket resource, serves the dashboard's MQTT at /mqtt.
+    ``hosts`` are the names it answers to (see transports.httpguard);
+    ``local``: the site of the Unix socket, where whoever can connect is
+    an admin.  ``timeout``: seconds an idle connection is kept.
     """
     roles = roles or Roles(open=portal is None)
-    api = api_resource(gateway, portal, roles, issuer, signin_portal)
+    throttle = throttle if throttle is not None else Throttle()
+    api = api_resource(gateway, portal, roles, issuer, signin_portal, throttle, anonymous_reads, local)
     metrics_page = MetricsPage(metrics)
     if portal is not None:
-        metrics_page = _Authorized(metrics_page, portal, roles)
+        metrics_page = _Authorized(metrics_page, Logins(portal, throttle, gateway.clock), roles)
     root = Dashboard()
     root.putChild(b"healthz", Healthz())
     root.putChild(b"readyz", Readyz(gateway))
@@ -484,8 +615,6 @@ def admin_site(gateway, metrics, portal=None, roles=None, issuer=None, signin_po
     root.putChild(b"api", api)
     if mqtt is not None:
         root.putChild(b"mqtt", mqtt)
-    site = Site(root)
-    site.noisy = False
-    # No access log line per scrape or health check.
-    site.log = lambda request: None
-    return site
+    if local:
+        hosts = None
+    return HostSite(root, hosts, allowed_origins=allowed_origins, timeout=timeout)

@@ -8,7 +8,8 @@ Policy says so to the browser, too).
 
 from pathlib import Path
 
-from twisted.web.resource import NoResource, Resource
+from twisted.web.pages import notFound
+from twisted.web.resource import Resource
 
 STATIC = Path(__file__).with_name("static")
 
@@ -49,7 +50,8 @@ class StaticFiles(Resource):
         name = b"/".join(request.prepath[-1:] + request.postpath).decode("utf-8", "replace")
         found = self.files.get(name or "index.html")
         if found is None:
-            return NoResource("no such file").render(request)
+            # Escaped by the page: the name is the caller's.
+            return notFound("No Such Resource", f"no such file: {name}").render(request)
         body, kind = found
         request.setHeader(b"content-type", kind)
         request.setHeader(b"content-security-policy", POLICY)
