@@ -326,6 +326,77 @@ def test_MQTT_3_1_2_23_session_expiry_is_kept_across_a_restart(tmp_path):
     assert kept.connack.session_present is True
 
 
+@pytest.mark.parametrize("restart", [False, True], ids=["running", "restarted"])
+@pytest.mark.parametrize("expiry", [0, 60], ids=["resumed-with-expiry-0", "resumed-with-expiry-60"])
+def test_MQTT_3_1_2_5_session_begun_with_clean_start_resumes_from_the_store(tmp_path, expiry, restart):
+    """MQTT-3.1.2-5, MQTT-3.1.2-23, MQTT-3.2.2-3: Clean Start 1 only says the
+    session is new; its expiry keeps it, queued in the store.  Resumed with
+    a Session Expiry Interval of 0, its messages are delivered all the
+    same, and it ends with that connection (MQTT-4.1.0-2)."""
+    broker = FakeBroker(store_dir=tmp_path)
+    client = subscribed(
+        broker, "c", ("q1", options(1)), ("q2", options(2)), clean_start=True,
+        properties={"session_expiry_interval": 60},
+    )
+    client.lose_connection()
+    publisher = connected(broker, "p")
+    publisher.send(publish("q1", b"one", 1, 1), publish("q2", b"two", 2, 2), P.Pubrel(2))
+    broker.commit()
+    if restart:
+        broker = broker.restart()
+        publisher = connected(broker, "p")
+    again = broker.client(
+        connect5("c", clean_start=False, properties={"session_expiry_interval": expiry})
+    )
+    # A QoS 2 delivery goes out once its packet id is on disk.
+    broker.commit()
+    packets = again.received()
+    assert not again.closed
+    assert packets[0].session_present is True
+    [one, two] = publishes(packets[1:])
+    assert (one.payload, one.qos, two.payload, two.qos) == (b"one", 1, b"two", 2)
+    again.send(P.Puback(one.message_id), P.Pubrec(two.message_id))
+    broker.commit()
+    assert again.received() == [P.Pubrel(two.message_id, 0, {})]
+    again.send(P.Pubcomp(two.message_id))
+    # While connected it is a session like any other.
+    publisher.send(publish("q1", b"live", 1, 3))
+    broker.commit()
+    assert payloads(again.received()) == [b"live"]
+    again.lose_connection()
+    broker.commit()
+    broker.clock.advance(30)
+    if expiry:
+        assert "c" in broker.router.sessions
+    else:
+        assert "c" not in broker.router.sessions
+        assert broker.router.stats.persistent_sessions == 0
+        # Nor does the store bring it back.
+        assert "c" not in broker.restart().router.sessions
+
+
+def test_MQTT_3_1_2_23_disconnect_with_expiry_0_ends_a_stored_session_with_messages_in_flight(tmp_path):
+    """MQTT-3.1.2-23, MQTT-4.1.0-2, 3.14.2.2.2: a DISCONNECT setting the
+    expiry to 0 ends a stored session holding deliveries in flight; its
+    unacknowledged shared-subscription message goes to another member
+    (MQTT-4.8.2-4)."""
+    broker = FakeBroker(store_dir=tmp_path)
+    leaving = subscribed(
+        broker, "leaving", ("$share/g/t", options(1)), properties={"session_expiry_interval": 60}
+    )
+    publisher = connected(broker, "p")
+    publisher.send(publish("t", b"first", 1, 1))
+    broker.commit()
+    assert payloads(leaving.received()) == [b"first"]
+    staying = subscribed(broker, "staying", ("$share/g/t", options(1)))
+    leaving.send(P.Disconnect(R.NORMAL_DISCONNECTION, {"session_expiry_interval": 0}))
+    assert leaving.closed
+    assert payloads(staying.received()) == [b"first"]
+    assert "leaving" not in broker.router.sessions
+    broker.commit()
+    assert "leaving" not in broker.restart().router.sessions
+
+
 def test_MQTT_3_1_3_6_empty_client_id_is_assigned_a_unique_one(broker):
     """MQTT-3.1.3-6, MQTT-3.1.3-7, MQTT-3.2.2-16."""
     one = connected(broker, "", properties={"session_expiry_interval": 60})

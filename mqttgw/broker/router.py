@@ -141,7 +141,7 @@ class Router:
         """A persistent session becomes one that ends with its connection."""
         if session.store is not None:
             session.store.delete_session(session.client_id)
-            session.store = None
+            session.leave_store()
         session.clean_session = True
         stats = self.stats
         stats.persistent_sessions -= 1

@@ -602,14 +602,20 @@ class MQTTServerProtocol(MQTTConnection):
 
     def _log_connected(self, packet):
         level = self.protocol_level
+        if self.v5 is None:
+            session = f"clean session {packet.clean_session}"
+        else:
+            # 5.0: Clean Start says whether a session resumes, the expiry
+            # how long it outlives the connection.
+            session = f"clean start {packet.clean_session}, session expiry {self.session_expiry}s"
         log.info(
             "client {client_id} connected from {peer} (MQTT {version},"
-            " clean session {clean}, keepalive {keepalive}s, user {username})",
+            " {session}, keepalive {keepalive}s, user {username})",
             client_id=self.log_id,
             peer=self.peer,
             username=printable(self.username),
             version=P.VERSION_NAMES[level],
-            clean=packet.clean_session,
+            session=session,
             keepalive=packet.keepalive,
         )
 
@@ -990,7 +996,7 @@ class MQTTServerProtocol(MQTTConnection):
             expiry = (packet.properties or {}).get("session_expiry_interval")
             if expiry is not None and expiry != self.session_expiry:
                 if self.session_expiry == 0:
-                    # [MQTT-3.14.2-2]
+                    # 3.14.2.2.2: a Protocol Error; the session ends as CONNECT said.
                     return self.protocol_error(
                         "DISCONNECT sets a session expiry where CONNECT set none"
                     )
