@@ -1800,12 +1800,83 @@ def test_MQTT_3_1_2_8_will_delay_with_session_expiry_0_publishes_at_once(broker)
     assert payloads(watcher.received()) == [b"gone"]
 
 
-def test_MQTT_3_1_2_8_clean_start_reconnection_within_the_delay_sends_the_will(broker):
-    """MQTT-3.1.2-8: a new connection with Clean Start 1 ends the session."""
+def test_MQTT_3_1_2_8_clean_start_reconnection_within_the_delay_sends_no_will(broker):
+    """MQTT-3.1.2-8: a new Network Connection for the Client Identifier
+    within the delay, even one that starts a new session (Clean Start 1,
+    which ends the old one), means no will."""
     watcher = subscribed(broker, "w", ("will", options(0)))
     client = _will_client(broker, delay=30, expiry=60)
     client.lose_connection()
+    broker.clock.advance(10)
+    again = connected(broker, "c", clean_start=True)
+    assert again.connack.session_present is False
+    broker.clock.advance(100)
+    assert watcher.received() == []
+
+
+@pytest.mark.parametrize("clean_start", [True, False])
+@pytest.mark.parametrize("expiry", [0, 60])
+def test_MQTT_3_1_2_8_takeover_within_the_delay_sends_no_will(broker, clean_start, expiry):
+    """MQTT-3.1.2-8, MQTT-3.1.4-3: a connection taken over by a new one for
+    its Client Identifier is closed; the new connection came before the
+    Will Delay Interval could pass, so its will is not sent, whether the
+    session goes on or not."""
+    watcher = subscribed(broker, "w", ("will", options(0)))
+    first = _will_client(broker, delay=5, expiry=expiry)
+    second = connected(broker, "c", clean_start=clean_start, properties={"session_expiry_interval": 60})
+    assert disconnect_of(first).reason_code == R.SESSION_TAKEN_OVER
+    assert second.connack.session_present is (not clean_start and expiry > 0)
+    broker.clock.advance(100)
+    assert watcher.received() == []
+
+
+def test_MQTT_3_1_2_8_takeover_without_a_delay_sends_the_will_when_the_session_ends(broker):
+    """MQTT-3.1.2-8, MQTT-3.1.4-3: with no delay, a session that ends at
+    the takeover (Clean Start 1) publishes the will of the connection it
+    closed; one that goes on (Clean Start 0) does not."""
+    watcher = subscribed(broker, "w", ("will", options(0)))
+    _will_client(broker, expiry=60)
+    connected(broker, "c", clean_start=False, properties={"session_expiry_interval": 60})
+    assert watcher.received() == []
+    _will_client(broker, expiry=60)
     connected(broker, "c", clean_start=True)
+    assert payloads(watcher.received()) == [b"gone"]
+
+
+def test_MQTT_3_1_2_8_a_311_connection_within_the_delay_sends_no_will(broker):
+    """MQTT-3.1.2-8: a new connection for the Client Identifier in any
+    protocol version comes within the delay."""
+    watcher = subscribed(broker, "w", ("will", options(0)))
+    client = _will_client(broker, delay=30, expiry=60)
+    client.lose_connection()
+    broker.clock.advance(10)
+    connected311(broker, "c", clean_session=True)
+    broker.clock.advance(100)
+    assert watcher.received() == []
+
+
+def test_MQTT_3_1_2_8_a_refused_connect_does_not_cancel_the_will():
+    """MQTT-3.1.2-8: only a connection the server accepts counts as the
+    client's: a CONNECT refused for its credentials leaves the will to
+    its delay (else anyone could silence another client's will)."""
+    broker = FakeBroker(passwords={"u": "right"})
+    watcher = broker.client(connect5("w", username="u", password=b"right"))
+    watcher.received()
+    subscribe(watcher, ("will", options(0)))
+    client = broker.client(
+        connect5(
+            "c", username="u", password=b"right",
+            properties={"session_expiry_interval": 60},
+            will_topic="will", will_message=b"gone", will_qos=1,
+            will_properties={"will_delay_interval": 5},
+        )
+    )
+    assert client.received()[0].return_code == R.SUCCESS
+    client.lose_connection()
+    intruder = broker.client(connect5("c", username="u", password=b"wrong"))
+    broker.clock.advance(1)
+    assert decode5(raw(intruder))[0].return_code == R.BAD_USER_NAME_OR_PASSWORD
+    broker.clock.advance(10)
     assert payloads(watcher.received()) == [b"gone"]
 
 
