@@ -15,6 +15,10 @@ from mqttgw.wire import reasons as R
 from mqttgw.wire.framing import Framer
 
 NEVER = 0xFFFFFFFF
+# The smallest CONNACK a default broker accepts with (Receive Maximum and
+# Maximum Packet Size, the limits it holds the client to): a client that
+# takes less is closed without one ([MQTT-3.1.2-24]).
+SMALLEST_CONNACK = 13
 
 
 # Helpers
@@ -697,6 +701,67 @@ def test_MQTT_3_2_2_19_connack_reason_string_left_out_beyond_the_clients_maximum
     assert "reason_string" not in connack.properties
 
 
+def test_MQTT_3_1_2_24_connack_leaves_out_optional_properties_to_fit():
+    """MQTT-3.1.2-24, MQTT-3.2.2-19, MQTT-3.2.2-18: the CONNACK drops
+    Response Information, then Topic Alias Maximum (and the client may
+    then use no alias); the limits the client is held to stay."""
+    broker = FakeBroker(response_information="replies/%c")
+    asked = {"request_response_information": 1}
+    full = connected(broker, "full", properties=asked)
+    assert "response_information" in full.connack.properties
+    full_size = len(full.connack.encode())
+    roomy = connected(broker, "roomy", properties={**asked, "maximum_packet_size": full_size - 1})
+    assert "response_information" not in roomy.connack.properties
+    assert roomy.connack.properties["topic_alias_maximum"] == 10
+    assert len(roomy.connack.encode()) < full_size
+    tight = connected(broker, "tight", properties={**asked, "maximum_packet_size": SMALLEST_CONNACK})
+    assert len(tight.connack.encode()) <= SMALLEST_CONNACK
+    props = tight.connack.properties
+    assert props["receive_maximum"] == full.connack.properties["receive_maximum"]
+    assert props["maximum_packet_size"] == full.connack.properties["maximum_packet_size"]
+    assert "topic_alias_maximum" not in props and "response_information" not in props
+    tight.send(publish("t", b"x", topic_alias=1))
+    assert disconnect_of(tight).reason_code == R.TOPIC_ALIAS_INVALID
+
+
+@pytest.mark.parametrize(
+    "client_id, limit",
+    [("c", SMALLEST_CONNACK - 1), ("c", 2), ("", SMALLEST_CONNACK + 2)],
+    ids=["one-byte-short", "two-bytes", "assigned-id-does-not-fit"],
+)
+def test_MQTT_3_1_2_24_no_connack_when_the_smallest_does_not_fit(broker, client_id, limit):
+    """MQTT-3.1.2-24: a client whose Maximum Packet Size is below the
+    smallest CONNACK (an Assigned Client Identifier cannot be left out,
+    MQTT-3.2.2-16) is closed without one, and nothing changes for the
+    session it named: the connection holding it stays, its will unsent."""
+    watcher = subscribed(broker, "w", ("will", options(0)))
+    holder = None
+    if client_id:
+        holder = _will_client(broker, client_id, expiry=60)
+    client = broker.client(connect5(client_id, properties={"maximum_packet_size": limit}))
+    assert raw(client) == b""
+    assert client.closed
+    client.lose_connection()
+    assert broker.router.stats.connections_refused == 1
+    if holder is not None:
+        assert not holder.closed
+        assert broker.router.sessions[client_id].connection is holder.protocol
+    assert watcher.received() == []
+
+
+def test_MQTT_3_1_2_24_no_refusal_connack_when_it_does_not_fit(broker):
+    """MQTT-3.1.2-24, MQTT-3.2.2-19: a refusal's Reason String is left out;
+    if even its CONNACK without properties (5 bytes) is too large, the
+    connection closes without one."""
+    refused = {"authentication_method": "nope"}
+    fits = broker.client(connect5("a", properties={**refused, "maximum_packet_size": 5}))
+    [connack] = decode5(raw(fits))
+    assert connack.return_code == R.BAD_AUTHENTICATION_METHOD and connack.properties == {}
+    too_small = broker.client(connect5("b", properties={**refused, "maximum_packet_size": 4}))
+    assert raw(too_small) == b""
+    assert too_small.closed
+
+
 def test_MQTT_3_1_4_3_session_taken_over_gets_disconnect_0x8E(broker):
     """MQTT-3.1.4-3, MQTT-3.14.2-1, MQTT-3.14.2-2, MQTT-3.14.4-2."""
     first = connected(broker, "c")
@@ -1116,10 +1181,10 @@ def test_MQTT_3_1_2_29_disconnect_may_carry_a_reason_string_all_the_same(broker)
 def test_MQTT_3_4_2_2_puback_reason_string_left_out_beyond_the_clients_maximum():
     """MQTT-3.4.2-2, MQTT-3.4.2-3, MQTT-3.5.2-2, MQTT-3.5.2-3, MQTT-3.1.2-24."""
     broker = FakeBroker(acl=["topic readwrite open/#"])
-    client = connected(broker, "c", properties={"maximum_packet_size": 8})
+    client = connected(broker, "c", properties={"maximum_packet_size": SMALLEST_CONNACK})
     client.send(publish("closed/x", b"x", 1, 1), publish("closed/y", b"y", 2, 2))
     data = raw(client)
-    assert all(len(frame) <= 8 for frame in frames(data))
+    assert all(len(frame) <= SMALLEST_CONNACK for frame in frames(data))
     puback, pubrec = decode5(data)
     assert puback.reason_code == pubrec.reason_code == R.NOT_AUTHORIZED
 
@@ -1127,22 +1192,24 @@ def test_MQTT_3_4_2_2_puback_reason_string_left_out_beyond_the_clients_maximum()
 def test_MQTT_3_9_2_1_suback_reason_string_left_out_beyond_the_clients_maximum():
     """MQTT-3.9.2-1, MQTT-3.9.2-2."""
     broker = FakeBroker(acl=["topic readwrite open/#"])
-    client = connected(broker, "c", properties={"maximum_packet_size": 10})
+    client = connected(broker, "c", properties={"maximum_packet_size": SMALLEST_CONNACK})
     client.send(P.Subscribe(1, [("closed/#", 0)], {}))
     data = raw(client)
-    assert all(len(frame) <= 10 for frame in frames(data))
+    assert all(len(frame) <= SMALLEST_CONNACK for frame in frames(data))
     [suback] = decode5(data)
     assert suback.granted_qos == [R.NOT_AUTHORIZED]
 
 
 def test_MQTT_3_14_2_3_disconnect_reason_string_left_out_beyond_the_clients_maximum(broker):
     """MQTT-3.14.2-3, MQTT-3.14.2-4."""
-    client = connected(broker, "c", properties={"maximum_packet_size": 8})
+    client = connected(broker, "c", properties={"maximum_packet_size": SMALLEST_CONNACK})
     client.send(publish("", b"x", topic_alias=2))
     data = raw(client)
-    assert all(len(frame) <= 8 for frame in frames(data))
+    assert all(len(frame) <= SMALLEST_CONNACK for frame in frames(data))
     [disconnect] = decode5(data)
-    assert disconnect.reason_code == R.PROTOCOL_ERROR
+    # Its CONNACK, that small, had no room for a Topic Alias Maximum: so
+    # no alias is valid ([MQTT-3.2.2-18]).
+    assert disconnect.reason_code == R.TOPIC_ALIAS_INVALID
     assert client.closed
 
 

@@ -296,8 +296,8 @@ class MQTTServerProtocol(MQTTConnection):
         if self.protocol_level == P.MQTT_5:
             props = {"reason_string": reason[:200]}
             if self.v5 is not None:
-                self.write(self.v5.fit(P.Connack, reason_code, False, properties=props, exempt=True))
-            else:
+                props = self.v5.fit_connack(reason_code, props)
+            if props is not None:
                 self.write(P.Connack(reason_code, False, props).encode())
         else:
             self.write(P.Connack(R.CONNACK_V3.get(reason_code, P.CONNACK_NOT_AUTHORIZED)).encode())
@@ -518,6 +518,13 @@ class MQTTServerProtocol(MQTTConnection):
         if v5 is None:
             session, present = router.connect(client_id, packet.clean_session, will)
         else:
+            connack, keepalive = self._connack_properties(packet)
+            if auth_properties:
+                connack.update(auth_properties)
+            connack = v5.fit_connack(R.SUCCESS, connack)
+            if connack is None:
+                # Before the session is claimed: nothing changes for it.
+                return self._too_large_for_connack()
             will_props = packet.will_properties or {}
             session, present = router.connect(
                 client_id,
@@ -533,13 +540,10 @@ class MQTTServerProtocol(MQTTConnection):
                 session.may_read, self.max_delivery_rate, router, session, self.clock
             )
         self.state = CONNECTED
-        keepalive = packet.keepalive
         if v5 is None:
+            keepalive = packet.keepalive
             self.write(P.Connack(P.CONNACK_ACCEPTED, present and level == P.MQTT_311).encode())
         else:
-            connack, keepalive = self._connack_properties(packet)
-            if auth_properties:
-                connack.update(auth_properties)
             self.write(P.Connack(R.SUCCESS, present, connack).encode())
             if session.store is not None:
                 # Frames behind a store commit: aliases only on QoS 0 ones.
@@ -558,6 +562,21 @@ class MQTTServerProtocol(MQTTConnection):
             self._expiry = self.clock.callLater(
                 max(0.0, identity.expires - self.clock.seconds()), self._token_expired
             )
+
+    def _too_large_for_connack(self):
+        """
+        Not even the smallest CONNACK fits the client's Maximum Packet
+        Size: the connection closes without one ([MQTT-3.1.2-24]).
+        """
+        self.router.stats.connections_refused += 1
+        self.router.limited("CONNACK too large", log).info(
+            "closing connection of client {client_id} from {peer}: its maximum packet"
+            " size {size} is below the smallest CONNACK",
+            client_id=self.log_id,
+            peer=self.peer,
+            size=self.v5.max_packet_size,
+        )
+        self._close(publish_will=False, graceful=True)
 
     def _connack_properties(self, packet):
         """A 5.0 CONNACK's properties, and the keep alive the server takes."""
