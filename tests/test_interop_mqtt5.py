@@ -298,6 +298,41 @@ def test_paho5_session_with_expiry_interval_survives_a_gateway_restart(gateway_w
     assert back.nothing_more()
 
 
+@pytest.mark.parametrize("resume_expiry", [None, 60], ids=["resumed-without-expiry", "resumed-with-expiry"])
+def test_paho5_session_begun_with_clean_start_resumes_after_a_gateway_restart(
+    gateway_with, tmp_path, resume_expiry
+):
+    """[MQTT-3.1.2-5], [MQTT-3.1.2-23]: Clean Start 1 with an expiry makes a
+    new session that outlives its connection and a restart; resumed with
+    Clean Start 0, even without an expiry, it delivers what was queued."""
+    data = tmp_path / "data"
+    first = gateway_with("--data-dir", str(data))
+    port = first.port
+    keeper = client(
+        first, "fresh5", clean_session=True,
+        connect_properties=properties("CONNECT", SessionExpiryInterval=60),
+    )
+    assert keeper.subscribe("queued/#", 2) == [2]
+    keeper.drop()
+    pub = client(first, "pub")
+    sent = [("queued/1", b"at least once", 1), ("queued/2", b"exactly once", 2)]
+    for topic, payload, qos in sent:
+        pub.publish(topic, payload, qos)
+    pub.disconnect()
+    first.stop()
+
+    second = gateway_with("--data-dir", str(data), "--tcp", f"tcp:{port}:interface=127.0.0.1")
+    back = PahoClient(port, "fresh5", V5, clean_session=False)
+    resume = None
+    if resume_expiry is not None:
+        resume = properties("CONNECT", SessionExpiryInterval=resume_expiry)
+    assert back.connect(properties=resume).session_present
+    assert sorted((m.topic, m.payload, m.qos) for m in back.receive(len(sent))) == sent
+    assert back.nothing_more()
+    back.disconnect()
+    assert "Traceback" not in second.log()
+
+
 def test_paho5_session_without_expiry_interval_ends_with_the_connection(gateway):
     keeper = client(gateway, "brief", clean_session=False)
     keeper.subscribe("gone/#", 1)

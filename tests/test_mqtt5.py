@@ -15,6 +15,10 @@ from mqttgw.wire import reasons as R
 from mqttgw.wire.framing import Framer
 
 NEVER = 0xFFFFFFFF
+# The smallest CONNACK a default broker accepts with (Receive Maximum and
+# Maximum Packet Size, the limits it holds the client to): a client that
+# takes less is closed without one ([MQTT-3.1.2-24]).
+SMALLEST_CONNACK = 13
 
 
 # Helpers
@@ -326,6 +330,77 @@ def test_MQTT_3_1_2_23_session_expiry_is_kept_across_a_restart(tmp_path):
     assert kept.connack.session_present is True
 
 
+@pytest.mark.parametrize("restart", [False, True], ids=["running", "restarted"])
+@pytest.mark.parametrize("expiry", [0, 60], ids=["resumed-with-expiry-0", "resumed-with-expiry-60"])
+def test_MQTT_3_1_2_5_session_begun_with_clean_start_resumes_from_the_store(tmp_path, expiry, restart):
+    """MQTT-3.1.2-5, MQTT-3.1.2-23, MQTT-3.2.2-3: Clean Start 1 only says the
+    session is new; its expiry keeps it, queued in the store.  Resumed with
+    a Session Expiry Interval of 0, its messages are delivered all the
+    same, and it ends with that connection (MQTT-4.1.0-2)."""
+    broker = FakeBroker(store_dir=tmp_path)
+    client = subscribed(
+        broker, "c", ("q1", options(1)), ("q2", options(2)), clean_start=True,
+        properties={"session_expiry_interval": 60},
+    )
+    client.lose_connection()
+    publisher = connected(broker, "p")
+    publisher.send(publish("q1", b"one", 1, 1), publish("q2", b"two", 2, 2), P.Pubrel(2))
+    broker.commit()
+    if restart:
+        broker = broker.restart()
+        publisher = connected(broker, "p")
+    again = broker.client(
+        connect5("c", clean_start=False, properties={"session_expiry_interval": expiry})
+    )
+    # A QoS 2 delivery goes out once its packet id is on disk.
+    broker.commit()
+    packets = again.received()
+    assert not again.closed
+    assert packets[0].session_present is True
+    [one, two] = publishes(packets[1:])
+    assert (one.payload, one.qos, two.payload, two.qos) == (b"one", 1, b"two", 2)
+    again.send(P.Puback(one.message_id), P.Pubrec(two.message_id))
+    broker.commit()
+    assert again.received() == [P.Pubrel(two.message_id, 0, {})]
+    again.send(P.Pubcomp(two.message_id))
+    # While connected it is a session like any other.
+    publisher.send(publish("q1", b"live", 1, 3))
+    broker.commit()
+    assert payloads(again.received()) == [b"live"]
+    again.lose_connection()
+    broker.commit()
+    broker.clock.advance(30)
+    if expiry:
+        assert "c" in broker.router.sessions
+    else:
+        assert "c" not in broker.router.sessions
+        assert broker.router.stats.persistent_sessions == 0
+        # Nor does the store bring it back.
+        assert "c" not in broker.restart().router.sessions
+
+
+def test_MQTT_3_1_2_23_disconnect_with_expiry_0_ends_a_stored_session_with_messages_in_flight(tmp_path):
+    """MQTT-3.1.2-23, MQTT-4.1.0-2, 3.14.2.2.2: a DISCONNECT setting the
+    expiry to 0 ends a stored session holding deliveries in flight; its
+    unacknowledged QoS 1 shared-subscription message goes to another
+    member (4.8.2 allows it)."""
+    broker = FakeBroker(store_dir=tmp_path)
+    leaving = subscribed(
+        broker, "leaving", ("$share/g/t", options(1)), properties={"session_expiry_interval": 60}
+    )
+    publisher = connected(broker, "p")
+    publisher.send(publish("t", b"first", 1, 1))
+    broker.commit()
+    assert payloads(leaving.received()) == [b"first"]
+    staying = subscribed(broker, "staying", ("$share/g/t", options(1)))
+    leaving.send(P.Disconnect(R.NORMAL_DISCONNECTION, {"session_expiry_interval": 0}))
+    assert leaving.closed
+    assert payloads(staying.received()) == [b"first"]
+    assert "leaving" not in broker.router.sessions
+    broker.commit()
+    assert "leaving" not in broker.restart().router.sessions
+
+
 def test_MQTT_3_1_3_6_empty_client_id_is_assigned_a_unique_one(broker):
     """MQTT-3.1.3-6, MQTT-3.1.3-7, MQTT-3.2.2-16."""
     one = connected(broker, "", properties={"session_expiry_interval": 60})
@@ -624,6 +699,67 @@ def test_MQTT_3_2_2_19_connack_reason_string_left_out_beyond_the_clients_maximum
     [connack] = decode5(data)
     assert connack.return_code == R.BAD_AUTHENTICATION_METHOD
     assert "reason_string" not in connack.properties
+
+
+def test_MQTT_3_1_2_24_connack_leaves_out_optional_properties_to_fit():
+    """MQTT-3.1.2-24, MQTT-3.2.2-19, MQTT-3.2.2-18: the CONNACK drops
+    Response Information, then Topic Alias Maximum (and the client may
+    then use no alias); the limits the client is held to stay."""
+    broker = FakeBroker(response_information="replies/%c")
+    asked = {"request_response_information": 1}
+    full = connected(broker, "full", properties=asked)
+    assert "response_information" in full.connack.properties
+    full_size = len(full.connack.encode())
+    roomy = connected(broker, "roomy", properties={**asked, "maximum_packet_size": full_size - 1})
+    assert "response_information" not in roomy.connack.properties
+    assert roomy.connack.properties["topic_alias_maximum"] == 10
+    assert len(roomy.connack.encode()) < full_size
+    tight = connected(broker, "tight", properties={**asked, "maximum_packet_size": SMALLEST_CONNACK})
+    assert len(tight.connack.encode()) <= SMALLEST_CONNACK
+    props = tight.connack.properties
+    assert props["receive_maximum"] == full.connack.properties["receive_maximum"]
+    assert props["maximum_packet_size"] == full.connack.properties["maximum_packet_size"]
+    assert "topic_alias_maximum" not in props and "response_information" not in props
+    tight.send(publish("t", b"x", topic_alias=1))
+    assert disconnect_of(tight).reason_code == R.TOPIC_ALIAS_INVALID
+
+
+@pytest.mark.parametrize(
+    "client_id, limit",
+    [("c", SMALLEST_CONNACK - 1), ("c", 2), ("", SMALLEST_CONNACK + 2)],
+    ids=["one-byte-short", "two-bytes", "assigned-id-does-not-fit"],
+)
+def test_MQTT_3_1_2_24_no_connack_when_the_smallest_does_not_fit(broker, client_id, limit):
+    """MQTT-3.1.2-24: a client whose Maximum Packet Size is below the
+    smallest CONNACK (an Assigned Client Identifier cannot be left out,
+    MQTT-3.2.2-16) is closed without one, and nothing changes for the
+    session it named: the connection holding it stays, its will unsent."""
+    watcher = subscribed(broker, "w", ("will", options(0)))
+    holder = None
+    if client_id:
+        holder = _will_client(broker, client_id, expiry=60)
+    client = broker.client(connect5(client_id, properties={"maximum_packet_size": limit}))
+    assert raw(client) == b""
+    assert client.closed
+    client.lose_connection()
+    assert broker.router.stats.connections_refused == 1
+    if holder is not None:
+        assert not holder.closed
+        assert broker.router.sessions[client_id].connection is holder.protocol
+    assert watcher.received() == []
+
+
+def test_MQTT_3_1_2_24_no_refusal_connack_when_it_does_not_fit(broker):
+    """MQTT-3.1.2-24, MQTT-3.2.2-19: a refusal's Reason String is left out;
+    if even its CONNACK without properties (5 bytes) is too large, the
+    connection closes without one."""
+    refused = {"authentication_method": "nope"}
+    fits = broker.client(connect5("a", properties={**refused, "maximum_packet_size": 5}))
+    [connack] = decode5(raw(fits))
+    assert connack.return_code == R.BAD_AUTHENTICATION_METHOD and connack.properties == {}
+    too_small = broker.client(connect5("b", properties={**refused, "maximum_packet_size": 4}))
+    assert raw(too_small) == b""
+    assert too_small.closed
 
 
 def test_MQTT_3_1_4_3_session_taken_over_gets_disconnect_0x8E(broker):
@@ -1045,10 +1181,10 @@ def test_MQTT_3_1_2_29_disconnect_may_carry_a_reason_string_all_the_same(broker)
 def test_MQTT_3_4_2_2_puback_reason_string_left_out_beyond_the_clients_maximum():
     """MQTT-3.4.2-2, MQTT-3.4.2-3, MQTT-3.5.2-2, MQTT-3.5.2-3, MQTT-3.1.2-24."""
     broker = FakeBroker(acl=["topic readwrite open/#"])
-    client = connected(broker, "c", properties={"maximum_packet_size": 8})
+    client = connected(broker, "c", properties={"maximum_packet_size": SMALLEST_CONNACK})
     client.send(publish("closed/x", b"x", 1, 1), publish("closed/y", b"y", 2, 2))
     data = raw(client)
-    assert all(len(frame) <= 8 for frame in frames(data))
+    assert all(len(frame) <= SMALLEST_CONNACK for frame in frames(data))
     puback, pubrec = decode5(data)
     assert puback.reason_code == pubrec.reason_code == R.NOT_AUTHORIZED
 
@@ -1056,22 +1192,24 @@ def test_MQTT_3_4_2_2_puback_reason_string_left_out_beyond_the_clients_maximum()
 def test_MQTT_3_9_2_1_suback_reason_string_left_out_beyond_the_clients_maximum():
     """MQTT-3.9.2-1, MQTT-3.9.2-2."""
     broker = FakeBroker(acl=["topic readwrite open/#"])
-    client = connected(broker, "c", properties={"maximum_packet_size": 10})
+    client = connected(broker, "c", properties={"maximum_packet_size": SMALLEST_CONNACK})
     client.send(P.Subscribe(1, [("closed/#", 0)], {}))
     data = raw(client)
-    assert all(len(frame) <= 10 for frame in frames(data))
+    assert all(len(frame) <= SMALLEST_CONNACK for frame in frames(data))
     [suback] = decode5(data)
     assert suback.granted_qos == [R.NOT_AUTHORIZED]
 
 
 def test_MQTT_3_14_2_3_disconnect_reason_string_left_out_beyond_the_clients_maximum(broker):
     """MQTT-3.14.2-3, MQTT-3.14.2-4."""
-    client = connected(broker, "c", properties={"maximum_packet_size": 8})
+    client = connected(broker, "c", properties={"maximum_packet_size": SMALLEST_CONNACK})
     client.send(publish("", b"x", topic_alias=2))
     data = raw(client)
-    assert all(len(frame) <= 8 for frame in frames(data))
+    assert all(len(frame) <= SMALLEST_CONNACK for frame in frames(data))
     [disconnect] = decode5(data)
-    assert disconnect.reason_code == R.PROTOCOL_ERROR
+    # Its CONNACK, that small, had no room for a Topic Alias Maximum: so
+    # no alias is valid ([MQTT-3.2.2-18]).
+    assert disconnect.reason_code == R.TOPIC_ALIAS_INVALID
     assert client.closed
 
 
@@ -1729,12 +1867,83 @@ def test_MQTT_3_1_2_8_will_delay_with_session_expiry_0_publishes_at_once(broker)
     assert payloads(watcher.received()) == [b"gone"]
 
 
-def test_MQTT_3_1_2_8_clean_start_reconnection_within_the_delay_sends_the_will(broker):
-    """MQTT-3.1.2-8: a new connection with Clean Start 1 ends the session."""
+def test_MQTT_3_1_2_8_clean_start_reconnection_within_the_delay_sends_no_will(broker):
+    """MQTT-3.1.2-8: a new Network Connection for the Client Identifier
+    within the delay, even one that starts a new session (Clean Start 1,
+    which ends the old one), means no will."""
     watcher = subscribed(broker, "w", ("will", options(0)))
     client = _will_client(broker, delay=30, expiry=60)
     client.lose_connection()
+    broker.clock.advance(10)
+    again = connected(broker, "c", clean_start=True)
+    assert again.connack.session_present is False
+    broker.clock.advance(100)
+    assert watcher.received() == []
+
+
+@pytest.mark.parametrize("clean_start", [True, False])
+@pytest.mark.parametrize("expiry", [0, 60])
+def test_MQTT_3_1_2_8_takeover_within_the_delay_sends_no_will(broker, clean_start, expiry):
+    """MQTT-3.1.2-8, MQTT-3.1.4-3: a connection taken over by a new one for
+    its Client Identifier is closed; the new connection came before the
+    Will Delay Interval could pass, so its will is not sent, whether the
+    session goes on or not."""
+    watcher = subscribed(broker, "w", ("will", options(0)))
+    first = _will_client(broker, delay=5, expiry=expiry)
+    second = connected(broker, "c", clean_start=clean_start, properties={"session_expiry_interval": 60})
+    assert disconnect_of(first).reason_code == R.SESSION_TAKEN_OVER
+    assert second.connack.session_present is (not clean_start and expiry > 0)
+    broker.clock.advance(100)
+    assert watcher.received() == []
+
+
+def test_MQTT_3_1_2_8_takeover_without_a_delay_sends_the_will_when_the_session_ends(broker):
+    """MQTT-3.1.2-8, MQTT-3.1.4-3: with no delay, a session that ends at
+    the takeover (Clean Start 1) publishes the will of the connection it
+    closed; one that goes on (Clean Start 0) does not."""
+    watcher = subscribed(broker, "w", ("will", options(0)))
+    _will_client(broker, expiry=60)
+    connected(broker, "c", clean_start=False, properties={"session_expiry_interval": 60})
+    assert watcher.received() == []
+    _will_client(broker, expiry=60)
     connected(broker, "c", clean_start=True)
+    assert payloads(watcher.received()) == [b"gone"]
+
+
+def test_MQTT_3_1_2_8_a_311_connection_within_the_delay_sends_no_will(broker):
+    """MQTT-3.1.2-8: a new connection for the Client Identifier in any
+    protocol version comes within the delay."""
+    watcher = subscribed(broker, "w", ("will", options(0)))
+    client = _will_client(broker, delay=30, expiry=60)
+    client.lose_connection()
+    broker.clock.advance(10)
+    connected311(broker, "c", clean_session=True)
+    broker.clock.advance(100)
+    assert watcher.received() == []
+
+
+def test_MQTT_3_1_2_8_a_refused_connect_does_not_cancel_the_will():
+    """MQTT-3.1.2-8: only a connection the server accepts counts as the
+    client's: a CONNECT refused for its credentials leaves the will to
+    its delay (else anyone could silence another client's will)."""
+    broker = FakeBroker(passwords={"u": "right"})
+    watcher = broker.client(connect5("w", username="u", password=b"right"))
+    watcher.received()
+    subscribe(watcher, ("will", options(0)))
+    client = broker.client(
+        connect5(
+            "c", username="u", password=b"right",
+            properties={"session_expiry_interval": 60},
+            will_topic="will", will_message=b"gone", will_qos=1,
+            will_properties={"will_delay_interval": 5},
+        )
+    )
+    assert client.received()[0].return_code == R.SUCCESS
+    client.lose_connection()
+    intruder = broker.client(connect5("c", username="u", password=b"wrong"))
+    broker.clock.advance(1)
+    assert decode5(raw(intruder))[0].return_code == R.BAD_USER_NAME_OR_PASSWORD
+    broker.clock.advance(10)
     assert payloads(watcher.received()) == [b"gone"]
 
 

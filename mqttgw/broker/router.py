@@ -153,18 +153,22 @@ class Router:
             )
             # A persistent session resumed by its own client is a
             # reconnection, not a failure: its will is published only when
-            # a clean session is involved on either side.
-            old.taken_over(publish_will=clean_start or session.clean_session)
+            # a clean session is involved on either side, and never when
+            # it has a delay, which this new connection comes within.
+            old.taken_over(
+                publish_will=not session.will_delay and (clean_start or session.clean_session)
+            )
             session = self.sessions.get(client_id)
         present = False
         if session is not None:
+            # A new connection for the client id within its will's delay:
+            # the will is not sent, whether or not this connection resumes
+            # the session ([MQTT-3.1.2-8]); nor does the session expire.
+            session.cancel_timers()
             if clean_start or session.clean_session:
-                # It ends: a will waiting for its delay goes now.
-                self._end_session(session)
+                self._discard(session)
                 session = None
             else:
-                # Back before its will's delay or its expiry: neither happens.
-                session.cancel_timers()
                 present = True
                 if clean_session:
                     # Resumed by a 5.0 client that keeps it no longer.
@@ -205,7 +209,7 @@ class Router:
         """A persistent session becomes one that ends with its connection."""
         if session.store is not None:
             session.store.delete_session(session.client_id)
-            session.store = None
+            session.leave_store()
         session.clean_session = True
         stats = self.stats
         stats.persistent_sessions -= 1

@@ -172,6 +172,9 @@ class Session:
         # The gateway's own session, not a client's: not listed or counted
         # as one, never expired, and its traffic is a bridge's.
         self.internal = client_id.startswith(INTERNAL_PREFIX)
+        # Whether the session ends with its connection: 3.1.1's Clean
+        # Session, or a 5.0 Session Expiry Interval of 0 (whatever its
+        # Clean Start said, which only decides whether a session resumes).
         self.clean_session = clean_session
         self.clock = clock
         self.limits = limits
@@ -322,6 +325,22 @@ class Session:
             self._stats.queued_bytes -= size
             self._stats.stored_messages -= len(self._queue0)
             self._queue0 = _EMPTY
+
+    def leave_store(self):
+        """
+        The session no longer outlives its connection (a 5.0 client
+        resumed it, or ended it, with a Session Expiry Interval of 0): what
+        it holds stays in memory only, to be delivered while the
+        connection lasts, and its rows go with the store's session.
+        """
+        self.store = None
+        self._dup_through = 0
+        for flight in self.inflight.values():
+            flight.seq = None
+        for name in ("_queue", "_backlog"):
+            queue = getattr(self, name)
+            if queue:
+                setattr(self, name, deque((m, q, r, None, g) for m, q, r, _, g in queue))
 
     def cancel_timers(self):
         """Its expiry and its will's delay stop (it is back, or it ends)."""

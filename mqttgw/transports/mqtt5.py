@@ -7,6 +7,7 @@ the session calls as its encoder.
 
 from mqttgw.wire import reasons as R
 from mqttgw.wire.framing import ProtocolViolation
+from mqttgw.wire.packets import Connack
 from mqttgw.wire.printable import printable
 from mqttgw.wire.properties import message_properties, problem_properties
 
@@ -18,6 +19,20 @@ def check_response_topic(properties):
         raise ProtocolViolation(
             f"response topic {printable(topic)!r} is not a topic name", R.PROTOCOL_ERROR
         )
+
+
+# What a CONNACK leaves out, a group at a time in this order, when it would
+# be larger than the client's Maximum Packet Size ([MQTT-3.1.2-24]): the
+# Reason String and User Properties ([MQTT-3.2.2-19], [MQTT-3.2.2-20]),
+# Response Information (a server may always send none), then Topic Alias
+# Maximum (absent, the client sends no aliases, and the server takes none).
+# The rest state limits the server holds the client to, or what the client
+# must learn (an assigned client id, the authentication method): they stay.
+CONNACK_OPTIONAL = (
+    ("reason_string", "user_property"),
+    ("response_information",),
+    ("topic_alias_maximum",),
+)
 
 
 class Connection5:
@@ -116,6 +131,25 @@ class Connection5:
                 del self.aliases_out[message.topic]
             return None
         return frame
+
+    def fit_connack(self, reason_code, properties):
+        """
+        The CONNACK properties that fit the client's Maximum Packet Size,
+        or None when not even the CONNACK without its optional ones does:
+        then none is sent ([MQTT-3.1.2-24]).  Without Topic Alias Maximum
+        the client may use no aliases.
+        """
+        limit = self.max_packet_size
+        if limit is None:
+            return properties
+        for optional in (None,) + CONNACK_OPTIONAL:
+            if optional is not None:
+                properties = {k: v for k, v in properties.items() if k not in optional}
+            if len(Connack(reason_code, False, properties).encode()) <= limit:
+                if "topic_alias_maximum" not in properties:
+                    self.alias_maximum_in = 0
+                return properties
+        return None
 
     def fit(self, packet_class, *args, properties=None, exempt=False):
         """

@@ -307,8 +307,8 @@ class MQTTServerProtocol(MQTTConnection):
         if self.protocol_level == P.MQTT_5:
             props = {"reason_string": reason[:200]}
             if self.v5 is not None:
-                self.write(self.v5.fit(P.Connack, reason_code, False, properties=props, exempt=True))
-            else:
+                props = self.v5.fit_connack(reason_code, props)
+            if props is not None:
                 self.write(P.Connack(reason_code, False, props).encode())
         else:
             self.write(P.Connack(R.CONNACK_V3.get(reason_code, P.CONNACK_NOT_AUTHORIZED)).encode())
@@ -566,6 +566,13 @@ class MQTTServerProtocol(MQTTConnection):
         if v5 is None:
             session, present = router.connect(client_id, packet.clean_session, will, owner=owner)
         else:
+            connack, keepalive = self._connack_properties(packet)
+            if auth_properties:
+                connack.update(auth_properties)
+            connack = v5.fit_connack(R.SUCCESS, connack)
+            if connack is None:
+                # Before the session is claimed: nothing changes for it.
+                return self._too_large_for_connack()
             will_props = packet.will_properties or {}
             session, present = router.connect(
                 client_id,
@@ -582,13 +589,10 @@ class MQTTServerProtocol(MQTTConnection):
                 session.may_read, self.max_delivery_rate, router, session, self.clock
             )
         self.state = CONNECTED
-        keepalive = packet.keepalive
         if v5 is None:
+            keepalive = packet.keepalive
             self.write(P.Connack(P.CONNACK_ACCEPTED, present and level == P.MQTT_311).encode())
         else:
-            connack, keepalive = self._connack_properties(packet)
-            if auth_properties:
-                connack.update(auth_properties)
             self.write(P.Connack(R.SUCCESS, present, connack).encode())
             if session.store is not None:
                 # Frames behind a store commit: aliases only on QoS 0 ones.
@@ -607,6 +611,21 @@ class MQTTServerProtocol(MQTTConnection):
             self._expiry = self.clock.callLater(
                 max(0.0, identity.expires - self.clock.seconds()), self._token_expired
             )
+
+    def _too_large_for_connack(self):
+        """
+        Not even the smallest CONNACK fits the client's Maximum Packet
+        Size: the connection closes without one ([MQTT-3.1.2-24]).
+        """
+        self.router.stats.connections_refused += 1
+        self.router.limited("CONNACK too large", log).info(
+            "closing connection of client {client_id} from {peer}: its maximum packet"
+            " size {size} is below the smallest CONNACK",
+            client_id=self.log_id,
+            peer=self.peer,
+            size=self.v5.max_packet_size,
+        )
+        self._close(publish_will=False, graceful=True)
 
     def _connack_properties(self, packet):
         """A 5.0 CONNACK's properties, and the keep alive the server takes."""
@@ -651,14 +670,20 @@ class MQTTServerProtocol(MQTTConnection):
 
     def _log_connected(self, packet):
         level = self.protocol_level
+        if self.v5 is None:
+            session = f"clean session {packet.clean_session}"
+        else:
+            # 5.0: Clean Start says whether a session resumes, the expiry
+            # how long it outlives the connection.
+            session = f"clean start {packet.clean_session}, session expiry {self.session_expiry}s"
         log.info(
             "client {client_id} connected from {peer} (MQTT {version},"
-            " clean session {clean}, keepalive {keepalive}s, user {username})",
+            " {session}, keepalive {keepalive}s, user {username})",
             client_id=self.log_id,
             peer=self.peer,
             username=printable(self.username),
             version=P.VERSION_NAMES[level],
-            clean=packet.clean_session,
+            session=session,
             keepalive=packet.keepalive,
         )
 
@@ -1039,7 +1064,7 @@ class MQTTServerProtocol(MQTTConnection):
             expiry = (packet.properties or {}).get("session_expiry_interval")
             if expiry is not None and expiry != self.session_expiry:
                 if self.session_expiry == 0:
-                    # [MQTT-3.14.2-2]
+                    # 3.14.2.2.2: a Protocol Error; the session ends as CONNECT said.
                     return self.protocol_error(
                         "DISCONNECT sets a session expiry where CONNECT set none"
                     )
