@@ -13,7 +13,7 @@ UNIT_MODULES = {
     "test_build", "test_framing", "test_framing5", "test_topics", "test_protocol", "test_mqtt5",
     "test_mqtt5_bounds", "test_bridge_backoff", "test_bridge_mqtt5", "test_bridge_counters",
     "test_bridge_relay", "test_total_queue_bound", "test_enhanced_auth", "test_websocket_frames",
-    "test_store",
+    "test_store", "test_session_flags", "test_session_owner",
 }
 
 
