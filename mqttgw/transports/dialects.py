@@ -281,16 +281,17 @@ class V5(V3, Connection5):
             raise ProtocolViolation(f"PUBLISH at QoS {qos} exceeds max_qos", R.QOS_NOT_SUPPORTED)
         if packet.retain and not protocol.limits.retain_available:
             raise ProtocolViolation("retained PUBLISH: retain_available is off", R.RETAIN_NOT_SUPPORTED)
-        if (
-            qos
-            and protocol.unacknowledged() >= self.receive_maximum
-            and packet.message_id not in protocol.session.awaiting_pubrel
-        ):
-            # [MQTT-3.3.4-9]
-            raise ProtocolViolation(
-                f"more than {self.receive_maximum} QoS 1/2 publishes unacknowledged",
-                R.RECEIVE_MAXIMUM_EXCEEDED,
-            )
+        if qos:
+            # The client's QoS 1/2 publishes not yet completed.
+            session = protocol.session
+            acks = protocol.ordered_acks
+            waiting = len(session.awaiting_pubrel) + (acks.waiting if acks else 0)
+            if waiting >= self.receive_maximum and packet.message_id not in session.awaiting_pubrel:
+                # [MQTT-3.3.4-9]
+                raise ProtocolViolation(
+                    f"more than {self.receive_maximum} QoS 1/2 publishes unacknowledged",
+                    R.RECEIVE_MAXIMUM_EXCEEDED,
+                )
 
     def ack(self, packet_class, mid, reason_code, reason=None):
         """An acknowledgement with a reason code (and why, if asked)."""

@@ -93,7 +93,10 @@ class MQTTServerProtocol(Login, Handshake, Publishing, Subscribing, MQTTConnecti
 
     __slots__ = (
         "session", "client_id", "keepalive", "username",
-        "identity", "_acks", "_denied_topics", "_may_write", "_reserved",
+        "identity", "_denied_topics", "_may_write", "_reserved",
+        # Acks waiting, in order, behind a store commit (OrderedAcks), once
+        # some have.
+        "ordered_acks",
         # What the client's protocol version says and does (see dialects),
         # chosen at CONNECT.
         "dialect",
@@ -138,7 +141,7 @@ class MQTTServerProtocol(Login, Handshake, Publishing, Subscribing, MQTTConnecti
         self._auth = None
         self.max_delivery_rate = 0
         self._login = None
-        self._acks = None
+        self.ordered_acks = None
         self._denied_topics = None
         # A cached ACL check of what the client may publish, or None: then
         # only the reserved topics are checked (see _write_allowed).

@@ -34,11 +34,6 @@ class Publishing:
         self.dialect.check_publish(packet, self)
         return self.handle_PUBLISH(packet)
 
-    def unacknowledged(self):
-        """How many of the client's QoS 1/2 publishes are not yet completed."""
-        acks = self._acks
-        return len(self.session.awaiting_pubrel) + (acks.waiting if acks else 0)
-
     def handle_PUBLISH(self, packet):
         topic = packet.topic
         if not topic or "+" in topic or "#" in topic or "\x00" in topic:
@@ -141,7 +136,7 @@ class Publishing:
             self._acknowledge(ack, False)
 
     def _acknowledge(self, ack, durable, held=None):
-        acks = self._acks
+        acks = self.ordered_acks
         if not durable and (acks is None or not acks.queue):
             # Nothing to wait for, and nothing waiting before it: written
             # now, without the queue's calls (most acks, on the hot path).
@@ -149,7 +144,7 @@ class Publishing:
                 self.write(ack)
             return
         if acks is None:
-            acks = self._acks = OrderedAcks(self.router.store, self._write_if_connected)
+            acks = self.ordered_acks = OrderedAcks(self.router.store, self._write_if_connected)
             acks.on_failure = self._store_failed
         acks.send(ack, durable, held)
 
