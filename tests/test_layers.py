@@ -75,3 +75,28 @@ def test_every_module_imports_first_in_a_fresh_interpreter():
     run = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     assert int(run.stdout) == len(names) > 40
+
+
+# Packages held to the size bounds below.  broker/ and bridges/ join when
+# their classes are split.
+SIZE_BOUNDED = ["transports"]
+# Modules of those packages not yet split, with what is left over.
+SIZE_EXEMPT = {"mqttgw/transports/websocket.py"}  # its 112-line frame parser
+MAX_METHOD_LINES = 60
+MAX_CLASS_LINES = 400
+
+
+def test_no_method_over_60_lines_and_no_class_over_400():
+    over = []
+    for package in SIZE_BOUNDED:
+        for path in sorted((PACKAGE / package).glob("*.py")):
+            name = str(path.relative_to(REPO))
+            if name in SIZE_EXEMPT:
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    lines = node.end_lineno - node.lineno + 1
+                    limit = MAX_CLASS_LINES if isinstance(node, ast.ClassDef) else MAX_METHOD_LINES
+                    if lines > limit:
+                        over.append(f"{name}:{node.lineno} {node.name}: {lines} lines")
+    assert over == []

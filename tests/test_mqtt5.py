@@ -2347,9 +2347,10 @@ def test_MQTT_3_2_2_8_connack_reason_codes_come_from_the_connect_table():
         0x00, 0x80, 0x81, 0x82, 0x83, 0x84, 0x85, 0x86, 0x87, 0x88, 0x89, 0x8A, 0x8C,
         0x90, 0x95, 0x97, 0x99, 0x9A, 0x9B, 0x9C, 0x9D, 0x9F,
     }
-    tree = ast.parse((Path(protocol.__file__).parent / "protocol.py").read_text())
+    # Every module of the protocol's, wherever its refusals are.
+    trees = [ast.parse(path.read_text()) for path in sorted(Path(protocol.__file__).parent.glob("*.py"))]
     codes = set()
-    for node in ast.walk(tree):
+    for node in (node for tree in trees for node in ast.walk(tree)):
         if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "_refuse":
             for arg in ast.walk(node.args[0]):
                 if isinstance(arg, ast.Attribute) and isinstance(arg.value, ast.Name) and arg.value.id == "R":

@@ -12,19 +12,13 @@ from twisted.internet.protocol import Protocol
 from twisted.logger import Logger
 from zope.interface import implementer
 
+from mqttgw.transports.handshake import ANSWERING, AWAITING_CONNECT, CHALLENGED, CLOSED, CONNECTED, cancel
 from mqttgw.wire.framing import ProtocolViolation
 
 # The packets of a connection held before any was decoded.
 _NOTHING = ()
 
 log = Logger()
-
-# A connection's state: CONNECT not seen yet; CONNECT seen and its login
-# (or refusal) under way; connected; closed.
-AWAITING_CONNECT = "AWAITING_CONNECT"
-AUTHENTICATING = "AUTHENTICATING"
-CONNECTED = "CONNECTED"
-CLOSED = "CLOSED"
 
 # Output of one reactor turn is written at once past this many bytes, so
 # that a full socket pauses delivery (and reading) before more piles up.
@@ -42,7 +36,7 @@ class MQTTConnection(Protocol):
     __slots__ = (
         "transport", "connected", "router", "limits", "clock", "_flusher",
         "framer", "stats", "log_id", "state", "_host", "_last_received",
-        "_timer", "_backlog", "_work", "_held", "reading_paused",
+        "_close_grace", "_backlog", "_work", "_held", "reading_paused", "_handlers",
         "_output_full", "_awaiting_admission", "_out", "_out_size", "opening",
     )
     # Packets handled per reactor turn before the rest wait for the next.
@@ -56,8 +50,10 @@ class MQTTConnection(Protocol):
     FLUSH_EVERY = 8
     # Seconds a peer has to close its side after we closed ours.
     CLOSE_GRACE = 2.0
-    # Handlers by packet type, once connected and before (the subclass's).
-    _handlers = _before_connect = None
+    # Handlers by packet type (the subclass's): before CONNECT, and while
+    # CHALLENGED; once connected, ``_handlers``, those of the version the
+    # client speaks.
+    _before_connect = _challenged = None
 
     def __init__(self, router, limits, clock, flusher, framer):
         self.transport = None
@@ -72,7 +68,8 @@ class MQTTConnection(Protocol):
         self.state = AWAITING_CONNECT
         self._host = None
         self._last_received = 0.0
-        self._timer = None
+        self._close_grace = None
+        self._handlers = None
         self._backlog = None
         self._work = None
         # Data read while reading was paused (a list, once there is some).
@@ -179,6 +176,8 @@ class MQTTConnection(Protocol):
                     wait = self._handlers[packet.packet_type](self, packet)
                 elif state is AWAITING_CONNECT:
                     wait = self._before_connect[packet.packet_type](self, packet)
+                elif state is CHALLENGED:
+                    wait = self._challenged[packet.packet_type](self, packet)
                 else:
                     break
                 budget -= 1
@@ -192,7 +191,7 @@ class MQTTConnection(Protocol):
                     self._backlog = packets
                     self._pause_reading()
                     # After a login, its answer carries on.
-                    if self.state is not AUTHENTICATING:
+                    if self.state not in ANSWERING:
                         self.clock.callLater(0, self._next_turn)
                     break
             # Keepalive counts whole packets only: a peer dripping the bytes
@@ -349,13 +348,7 @@ class MQTTConnection(Protocol):
             transport.loseWriteConnection()
         else:
             transport.loseConnection()
-        self._timer = self.clock.callLater(self.CLOSE_GRACE, transport.abortConnection)
-
-
-    def _cancel_timer(self):
-        if self._timer is not None and self._timer.active():
-            self._timer.cancel()
-        self._timer = None
+        self._close_grace = self.clock.callLater(self.CLOSE_GRACE, transport.abortConnection)
 
 
     def pauseProducing(self):
@@ -384,12 +377,11 @@ class MQTTConnection(Protocol):
         if self.state is not CLOSED:
             self._lost(reason)
             self._closed(publish_will=True)
-        self._cancel_timer()
+        self._close_grace = cancel(self._close_grace)
 
     def _closed(self, publish_will):
         """What closing leaves behind, once, whichever side closed first."""
         self.state = CLOSED
-        self._cancel_timer()
         self._ended(publish_will)
 
     # What the subclass does at these moments.

@@ -9,7 +9,7 @@ from collections import deque
 
 from twisted.logger import Logger
 
-from mqttgw.transports.connection import AWAITING_CONNECT, CLOSED
+from mqttgw.transports.handshake import BEFORE_CONNACK, CLOSED
 
 log = Logger()
 
@@ -182,7 +182,7 @@ class ConnectDeadlines:
         self._closed += 1
         if self._closed > 64 and self._closed * 2 > self._held:
             for bucket in self._buckets:
-                bucket[2] = [c for c in bucket[2] if c.state is AWAITING_CONNECT]
+                bucket[2] = [c for c in bucket[2] if c.state in BEFORE_CONNACK]
             self._held = sum(len(bucket[2]) for bucket in self._buckets)
             self._closed = 0
 
@@ -206,7 +206,7 @@ class ConnectDeadlines:
             _, _, connections = buckets.popleft()
             self._held -= len(connections)
             for connection in connections:
-                if connection.state is AWAITING_CONNECT:
+                if connection.state in BEFORE_CONNACK:
                     try:
                         connection.connect_due()
                     except Exception:
