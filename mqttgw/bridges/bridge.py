@@ -21,7 +21,7 @@ from mqttgw.bridges.relay import Relay
 from mqttgw.bridges.settings import LEVEL_NAMES
 from mqttgw.bridges.versions import upstream_version
 from mqttgw.broker.session import INTERNAL_PREFIX, Pacer, SessionLimits
-from mqttgw.broker.store import OrderedAcks
+from mqttgw.broker.acks import OrderedAcks
 from mqttgw.broker.topics import matches
 from mqttgw.wire import packets as P
 from mqttgw.wire import reasons as R
