@@ -35,6 +35,7 @@ from mqttgw.broker.topics import (
     validate_topic_filter,
     validate_topic_name,
 )
+from mqttgw.schema import default
 from mqttgw.security.enhanced import Authenticated, Continue, Refused
 from mqttgw.security.identity import Identity, IIdentity
 from mqttgw.security.passwords import Busy
@@ -70,30 +71,34 @@ _NOBODY = Identity(None)
 
 @attr.s(frozen=True, slots=True)
 class ConnectionLimits:
-    """Per-connection bounds; see ``[limits]`` in the configuration."""
+    """
+    Per-connection bounds; see ``[limits]`` in the configuration.  The
+    defaults are the configuration's (mqttgw.schema), but for
+    max_connections, whose 0 the service resolves from the open-file limit.
+    """
 
-    max_packet_size = attr.ib(default=1024 * 1024)
+    max_packet_size = attr.ib(default=default("limits.max_packet_size"))
     # A CONNECT is small; until one arrives little is buffered.
-    max_connect_size = attr.ib(default=16 * 1024)
-    connect_timeout = attr.ib(default=10.0)
+    max_connect_size = attr.ib(default=default("limits.max_connect_size"))
+    connect_timeout = attr.ib(default=default("limits.connect_timeout"))
     max_connections = attr.ib(default=100_000)
     # MQTT 3.1.1 strings with control characters or non-characters close
     # the connection (the spec's MAY); off for fleets that send them.
-    reject_control_characters = attr.ib(default=True)
+    reject_control_characters = attr.ib(default=default("mqtt.reject_control_characters"))
     # MQTT 3.1 client ids over the spec's 23 characters (many libraries
     # generate longer ones).
-    allow_long_client_ids = attr.ib(default=False)
+    allow_long_client_ids = attr.ib(default=default("mqtt.allow_long_client_ids"))
     # Log each client's connect and disconnect (mosquitto's
     # connection_messages).
-    connection_messages = attr.ib(default=True)
+    connection_messages = attr.ib(default=default("log.connection_messages"))
     # What the server tells a 5.0 client in CONNACK (see [mqtt]).
-    max_topic_alias = attr.ib(default=10)
-    max_keepalive = attr.ib(default=65535)
-    retain_available = attr.ib(default=True)
-    wildcard_subscription_available = attr.ib(default=True)
-    subscription_identifier_available = attr.ib(default=True)
-    shared_subscription_available = attr.ib(default=True)
-    response_information = attr.ib(default="")
+    max_topic_alias = attr.ib(default=default("mqtt.max_topic_alias"))
+    max_keepalive = attr.ib(default=default("mqtt.max_keepalive"))
+    retain_available = attr.ib(default=default("mqtt.retain_available"))
+    wildcard_subscription_available = attr.ib(default=default("mqtt.wildcard_subscription_available"))
+    subscription_identifier_available = attr.ib(default=default("mqtt.subscription_identifier_available"))
+    shared_subscription_available = attr.ib(default=default("mqtt.shared_subscription_available"))
+    response_information = attr.ib(default=default("mqtt.response_information"))
 
 
 def _tls_reason(error):
@@ -505,7 +510,7 @@ class MQTTServerProtocol(MQTTConnection):
     def _welcome(self, packet, will):
         self._timer = None
         self._logged_in(packet, will)
-        if self._backlog is not None:
+        if self._packets_put_off is not None:
             # What arrived during the login is handled next.
             self.clock.callLater(0, self._next_turn)
 
@@ -1138,7 +1143,7 @@ class MQTTServerProtocol(MQTTConnection):
                 # The client's AUTH is read next (and nothing else may come
                 # before CONNACK, [MQTT-3.1.2-30]).
                 self.state = AWAITING_CONNECT
-                self._resume_backlog()
+                self._resume_packets_put_off()
             return
         if exchange.reauthenticating:
             if answer.username != self.username:
@@ -1154,7 +1159,7 @@ class MQTTServerProtocol(MQTTConnection):
         self.auth_method = exchange.method
         # CONNACK carries the method, and the last data if any ([MQTT-4.12.0-5]).
         self._logged_in(exchange.connect, exchange.will, props)
-        self._resume_backlog()
+        self._resume_packets_put_off()
 
     def _auth_refused(self, reason, exchange):
         self._auth = None
@@ -1174,8 +1179,8 @@ class MQTTServerProtocol(MQTTConnection):
         delay = self.factory.throttle.failed(address_key(self._host))
         self._timer = self.clock.callLater(delay, self._refuse, connack_refusal(code), why)
 
-    def _resume_backlog(self):
-        if self._backlog is not None:
+    def _resume_packets_put_off(self):
+        if self._packets_put_off is not None:
             self.clock.callLater(0, self._next_turn)
 
     def _auth_before_connack(self, packet):

@@ -124,7 +124,7 @@ class _Transport:
     def resumeProducing(self):
         below = self._websocket.transport
         # Input the WebSocket layer put off keeps reading paused too.
-        if below is not None and self._websocket._backlog is None:
+        if below is not None and self._websocket._reads_put_off is None:
             below.resumeProducing()
 
     def setTcpNoDelay(self, enabled):
@@ -196,9 +196,9 @@ class MQTTWebSocketProtocol(WebSocketServerProtocol):
 
     _frames = 0
     # Input put off to a later reactor turn, reading paused meanwhile: the
-    # buffers (the first one resumes at _backlog_at), or None.
-    _backlog = None
-    _backlog_at = 0
+    # buffers (the first one resumes at _reads_put_off_at), or None.
+    _reads_put_off = None
+    _reads_put_off_at = 0
     # A small frame the last read cut short, kept to be completed by the
     # next one rather than handed to autobahn (whose parser then takes
     # every frame after it, at several times the cost).
@@ -209,8 +209,8 @@ class MQTTWebSocketProtocol(WebSocketServerProtocol):
     _fragment = None
 
     def dataReceived(self, data):
-        if self._backlog is not None:
-            self._backlog.append(data)
+        if self._reads_put_off is not None:
+            self._reads_put_off.append(data)
             return
         partial = self._partial
         if partial is not None:
@@ -240,8 +240,8 @@ class MQTTWebSocketProtocol(WebSocketServerProtocol):
     def _put_off(self, data, at):
         # The offset, not a copy of the rest: a read of many tiny frames
         # would otherwise be copied again on every turn it takes.
-        self._backlog = [data]
-        self._backlog_at = at
+        self._reads_put_off = [data]
+        self._reads_put_off_at = at
         self.transport.pauseProducing()
         self.factory.mqtt_factory.clock.callLater(0, self._next_turn)
 
@@ -302,16 +302,16 @@ class MQTTWebSocketProtocol(WebSocketServerProtocol):
                 return
 
     def _next_turn(self):
-        backlog, self._backlog = self._backlog, None
+        reads, self._reads_put_off = self._reads_put_off, None
         if self.transport is None:
             return
-        data, at = backlog[0], self._backlog_at
-        if len(backlog) > 1:
+        data, at = reads[0], self._reads_put_off_at
+        if len(reads) > 1:
             # What was already on its way when reading paused.
-            data, at = b"".join([memoryview(data)[at:], *backlog[1:]]), 0
+            data, at = b"".join([memoryview(data)[at:], *reads[1:]]), 0
         self._take(data, at)
         mqtt = self._mqtt
-        if self._backlog is None and not (mqtt is not None and mqtt.reading_paused):
+        if self._reads_put_off is None and not (mqtt is not None and mqtt.reading_paused):
             self.transport.resumeProducing()
 
     def onFrameBegin(self):
