@@ -100,3 +100,110 @@ def check_table(keys, table, where):
                 raise ConfigError(f"{where}: {key.path} is required")
             values[key.name] = key.default
     return values
+
+
+def _by_path(keys):
+    return {key.path: key for key in keys}
+
+
+# The rows whose defaults a connection's bounds take
+# (transports.protocol.ConnectionLimits); service.config lists them in
+# its KEYS, where they are documented beside the others.
+CONNECTION_KEYS = _by_path([
+    Key(
+        "limits",
+        "max_packet_size",
+        int,
+        1024 * 1024,
+        "largest packet accepted, in bytes",
+        1,
+        268_435_460,
+    ),
+    Key(
+        "limits",
+        "max_connect_size",
+        int,
+        16 * 1024,
+        "largest CONNECT accepted, in bytes (little is buffered before it)",
+        16,
+        268_435_460,
+    ),
+    Key("limits", "connect_timeout", float, 10.0, "seconds to wait for CONNECT", 0.001),
+    Key(
+        "mqtt",
+        "max_topic_alias",
+        int,
+        10,
+        "topic aliases a 5.0 client may set up (0: none)",
+        0,
+        65535,
+    ),
+    Key(
+        "mqtt",
+        "max_keepalive",
+        int,
+        65535,
+        "longest keep alive (s) a 5.0 client may use; longer or none is answered with this",
+        0,
+        65535,
+    ),
+    Key("mqtt", "retain_available", bool, True, "accept retained messages (5.0 clients are told)"),
+    Key(
+        "mqtt",
+        "wildcard_subscription_available",
+        bool,
+        True,
+        "accept wildcard topic filters from 5.0 clients",
+    ),
+    Key(
+        "mqtt",
+        "subscription_identifier_available",
+        bool,
+        True,
+        "accept subscription identifiers from 5.0 clients",
+    ),
+    Key(
+        "mqtt",
+        "shared_subscription_available",
+        bool,
+        True,
+        "accept shared subscriptions ($share/GROUP/FILTER) from 5.0 clients",
+    ),
+    Key(
+        "mqtt",
+        "response_information",
+        str,
+        "",
+        "sent to a 5.0 client that asks for response information (%c: its client id); empty: none",
+    ),
+    Key(
+        "mqtt",
+        "reject_control_characters",
+        bool,
+        True,
+        "close MQTT 3.1.1 connections whose strings hold control characters or non-characters",
+        flag_name="allow-control-characters",
+        flag_help="accept control characters and non-characters in MQTT 3.1.1 strings",
+    ),
+    Key(
+        "log",
+        "connection_messages",
+        bool,
+        True,
+        "log each client's connect and disconnect (as mosquitto's connection_messages)",
+        flag_name="no-connection-messages",
+        flag_help="do not log each client's connect and disconnect",
+    ),
+    Key(
+        "mqtt",
+        "allow_long_client_ids",
+        bool,
+        False,
+        "accept MQTT 3.1 client ids longer than 23 characters",
+    ),
+])
+
+
+def default(path):
+    """The default of the setting at ``path`` (``section.name``) among the rows here."""
+    return CONNECTION_KEYS[path].default

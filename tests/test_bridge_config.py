@@ -3,7 +3,8 @@
 import attr
 import pytest
 
-from mqttgw.bridges.bridge import MQTTBridgeKind, Rule
+from mqttgw.bridges.bridge import MQTTBridgeKind
+from mqttgw.bridges.settings import Rule
 from mqttgw.service.config import ConfigError
 from tests.test_tap import parse, write
 
@@ -94,7 +95,7 @@ def test_duplicate_bridge_names_are_refused(tmp_path):
 
 
 def test_a_bridge_names_itself_in_log_lines_and_keeps_its_password_out():
-    from mqttgw.bridges.bridge import FailoverEndpoint
+    from mqttgw.bridges.endpoint import FailoverEndpoint
 
     options = parse("--bridge", "central:1883", "--bridge-topic", "sensors/# out 1")
     [(_, bridge)] = options.bridges

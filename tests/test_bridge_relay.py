@@ -6,7 +6,9 @@ first sends counted and archived, and nothing an out rule does not take.
 
 from types import SimpleNamespace
 
-from mqttgw.bridges.bridge import MQTTBridge, MQTTBridgeKind, _Relay
+from mqttgw.bridges.bridge import MQTTBridge, MQTTBridgeKind
+from mqttgw.bridges.relay import Relay
+from mqttgw.bridges.versions import upstream_version
 from mqttgw.wire import packets as P
 from mqttgw.wire.framing import Framer
 
@@ -35,8 +37,9 @@ def relay(*rules, recorder=None):
     bridge.settings = MQTTBridgeKind.check({"name": "up", "addresses": ["127.0.0.1:1"], "rules": list(rules)})
     bridge.router = SimpleNamespace(recorder=recorder)
     bridge.sent = 0
+    bridge.version = upstream_version(bridge.settings)
     upstream = Upstream()
-    return bridge, upstream, _Relay(bridge, upstream)
+    return bridge, upstream, Relay(bridge, upstream)
 
 
 def test_a_topic_kept_upstream_goes_on_as_it_was_framed():

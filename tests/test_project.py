@@ -43,7 +43,7 @@ def test_example_config_documents_every_pipeline_key_with_its_default():
 
 
 def test_example_config_documents_every_bridge_key():
-    from mqttgw.bridges.bridge import BRIDGE_KEYS
+    from mqttgw.bridges.settings import BRIDGE_KEYS
 
     text = (REPO / "deploy" / "mqttgw.toml").read_text()
     for key in BRIDGE_KEYS:

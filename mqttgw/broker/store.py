@@ -18,7 +18,6 @@ import queue
 import sqlite3
 import threading
 import time
-from collections import deque
 from functools import partial
 from pathlib import Path
 
@@ -26,7 +25,8 @@ import attr
 from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 
-from mqttgw.broker import writes
+from mqttgw.broker import sql, writes
+from mqttgw.broker.acks import Held, OrderedAcks  # noqa: F401 (still imported from here)
 from mqttgw.broker.record import (
     SUFFIX as RECORD_SUFFIX,
     Record,
@@ -36,16 +36,13 @@ from mqttgw.broker.record import (
     fsync_directory,
     new_id,
 )
+from mqttgw.broker.sql import SCHEMA_VERSION
 from mqttgw.wire.properties import PUBLISH, decode_properties
 
 log = Logger()
 
 DB_NAME = "mqttgw.db"
 LOCK_NAME = "mqttgw.lock"
-# 2: sessions.last_seen; 3: MQTT 5.0's session expiry, and message
-# properties and expiry; 4: sessions.sent_seq; 5: sessions.owner (older
-# stores are upgraded in place).
-SCHEMA_VERSION = 5
 
 # A commit takes about this long at most: batches are sized from the
 # measured cost per op.
@@ -67,50 +64,6 @@ DURABILITY = {
     "fsync": "FULL",  # power loss: every commit is fsynced
     "os": "NORMAL",  # a crash of the process: the OS holds what was written
 }
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS retained (
-    topic TEXT PRIMARY KEY, payload BLOB NOT NULL, qos INTEGER NOT NULL,
-    properties BLOB, expiry REAL);
-CREATE TABLE IF NOT EXISTS sessions (
-    client_id TEXT PRIMARY KEY, last_seen REAL, expiry_interval INTEGER,
-    sent_seq INTEGER, owner TEXT);
-CREATE TABLE IF NOT EXISTS subscriptions (
-    client_id TEXT NOT NULL, topic_filter TEXT NOT NULL, qos INTEGER NOT NULL,
-    PRIMARY KEY (client_id, topic_filter));
-CREATE TABLE IF NOT EXISTS deliveries (
-    client_id TEXT NOT NULL, seq INTEGER NOT NULL,
-    topic TEXT NOT NULL, payload BLOB NOT NULL, qos INTEGER NOT NULL,
-    retain INTEGER NOT NULL, message_id INTEGER, state INTEGER NOT NULL,
-    properties BLOB, expiry REAL,
-    PRIMARY KEY (client_id, seq));
-CREATE TABLE IF NOT EXISTS awaiting_pubrel (
-    client_id TEXT NOT NULL, message_id INTEGER NOT NULL,
-    PRIMARY KEY (client_id, message_id));
-"""
-
-
-# Columns added since version 1 (a table made new already has them).
-_ADDED_COLUMNS = [
-    ("sessions", "last_seen", "REAL"),
-    ("sessions", "expiry_interval", "INTEGER"),
-    ("retained", "properties", "BLOB"),
-    ("retained", "expiry", "REAL"),
-    ("deliveries", "properties", "BLOB"),
-    ("deliveries", "expiry", "REAL"),
-    ("sessions", "sent_seq", "INTEGER"),
-    # NULL in a session stored before: its first login claims it.
-    ("sessions", "owner", "TEXT"),
-]
-
-
-def _upgrade(db):
-    for table, column, type_ in _ADDED_COLUMNS:
-        columns = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
-        if column not in columns:
-            db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {type_}")
-
 
 class StoreError(Exception):
     """The store cannot be opened or read; the message names the file."""
@@ -309,18 +262,18 @@ class Store:
         db = None
         try:
             db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute(f"PRAGMA synchronous={self._synchronous}")
-            ok = db.execute("PRAGMA quick_check").fetchone()[0]
+            db.execute(sql.JOURNAL_WAL)
+            db.execute(sql.SYNCHRONOUS.format(self._synchronous))
+            ok = db.execute(sql.QUICK_CHECK).fetchone()[0]
             if ok != "ok":
                 raise sqlite3.DatabaseError(ok)
-            db.executescript(SCHEMA)
-            row = db.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+            db.executescript(sql.SCHEMA)
+            row = db.execute(sql.SCHEMA_READ).fetchone()
             if row is None:
-                db.execute("INSERT INTO meta VALUES ('schema', ?)", (SCHEMA_VERSION,))
+                db.execute(sql.SCHEMA_ADD, (SCHEMA_VERSION,))
             elif row[0] < SCHEMA_VERSION:
-                _upgrade(db)
-                db.execute("UPDATE meta SET value = ? WHERE key = 'schema'", (SCHEMA_VERSION,))
+                sql.upgrade(db)
+                db.execute(sql.SCHEMA_SET, (SCHEMA_VERSION,))
             elif row[0] != SCHEMA_VERSION:
                 raise StoreError(
                     f"store {self.path}: cannot be used: schema version {row[0]} is not {SCHEMA_VERSION}"
@@ -328,7 +281,7 @@ class Store:
             self._identify(db, recorded, warn)
             # The database file itself holds its identity, whatever becomes
             # of its -wal.
-            db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            db.execute(sql.CHECKPOINT)
             self._file_ids = (file_id(self.path), file_id(self._wal))
         except sqlite3.OperationalError as e:
             _close(db)
@@ -348,10 +301,10 @@ class Store:
 
     def _identify(self, db, recorded, warn):
         """The database's id and commits, checked against ``recorded``."""
-        meta = dict(db.execute("SELECT key, value FROM meta WHERE key IN ('id', 'commits')"))
+        meta = dict(db.execute(sql.IDENTITY_READ))
         if "id" not in meta and recorded is None:
             meta = {"id": new_id(), "commits": 0}
-            db.executemany("INSERT INTO meta VALUES (?, ?)", meta.items())
+            db.executemany(sql.META_ADD, meta.items())
         elif recorded is None:
             warn(
                 "store {path}: its record {record} is missing: made again from the database",
@@ -413,30 +366,21 @@ class Store:
         """Everything stored: ``(retained [(topic, payload, qos)], sessions)``."""
         try:
             db = self._db
-            retained = db.execute(
-                "SELECT topic, payload, qos, properties, expiry FROM retained"
-            ).fetchall()
+            retained = db.execute(sql.RETAINED_ALL).fetchall()
             sessions = {
                 cid: StoredSession(cid, last_seen, expiry_interval, sent_seq, owner)
-                for (cid, last_seen, expiry_interval, sent_seq, owner) in db.execute(
-                    "SELECT client_id, last_seen, expiry_interval, sent_seq, owner FROM sessions"
-                )
+                for (cid, last_seen, expiry_interval, sent_seq, owner) in db.execute(sql.SESSIONS_ALL)
             }
-            for cid, topic_filter, qos in db.execute(
-                "SELECT client_id, topic_filter, qos FROM subscriptions"
-            ):
+            for cid, topic_filter, qos in db.execute(sql.SUBSCRIPTIONS_ALL):
                 sessions[cid].subscriptions[topic_filter] = qos
-            for row in db.execute(
-                "SELECT client_id, seq, topic, payload, qos, retain, message_id, state,"
-                " properties, expiry FROM deliveries ORDER BY client_id, seq"
-            ):
+            for row in db.execute(sql.DELIVERIES_ALL):
                 sessions[row[0]].deliveries.append(
                     StoredDelivery(
                         row[1], row[2], bytes(row[3]), row[4], bool(row[5]), row[6], row[7],
                         _properties(row[8]), row[9],
                     )
                 )
-            for cid, mid in db.execute("SELECT client_id, message_id FROM awaiting_pubrel"):
+            for cid, mid in db.execute(sql.PUBRELS_ALL):
                 sessions[cid].awaiting_pubrel.add(mid)
         except (sqlite3.Error, KeyError) as e:
             raise StoreError(f"store {self.path}: cannot be read: {e!r}") from None
@@ -537,13 +481,15 @@ class Store:
         self._queue.put(barrier)
         return barrier.deferred
 
-    def after_commit(self, callback, *args):
+    def after_commit(self, callback, *args, failed=None):
         """
         Call ``callback(*args)`` once every write submitted so far is
         committed.  Callbacks run in the order given; those of one reactor
-        turn share one barrier.
+        turn share one barrier.  If that commit fails, ``failed(error)``
+        is called instead (once per batch, however many callbacks name
+        it); a callback without one waits for a later commit.
         """
-        self._after_commit.append((callback, args))
+        self._after_commit.append((callback, args, failed))
         if self._turn_end is None:
             self._end_turn_later()
 
@@ -561,23 +507,16 @@ class Store:
         self._put((writes.RETAIN, topic, None))
 
     def add_session(self, client_id, expiry_interval=None, owner=None):
-        self.write(
-            "INSERT OR REPLACE INTO sessions (client_id, last_seen, expiry_interval, owner)"
-            " VALUES (?, NULL, ?, ?)",
-            (client_id, expiry_interval, owner),
-        )
+        self.write(sql.SESSION_ADD, (client_id, expiry_interval, owner))
 
     def set_session_owner(self, client_id, owner):
-        self.write("UPDATE sessions SET owner = ? WHERE client_id = ?", (owner, client_id))
+        self.write(sql.SESSION_OWNER, (owner, client_id))
 
     def set_session_expiry(self, client_id, expiry_interval):
-        self.write(
-            "UPDATE sessions SET expiry_interval = ? WHERE client_id = ?",
-            (expiry_interval, client_id),
-        )
+        self.write(sql.SESSION_EXPIRY, (expiry_interval, client_id))
 
     def touch_session(self, client_id, last_seen):
-        self.write("UPDATE sessions SET last_seen = ? WHERE client_id = ?", (last_seen, client_id))
+        self.write(sql.SESSION_TOUCH, (last_seen, client_id))
 
     def delete_session(self, client_id):
         # What it sent goes with it (a new session may take its client id).
@@ -585,16 +524,10 @@ class Store:
         self._put((writes.DROP_SESSION, client_id))
 
     def subscribe(self, client_id, topic_filter, qos):
-        self.write(
-            "INSERT OR REPLACE INTO subscriptions VALUES (?, ?, ?)",
-            (client_id, topic_filter, qos),
-        )
+        self.write(sql.SUBSCRIPTION_ADD, (client_id, topic_filter, qos))
 
     def unsubscribe(self, client_id, topic_filter):
-        self.write(
-            "DELETE FROM subscriptions WHERE client_id = ? AND topic_filter = ?",
-            (client_id, topic_filter),
-        )
+        self.write(sql.SUBSCRIPTION_DELETE, (client_id, topic_filter))
 
     def add_delivery(self, client_id, seq, message, qos, retain, message_id=None, state=0):
         self._put((writes.ADD, client_id, seq, message, qos, retain, message_id, state))
@@ -702,11 +635,11 @@ class Store:
                     self._record.write(Record(self.id, self.committed))
             db.execute("BEGIN")
             wrote = probe
-            for sql, args in compaction.statements():
-                db.executemany(sql, args)
+            for statement, args in compaction.statements():
+                db.executemany(statement, args)
                 wrote = True
             if wrote:
-                db.execute("UPDATE meta SET value = ? WHERE key = 'commits'", (self.committed + 1,))
+                db.execute(sql.COMMITS_SET, (self.committed + 1,))
             db.execute("COMMIT")
             if wrote:
                 self.committed += 1
@@ -845,74 +778,6 @@ class Store:
             self.on_state_change(error)
 
 
-class Held:
-    """
-    A routed publish whose acknowledgement waits for the store.  It may go
-    before the commit once every copy written for it has been acknowledged
-    by its receiver: then there is nothing left that a crash could lose.
-    A retained message, or a QoS 0 copy kept for a receiver that is away,
-    is ``blocked``: its ack waits for the commit.
-    """
-
-    __slots__ = ("pending", "blocked", "release")
-
-    def __init__(self):
-        # Stored copies in flight, not yet acknowledged by their receivers.
-        self.pending = 0
-        self.blocked = False
-        self.release = None
-
-    def delivered(self):
-        self.pending -= 1
-        if not self.pending and not self.blocked and self.release is not None:
-            self.release()
-
-
-class OrderedAcks:
-    """
-    Ack means safe: an ack for a message written to the store waits for
-    its commit (or, see Held, for its receivers' acks), and every later ack
-    of the same connection waits behind it, since acks go out in the order
-    their packets came in.
-    """
-
-    def __init__(self, store, write):
-        self._store = store
-        self._write = write
-        # [ack, ready, held] in the order the packets came: while it is
-        # empty, an ack that need not wait may be written directly.
-        self.queue = deque()
-
-    def send(self, ack, durable, held=None):
-        if self._store is None or not (durable or self.queue):
-            self._write(ack)
-            return
-        entry = [ack, not durable, held]
-        self.queue.append(entry)
-        if durable:
-            self._store.after_commit(self._release, entry)
-            if held is not None:
-                held.release = partial(self._release, entry)
-
-    @property
-    def waiting(self):
-        """Acks held back."""
-        return len(self.queue)
-
-    def _release(self, entry):
-        entry[1] = True
-        if entry[2] is not None:
-            # Its copies may wait in queues for long: they keep no hold on
-            # this connection.
-            entry[2].release = entry[2] = None
-        queue = self.queue
-        while queue and queue[0][1]:
-            self._write(queue.popleft()[0])
-
-    # Called instead of _release when the commit failed.
-    on_failure = None
-
-
 def _properties(blob):
     if blob is None:
         return None
@@ -929,7 +794,7 @@ def _gather(elapsed, compaction, barriers):
 
 
 def _run_all(_, callbacks):
-    for callback, args in callbacks:
+    for callback, args, _failed in callbacks:
         callback(*args)
 
 
@@ -939,11 +804,9 @@ def _fail_all(reason, callbacks):
     be sent is told (once), everything else waits for a retry.
     """
     told = set()
-    for callback, args in callbacks:
-        owner = getattr(callback, "__self__", None)
-        failed = getattr(owner, "on_failure", None)
-        if failed is not None and id(owner) not in told:
-            told.add(id(owner))
+    for _callback, _args, failed in callbacks:
+        if failed is not None and failed not in told:
+            told.add(failed)
             failed(reason.value)
     return None
 
@@ -954,8 +817,8 @@ _held_unread = "what could not be read"
 def _contents(db):
     """What a database holds, in words, for the log."""
     try:
-        count = lambda table: db.execute(f"SELECT count(*) FROM {table}").fetchone()[0]  # noqa: E731
-        commits = db.execute("SELECT value FROM meta WHERE key = 'commits'").fetchone()
+        count = lambda table: db.execute(sql.count(table)).fetchone()[0]  # noqa: E731
+        commits = db.execute(sql.COMMITS_READ).fetchone()
         return (
             f"{commits[0] if commits else 0} commit(s): {count('sessions')} session(s),"
             f" {count('deliveries')} queued message(s), {count('retained')} retained message(s)"

@@ -1,6 +1,6 @@
 """
 What the reactor hands the store, and how the writer thread turns a batch
-of it into as few statements as give the same end state.
+of it into as few statements (sql.py's) as give the same end state.
 
 The reactor only appends small tuples (an op code and the values); rows
 and SQL are made here, off the reactor.  A batch commits as one
@@ -12,6 +12,7 @@ range, and only a retained topic's last value is written.  Statements on
 other tables keep their order.
 """
 
+from mqttgw.broker import sql
 from mqttgw.wire.properties import encode_properties
 
 # Op codes: the first item of each op.
@@ -22,24 +23,8 @@ SENT = 3  # (SENT, client_id, seq): queued deliveries up to seq went out
 PUBREL_ADD = 4  # (PUBREL_ADD, client_id, message_id)
 PUBREL_DELETE = 5  # (PUBREL_DELETE, client_id, message_id)
 DROP_SESSION = 6  # (DROP_SESSION, client_id)
-SQL = 7  # (SQL, statement, args): anything else, in order
+SQL = 7  # (SQL, statement, args): one of sql.py's, in order
 RETAIN = 8  # (RETAIN, topic, message or None to delete)
-
-_INSERT = "INSERT INTO deliveries VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-_UPDATE = "UPDATE deliveries SET message_id = ?, state = ? WHERE client_id = ? AND seq = ?"
-_DELETE_RANGE = "DELETE FROM deliveries WHERE client_id = ? AND seq BETWEEN ? AND ?"
-_SENT = (
-    "UPDATE sessions SET sent_seq = max(coalesce(sent_seq, 0), ?) WHERE client_id = ?"
-)
-_PUBREL_ADD = "INSERT OR IGNORE INTO awaiting_pubrel VALUES (?, ?)"
-_PUBREL_DELETE = "DELETE FROM awaiting_pubrel WHERE client_id = ? AND message_id = ?"
-_RETAIN = "INSERT OR REPLACE INTO retained VALUES (?, ?, ?, ?, ?)"
-_UNRETAIN = "DELETE FROM retained WHERE topic = ?"
-_DROP_SESSION = [
-    f"DELETE FROM {table} WHERE client_id = ?"
-    for table in ("sessions", "subscriptions", "deliveries", "awaiting_pubrel")
-]
-
 
 # What a batch did to an awaiting_pubrel row.
 _ADDED, _READDED, _REMOVED = "added", "re-added", "removed"
@@ -140,12 +125,12 @@ class Compaction:
             else:
                 self._statement(op[1], op[2])
 
-    def _statement(self, sql, args):
+    def _statement(self, statement, args):
         runs = self._runs
-        if runs and runs[-1][0] == sql:
+        if runs and runs[-1][0] == statement:
             runs[-1][1].append(args)
         else:
-            runs.append((sql, [args]))
+            runs.append((statement, [args]))
 
     def _drop(self, client_id):
         """Everything of the session's so far in this batch is superseded."""
@@ -153,26 +138,26 @@ class Compaction:
             held.pop(client_id, None)
         # What comes later for the same client id (a new session) is
         # executed after the drop, since held ops go last.
-        for sql in _DROP_SESSION:
-            self._statement(sql, (client_id,))
+        for statement in sql.SESSION_DROP:
+            self._statement(statement, (client_id,))
 
     def statements(self):
         """(sql, [args, ...]) to execute, in order."""
         yield from self._runs
         inserts = [delivery_row(*op[1:]) for ops in self._inserts.values() for op in ops.values()]
         if inserts:
-            yield _INSERT, inserts
+            yield sql.DELIVERY_ADD, inserts
         updates = [(op[3], op[4], op[1], op[2]) for ops in self._updates.values() for op in ops.values()]
         if updates:
-            yield _UPDATE, updates
+            yield sql.DELIVERY_UPDATE, updates
         if self._deletes:
-            yield _DELETE_RANGE, [
+            yield sql.DELIVERIES_DELETE, [
                 (client_id, first, last)
                 for client_id, seqs in self._deletes.items()
                 for first, last in ranges(seqs)
             ]
         if self._sent:
-            yield _SENT, [(seq, client_id) for client_id, seq in self._sent.items()]
+            yield sql.SESSION_SENT, [(seq, client_id) for client_id, seq in self._sent.items()]
         added = [
             (client_id, mid)
             for client_id, ids in self._pubrel.items()
@@ -180,7 +165,7 @@ class Compaction:
             if state is not _REMOVED
         ]
         if added:
-            yield _PUBREL_ADD, added
+            yield sql.PUBREL_ADD, added
         removed = [
             (client_id, mid)
             for client_id, ids in self._pubrel.items()
@@ -188,13 +173,13 @@ class Compaction:
             if state is _REMOVED
         ]
         if removed:
-            yield _PUBREL_DELETE, removed
+            yield sql.PUBREL_DELETE, removed
         kept = [retained_row(m) for m in self._retained.values() if m is not None]
         if kept:
-            yield _RETAIN, kept
+            yield sql.RETAINED_SET, kept
         gone = [(topic,) for topic, m in self._retained.items() if m is None]
         if gone:
-            yield _UNRETAIN, gone
+            yield sql.RETAINED_DELETE, gone
 
 
 def _of(by_client, client_id, make=dict):

@@ -36,7 +36,7 @@ class MQTTConnection(Protocol):
     __slots__ = (
         "transport", "connected", "router", "limits", "clock", "_flusher",
         "framer", "stats", "log_id", "state", "_host", "_last_received",
-        "_close_grace", "_backlog", "_work", "_held", "reading_paused", "_handlers",
+        "_close_grace", "_packets_put_off", "_work", "_held", "reading_paused", "_handlers",
         "_output_full", "_awaiting_admission", "_out", "_out_size", "opening",
     )
     # Packets handled per reactor turn before the rest wait for the next.
@@ -70,7 +70,7 @@ class MQTTConnection(Protocol):
         self._last_received = 0.0
         self._close_grace = None
         self._handlers = None
-        self._backlog = None
+        self._packets_put_off = None
         self._work = None
         # Data read while reading was paused (a list, once there is some).
         self._held = ()
@@ -119,13 +119,13 @@ class MQTTConnection(Protocol):
     @property
     def unread(self):
         """Whether nothing has been read from this connection yet."""
-        return self._backlog is None and not self._held
+        return self._packets_put_off is None and not self._held
 
 
     def admitted(self):
         """Our turn has come to be read from (see :meth:`Flusher.admit`)."""
         self._awaiting_admission = False
-        if self._backlog is not None:
+        if self._packets_put_off is not None:
             # Held while the store was behind: what came meanwhile first.
             self._next_turn()
         else:
@@ -139,7 +139,7 @@ class MQTTConnection(Protocol):
             # Closing: whatever the peer still sends is ignored.
             return
         self.stats.bytes_received += len(data)
-        if self._backlog is not None:
+        if self._packets_put_off is not None:
             # Reading is paused; what was already on its way waits here.
             if self._held:
                 self._held.append(data)
@@ -150,7 +150,7 @@ class MQTTConnection(Protocol):
             # The store is behind: this connection waits its turn, its data
             # with it (see Flusher.hold_reading).
             self._held = [data]
-            self._backlog = _NOTHING
+            self._packets_put_off = _NOTHING
             self._awaiting_admission = True
             self._pause_reading()
             self._flusher.admit(self)
@@ -188,7 +188,7 @@ class MQTTConnection(Protocol):
                     if self.state is not CLOSED:
                         self._out = []
                 if (wait or budget <= 0) and self.state is not CLOSED:
-                    self._backlog = packets
+                    self._packets_put_off = packets
                     self._pause_reading()
                     # After a login, its answer carries on.
                     if self.state not in ANSWERING:
@@ -212,7 +212,7 @@ class MQTTConnection(Protocol):
 
     def _next_turn(self):
         if self.state is CLOSED:
-            self._backlog = self._work = None
+            self._packets_put_off = self._work = None
             return
         if self._work is not None:
             try:
@@ -230,13 +230,13 @@ class MQTTConnection(Protocol):
                 self.clock.callLater(0, self._next_turn)
                 return
             self._work = None
-        packets, self._backlog = self._backlog, None
+        packets, self._packets_put_off = self._packets_put_off, None
         if packets is not None:
             self._consume(packets)
-        if self._backlog is None and self._held:
+        if self._packets_put_off is None and self._held:
             held, self._held = self._held, ()
             self._consume(self.framer.feed(b"".join(held)))
-        if self._backlog is None:
+        if self._packets_put_off is None:
             self._resume_reading()
 
 
@@ -250,7 +250,7 @@ class MQTTConnection(Protocol):
         if (
             self.reading_paused
             and not self._output_full
-            and self._backlog is None
+            and self._packets_put_off is None
             and not self._awaiting_admission
         ):
             self.reading_paused = False

@@ -142,7 +142,7 @@ class Handshake:
                 # The client's AUTH is read next (and nothing else may come
                 # before CONNACK, [MQTT-3.1.2-30]).
                 self._enter("challenge")
-                self._resume_backlog()
+                self._resume_packets_put_off()
             return
         if exchange.reauthenticating:
             if answer.username != self.username:
@@ -157,7 +157,7 @@ class Handshake:
         self.auth_method = exchange.method
         # CONNACK carries the method, and the last data if any ([MQTT-4.12.0-5]).
         self._logged_in(exchange.connect, exchange.will, props)
-        self._resume_backlog()
+        self._resume_packets_put_off()
 
     def _auth_refused(self, reason, exchange):
         self._auth = None
@@ -176,8 +176,8 @@ class Handshake:
         delay = self.factory.throttle.failed(address_key(self._host))
         self._refuse_after(delay, connack_refusal(code), why)
 
-    def _resume_backlog(self):
-        if self._backlog is not None:
+    def _resume_packets_put_off(self):
+        if self._packets_put_off is not None:
             self.clock.callLater(0, self._next_turn)
 
     def _challenge_answered(self, packet):

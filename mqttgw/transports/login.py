@@ -158,7 +158,7 @@ class Login:
     def _welcome(self, packet, will):
         self._answer = None
         self._logged_in(packet, will)
-        if self._backlog is not None:
+        if self._packets_put_off is not None:
             # What arrived during the login is handled next.
             self.clock.callLater(0, self._next_turn)
 

@@ -19,6 +19,7 @@ from twisted.internet.protocol import Factory
 from twisted.logger import Logger
 
 from mqttgw.broker.ratelimited import BySource
+from mqttgw.schema import default
 from mqttgw.security.identity import Identity
 from mqttgw.security.throttle import ConnectionRate, Throttle
 from mqttgw.transports.connection import MQTTConnection
@@ -51,30 +52,34 @@ _NOBODY = Identity(None)
 
 @attr.s(frozen=True, slots=True)
 class ConnectionLimits:
-    """Per-connection bounds; see ``[limits]`` in the configuration."""
+    """
+    Per-connection bounds; see ``[limits]`` in the configuration.  The
+    defaults are the configuration's (mqttgw.schema), but for
+    max_connections, whose 0 the service resolves from the open-file limit.
+    """
 
-    max_packet_size = attr.ib(default=1024 * 1024)
+    max_packet_size = attr.ib(default=default("limits.max_packet_size"))
     # A CONNECT is small; until one arrives little is buffered.
-    max_connect_size = attr.ib(default=16 * 1024)
-    connect_timeout = attr.ib(default=10.0)
+    max_connect_size = attr.ib(default=default("limits.max_connect_size"))
+    connect_timeout = attr.ib(default=default("limits.connect_timeout"))
     max_connections = attr.ib(default=100_000)
     # MQTT 3.1.1 strings with control characters or non-characters close
     # the connection (the spec's MAY); off for fleets that send them.
-    reject_control_characters = attr.ib(default=True)
+    reject_control_characters = attr.ib(default=default("mqtt.reject_control_characters"))
     # MQTT 3.1 client ids over the spec's 23 characters (many libraries
     # generate longer ones).
-    allow_long_client_ids = attr.ib(default=False)
+    allow_long_client_ids = attr.ib(default=default("mqtt.allow_long_client_ids"))
     # Log each client's connect and disconnect (mosquitto's
     # connection_messages).
-    connection_messages = attr.ib(default=True)
+    connection_messages = attr.ib(default=default("log.connection_messages"))
     # What the server tells a 5.0 client in CONNACK (see [mqtt]).
-    max_topic_alias = attr.ib(default=10)
-    max_keepalive = attr.ib(default=65535)
-    retain_available = attr.ib(default=True)
-    wildcard_subscription_available = attr.ib(default=True)
-    subscription_identifier_available = attr.ib(default=True)
-    shared_subscription_available = attr.ib(default=True)
-    response_information = attr.ib(default="")
+    max_topic_alias = attr.ib(default=default("mqtt.max_topic_alias"))
+    max_keepalive = attr.ib(default=default("mqtt.max_keepalive"))
+    retain_available = attr.ib(default=default("mqtt.retain_available"))
+    wildcard_subscription_available = attr.ib(default=default("mqtt.wildcard_subscription_available"))
+    subscription_identifier_available = attr.ib(default=default("mqtt.subscription_identifier_available"))
+    shared_subscription_available = attr.ib(default=default("mqtt.shared_subscription_available"))
+    response_information = attr.ib(default=default("mqtt.response_information"))
 
 
 def _tls_reason(error):

@@ -8,7 +8,7 @@ its cost per message is measured by ``bench.hotpath``.
 from twisted.logger import Logger
 
 from mqttgw.broker.access import BRIDGE_STATE_PREFIX
-from mqttgw.broker.store import OrderedAcks
+from mqttgw.broker.acks import OrderedAcks
 from mqttgw.transports.handshake import CONNECTED
 from mqttgw.wire import packets as P
 from mqttgw.wire import reasons as R

@@ -1,32 +1,29 @@
 """
 MQTT over WebSocket (autobahn): binary messages carry the MQTT byte
 stream, so a packet may span messages and a message may hold several
-packets.  The same port answers plain HTTP: ``GET /healthz``.  Until a
-connection has upgraded it is held to the same bounds as an MQTT one:
-counted against ``max_connections``, closed if not upgraded within
-``connect_timeout``, and never allowed to send more than a request's worth
-of bytes.
+packets.  The same port answers plain HTTP (transports.wsroutes:
+``GET /healthz``).  Until a connection has upgraded it is held to the
+same bounds as an MQTT one (transports.wsguard): counted against
+``max_connections``, closed if not upgraded within ``connect_timeout``,
+and never allowed to send more than a request's worth of bytes.  The
+common frames are read by transports.wsframes, the rest by autobahn.
 """
 
-import json
-import time
 from ipaddress import ip_address, ip_network
 
 from autobahn.twisted.resource import WebSocketResource
 from autobahn.twisted.websocket import WebSocketServerFactory, WebSocketServerProtocol
 from autobahn.websocket.protocol import WebSocketProtocol
 from autobahn.websocket.types import ConnectionDeny
-from autobahn.websocket.xormasker import create_xor_masker
 from twisted.internet.address import IPv4Address, IPv6Address
 from twisted.internet.error import ConnectionDone, ConnectionLost
-from twisted.internet.interfaces import IProtocolNegotiationFactory, ISSLTransport
 from twisted.logger import Logger
-from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
 from twisted.python.failure import Failure
-from twisted.web.resource import Resource
-from zope.interface import directlyProvides, implementer, providedBy
 
 from mqttgw.transports.httpguard import HostNames, HostSite
+from mqttgw.transports.wsframes import FRAMES_PER_TURN, frame_header, scan
+from mqttgw.transports.wsguard import GuardedSite, peer_text
+from mqttgw.transports.wsroutes import Health, Root
 from mqttgw.wire.printable import printable
 
 log = Logger()
@@ -36,48 +33,11 @@ SUBPROTOCOLS = ("mqtt", "mqttv3.1")
 # page_delivery_rate messages a second.
 DASHBOARD_SUBPROTOCOL = "mqttgw-dashboard"
 _INPUT_SLICE = 2048
-# Work per connection per reactor turn, in frames of a packet or more:
-# 256, as the MQTT side takes 256 packets a turn.  A frame too small for
-# any packet but PINGREQ and DISCONNECT costs about as much to take as
-# one of a packet, so it counts for more (a packet dripped a byte a frame
-# must not take a whole turn), and one that goes through autobahn's
-# parser, several times slower, for more again.
-FRAMES_PER_TURN = 256
-_TINY_FRAME = 4
-_TINY_FRAME_COST = 4
+# A frame that goes through autobahn's parser, several times slower than
+# wsframes' scan, counts for more against FRAMES_PER_TURN.
 _AUTOBAHN_FRAME_COST = 8
 _OPEN = WebSocketProtocol.STATE_OPEN
 _SEND_GROUND = WebSocketProtocol.SEND_STATE_GROUND
-# Below this many bytes a frame is unmasked with one integer XOR, above it
-# by autobahn's native masker (whose set-up costs more than small frames).
-_SMALL_FRAME = 2048
-# First bytes of the frames the fast path takes: binary data, whole or
-# fragmented, and ping and pong (always final, never compressed).
-_FAST_FRAMES = frozenset((0x82, 0x02, 0x00, 0x80, 0x89, 0x8A))
-
-
-def _unmask(payload, mask):
-    n = len(payload)
-    if n > _SMALL_FRAME:
-        return create_xor_masker(mask, n).process(bytes(payload))
-    key = (mask * ((n >> 2) + 1))[:n]
-    return (int.from_bytes(payload, "little") ^ int.from_bytes(key, "little")).to_bytes(n, "little")
-
-
-def _unmask_all(masked, keys):
-    """Small frames' payloads, each beside its key: unmasked with one XOR."""
-    payload = b"".join(masked)
-    n = len(payload)
-    return (int.from_bytes(payload, "little") ^ int.from_bytes(b"".join(keys), "little")).to_bytes(n, "little")
-
-
-def _frame_header(n):
-    """A final, unmasked binary frame's header (a server's frames are not masked)."""
-    if n < 126:
-        return bytes((0x82, n))
-    if n < 65536:
-        return b"\x82\x7e" + n.to_bytes(2, "big")
-    return b"\x82\x7f" + n.to_bytes(8, "big")
 
 
 class _Transport:
@@ -107,10 +67,10 @@ class _Transport:
             # line formatted for every frame).
             write = websocket.transport.writeSequence
             if len(data) <= self._max_message_size:
-                write((_frame_header(len(data)), data))
+                write((frame_header(len(data)), data))
             else:
                 for chunk in self._messages(data):
-                    write((_frame_header(len(chunk)), chunk))
+                    write((frame_header(len(chunk)), chunk))
         else:
             for chunk in self._messages(data):
                 websocket.sendMessage(chunk, isBinary=True)
@@ -164,7 +124,7 @@ class _Transport:
     def resumeProducing(self):
         below = self._websocket.transport
         # Input the WebSocket layer put off keeps reading paused too.
-        if below is not None and self._websocket._backlog is None:
+        if below is not None and self._websocket._reads_put_off is None:
             below.resumeProducing()
 
     def setTcpNoDelay(self, enabled):
@@ -190,7 +150,7 @@ class MQTTWebSocketProtocol(WebSocketServerProtocol):
         ):
             log.info(
                 "refusing WebSocket from {peer}: origin {origin} is not allowed",
-                peer=_peer_text(self._peer),
+                peer=peer_text(self._peer),
                 origin=printable(origin),
             )
             self.factory.mqtt_factory.router.stats.connections_refused += 1
@@ -236,9 +196,9 @@ class MQTTWebSocketProtocol(WebSocketServerProtocol):
 
     _frames = 0
     # Input put off to a later reactor turn, reading paused meanwhile: the
-    # buffers (the first one resumes at _backlog_at), or None.
-    _backlog = None
-    _backlog_at = 0
+    # buffers (the first one resumes at _reads_put_off_at), or None.
+    _reads_put_off = None
+    _reads_put_off_at = 0
     # A small frame the last read cut short, kept to be completed by the
     # next one rather than handed to autobahn (whose parser then takes
     # every frame after it, at several times the cost).
@@ -249,8 +209,8 @@ class MQTTWebSocketProtocol(WebSocketServerProtocol):
     _fragment = None
 
     def dataReceived(self, data):
-        if self._backlog is not None:
-            self._backlog.append(data)
+        if self._reads_put_off is not None:
+            self._reads_put_off.append(data)
             return
         partial = self._partial
         if partial is not None:
@@ -280,104 +240,30 @@ class MQTTWebSocketProtocol(WebSocketServerProtocol):
     def _put_off(self, data, at):
         # The offset, not a copy of the rest: a read of many tiny frames
         # would otherwise be copied again on every turn it takes.
-        self._backlog = [data]
-        self._backlog_at = at
+        self._reads_put_off = [data]
+        self._reads_put_off_at = at
         self.transport.pauseProducing()
         self.factory.mqtt_factory.clock.callLater(0, self._next_turn)
 
     def _simple_frames(self, data, at):
         """
-        The common case without autobahn: masked binary frames within the
-        size limits, whole messages or fragments (MQTT is a byte stream, so
-        where messages end does not matter), and pings.  Their payloads go
-        to MQTT in one call.  Returns the offset of the first frame that is
-        anything else (close, text, compressed), for autobahn's full
-        parser, or None when the rest was put off to the next turn or the
-        connection failed.
+        The common case without autobahn (see transports.wsframes): the
+        payloads go to MQTT in one call.  Returns the offset of the first
+        frame that is anything else, for autobahn's full parser, or None
+        when the rest was put off to the next turn or the connection failed.
         """
-        limit = self.maxFramePayloadSize
-        size = len(data)
-        view = memoryview(data)
-        payloads = []
-        # The small data frames' payloads since the last large one, still
-        # masked, and their keys: unmasked together, not a frame at a time.
-        masked = []
-        keys = []
-        frames = 0
-        # Bytes so far of a fragmented message, or None outside one.
-        fragment = self._fragment
-        # A frame the read cut short, to complete with the next read: (its
-        # offset, the bytes it needs), or None.
-        cut = None
-        while frames < FRAMES_PER_TURN and at < size:
-            first = data[at]
-            if first == 0x82:
-                if fragment is not None:
-                    # A new message inside one.
-                    break
-            elif first not in _FAST_FRAMES:
-                break
-            elif first < 0x89:
-                if (fragment is None) != (first == 0x02):
-                    # A continuation outside a message, or a new message
-                    # inside one.
-                    break
-            if at + 2 > size:
-                cut = (at, 6)
-                break
-            length = data[at + 1] ^ 0x80
-            header = 6
-            if length >= 126:
-                if length == 126:
-                    header, minimum = 8, 126
-                elif length == 127:
-                    header, minimum = 14, 65536
-                else:  # not masked
-                    break
-                if first >= 0x89:
-                    break
-            if at + header > size:
-                cut = (at, header)
-                break
-            if header != 6:
-                length = int.from_bytes(view[at + 2 : at + header - 4], "big")
-                if length < minimum:
-                    break
-            if limit and (length > limit or (fragment is not None and fragment + length > limit)):
-                break
-            if at + header + length > size:
-                # A small frame, or a fragment of a message this path has
-                # begun (autobahn could not take it up halfway): kept whole.
-                # Larger frames are autobahn's, which streams them.
-                if header + length <= _SMALL_FRAME or fragment is not None:
-                    cut = (at, header + length)
-                break
-            start = at + header
-            at = start + length
-            frames += 1 if length >= _TINY_FRAME else _TINY_FRAME_COST
-            if first >= 0x89:
-                if first == 0x89:
-                    self.sendPong(_unmask(view[start:at], data[start - 4 : start]))
-                continue
-            if length > _SMALL_FRAME:
-                if masked:
-                    payloads.append(_unmask_all(masked, keys))
-                    masked, keys = [], []
-                payloads.append(_unmask(view[start:at], data[start - 4 : start]))
-            else:
-                masked.append(view[start:at])
-                keys.append((data[start - 4 : start] * ((length >> 2) + 1))[:length])
-            if first != 0x82:
-                fragment = None if first & 0x80 else (fragment or 0) + length
-        if masked:
-            payloads.append(_unmask_all(masked, keys))
+        found = scan(data, at, self.maxFramePayloadSize, self._fragment)
+        for ping in found.pings:
+            self.sendPong(ping)
+        at, frames, fragment, cut = found.at, found.frames, found.fragment, found.cut
         self._fragment = fragment
+        size = len(data)
         if cut is not None:
             at, self._partial_need = cut
-            self._partial = bytearray(view[at:])
+            self._partial = bytearray(memoryview(data)[at:])
             at = size
-        if payloads:
-            self._mqtt.dataReceived(payloads[0] if len(payloads) == 1 else b"".join(payloads))
+        if found.payload is not None:
+            self._mqtt.dataReceived(found.payload)
             if self.transport is None:
                 return None
         if at < size:
@@ -391,7 +277,7 @@ class MQTTWebSocketProtocol(WebSocketServerProtocol):
                 self._fragment = None
                 log.info(
                     "closing WebSocket from {peer}: frame {first:#04x} inside a fragmented message",
-                    peer=_peer_text(self._peer),
+                    peer=peer_text(self._peer),
                     first=data[at],
                 )
                 self._protocol_violation("unexpected frame inside a fragmented message")
@@ -416,16 +302,16 @@ class MQTTWebSocketProtocol(WebSocketServerProtocol):
                 return
 
     def _next_turn(self):
-        backlog, self._backlog = self._backlog, None
+        reads, self._reads_put_off = self._reads_put_off, None
         if self.transport is None:
             return
-        data, at = backlog[0], self._backlog_at
-        if len(backlog) > 1:
+        data, at = reads[0], self._reads_put_off_at
+        if len(reads) > 1:
             # What was already on its way when reading paused.
-            data, at = b"".join([memoryview(data)[at:], *backlog[1:]]), 0
+            data, at = b"".join([memoryview(data)[at:], *reads[1:]]), 0
         self._take(data, at)
         mqtt = self._mqtt
-        if self._backlog is None and not (mqtt is not None and mqtt.reading_paused):
+        if self._reads_put_off is None and not (mqtt is not None and mqtt.reading_paused):
             self.transport.resumeProducing()
 
     def onFrameBegin(self):
@@ -440,7 +326,7 @@ class MQTTWebSocketProtocol(WebSocketServerProtocol):
         if self._mqtt is not None and not isBinary:
             log.warn(
                 "closing WebSocket from {peer}: MQTT needs binary messages",
-                peer=_peer_text(self._peer),
+                peer=peer_text(self._peer),
             )
             self._mqtt.protocol_error("text WebSocket message")
 
@@ -536,234 +422,6 @@ class MQTTWebSocketFactory(WebSocketServerFactory):
         return self.hosts.origin_allowed(origin, host, local, self.secure, self.allowed_origins)
 
 
-class Health(Resource):
-    """``GET /healthz``: 200 and a small JSON status while the router runs."""
-
-    isLeaf = True
-
-    def __init__(self, router, clock):
-        super().__init__()
-        self.router = router
-        self.clock = clock
-        self.started = time.time()
-
-    def render_GET(self, request):
-        request.setHeader(b"content-type", b"application/json")
-        request.setHeader(b"x-content-type-options", b"nosniff")
-        router = self.router
-        status = {
-            "status": "ok",
-            "uptime_s": round(time.time() - self.started, 1),
-            "sessions": len(router.sessions),
-            "subscriptions": router.subscriptions.count,
-            "retained": len(router.retained),
-            **router.stats.as_dict(),
-        }
-        return json.dumps(status).encode()
-
-
-class _Root(Resource):
-    """
-    ``/healthz`` for HTTP; with a dashboard, requests that do not ask for
-    a WebSocket are the dashboard's; every other path is the MQTT
-    WebSocket.
-    """
-
-    def __init__(self, websocket, health, dashboard=None):
-        super().__init__()
-        self._websocket = websocket
-        self._health = health
-        self._dashboard = dashboard
-
-    def _is_page(self, request):
-        upgrade = request.getHeader(b"upgrade")
-        if self._dashboard is None or (upgrade is not None and upgrade.lower() == b"websocket"):
-            return False
-        # One request per connection: the guard's deadline and byte budget
-        # are for one handshake, not a page's keep-alive.
-        request.channel.persistent = False
-        request.setHeader(b"connection", b"close")
-        return True
-
-    def getChild(self, path, request):
-        if request.path == b"/healthz":
-            return self._health
-        if self._is_page(request):
-            return self._dashboard.getChildWithDefault(path, request)
-        return self._websocket
-
-    def render(self, request):
-        if self._is_page(request):
-            return self._dashboard.render(request)
-        return self._websocket.render(request)
-
-
-# Bytes a connection may send before its upgrade: a request line and
-# headers (twisted.web allows 16 KiB of them) and a small body.
-MAX_REQUEST_BYTES = 64 * 1024
-# The largest request body taken: only the dashboard's API reads one (a
-# sign-in, a publish form), and only where the dashboard is served.
-MAX_BODY_BYTES = 16 * 1024
-
-
-class _HandshakeGuard(ProtocolWrapper):
-    """
-    One connection to the WebSocket port, until it becomes a WebSocket:
-    anything that is not HTTP, a request larger than ``MAX_REQUEST_BYTES``,
-    a body where none is read (or over ``MAX_BODY_BYTES``), or no upgrade
-    within ``connect_timeout`` closes it.  A refused request is answered
-    at once and nothing more is read from it.
-    """
-
-    _received = 0
-    _http = None
-    _timer = None
-    # The request's head until its end has been seen; then None.
-    _head = None
-
-    def makeConnection(self, transport):
-        self._http = self.wrappedProtocol
-        factory = self.factory
-        self._timer = factory.clock.callLater(
-            factory.limits.connect_timeout, self._timed_out
-        )
-        super().makeConnection(transport)
-        # Not a TLS transport itself (autobahn would ask it for TLS channel
-        # details); the TLS below is still reached through it.
-        directlyProvides(
-            self, *(i for i in providedBy(transport) if not i.isOrExtends(ISSLTransport))
-        )
-
-    def dataReceived(self, data):
-        if self._http is None:
-            self.wrappedProtocol.dataReceived(data)
-            return
-        if self._received < 0:
-            return
-        if self._received == 0 and not b"A" <= data[:1] <= b"Z":
-            # MQTT (0x10), TLS (0x16) or anything else that is not HTTP.
-            return self._refuse(f"not HTTP (first byte {data[0]:#04x})", None)
-        self._received += len(data)
-        self.factory.router.stats.bytes_received += len(data)
-        if self._received > MAX_REQUEST_BYTES:
-            return self._refuse(f"request over {MAX_REQUEST_BYTES} bytes", _TOO_LARGE)
-        head = self._head
-        if head is not None or self._received == len(data):
-            if head is None:
-                head = self._head = bytearray()
-            seen = len(head)
-            head += data
-            end = head.find(b"\r\n\r\n", max(0, seen - 3))
-            if end >= 0:
-                self._head = None
-                refusal = self._body_refusal(bytes(head[:end]))
-                if refusal is not None:
-                    return self._refuse(*refusal)
-        self.wrappedProtocol.dataReceived(data)
-        if self.wrappedProtocol is not self._http:
-            self._upgraded()
-
-    def _body_refusal(self, head):
-        """Why a request with this head is refused for its body, or None."""
-        length = 0
-        for line in head.split(b"\r\n")[1:]:
-            name, _, value = line.partition(b":")
-            name = name.strip().lower()
-            if name == b"transfer-encoding":
-                return "a request body of unknown length", _LENGTH_REQUIRED
-            if name == b"content-length":
-                try:
-                    length = int(value.strip())
-                except ValueError:
-                    return "a malformed Content-Length", _BAD_REQUEST
-        bound = MAX_BODY_BYTES if self.factory.reads_bodies else 0
-        if length > bound:
-            return f"a request body of {length} bytes (at most {bound})", _TOO_LARGE
-        return None
-
-    def _refuse(self, reason, response):
-        log.info("closing connection from {peer} to the WebSocket port: {reason}",
-                 peer=_peer_text(self.transport.getPeer()), reason=reason)
-        self.factory.router.stats.protocol_errors += 1
-        # Whatever else it sends is not even read.
-        self._received = -1
-        if response is None:
-            self.transport.abortConnection()
-        else:
-            self.transport.pauseProducing()
-            self.transport.write(response)
-            self.transport.loseConnection()
-
-    def _upgraded(self):
-        self._http = None
-        self.factory.handshake_done(self)
-        if self._timer is not None and self._timer.active():
-            self._timer.cancel()
-        self._timer = None
-
-    def _timed_out(self):
-        self._timer = None
-        if self._http is not None:
-            log.info(
-                "no WebSocket upgrade from {peer} in time: closing",
-                peer=_peer_text(self.transport.getPeer()),
-            )
-            self.transport.abortConnection()
-
-    def connectionLost(self, reason):
-        if self._http is not None:
-            self._upgraded()
-        super().connectionLost(reason)
-
-
-def _answer(status):
-    return b"HTTP/1.1 " + status + b"\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
-
-
-_TOO_LARGE = _answer(b"413 Request Entity Too Large")
-_LENGTH_REQUIRED = _answer(b"411 Length Required")
-_BAD_REQUEST = _answer(b"400 Bad Request")
-
-
-def _peer_text(peer):
-    host = getattr(peer, "host", None)
-    return f"{host}:{peer.port}" if host else str(peer)
-
-
-@implementer(IProtocolNegotiationFactory)
-class _GuardedSite(WrappingFactory):
-    """The WebSocket port's factory: connections counted from the accept."""
-
-    protocol = _HandshakeGuard
-
-    def __init__(self, site, mqtt_factory, reads_bodies=False):
-        super().__init__(site)
-        # Whether anything behind it reads a request body (the dashboard's API).
-        self.reads_bodies = reads_bodies
-        self.mqtt_factory = mqtt_factory
-        self.router = mqtt_factory.router
-        self.clock = mqtt_factory.clock
-        self.noisy = False
-
-    @property
-    def limits(self):
-        # Read when used: a reload replaces the MQTT factory's.
-        return self.mqtt_factory.limits
-
-    def buildProtocol(self, addr):
-        if not self.mqtt_factory.accepts(addr):
-            return None
-        self.router.stats.handshakes += 1
-        return super().buildProtocol(addr)
-
-    def handshake_done(self, guard):
-        self.router.stats.handshakes -= 1
-
-    def acceptableProtocols(self):
-        # TLS offers the site's protocols by ALPN (browsers ask for it).
-        return self.wrappedFactory.acceptableProtocols()
-
-
 def websocket_resource(
     mqtt_factory,
     max_message_size,
@@ -801,7 +459,7 @@ def websocket_site(
         page_delivery_rate, hosts,
     )
     site = HostSite(
-        _Root(ws, Health(router, clock), dashboard), hosts, secure, allowed_origins,
+        Root(ws, Health(router, clock), dashboard), hosts, secure, allowed_origins,
         upgrades_by_origin=True,
     )
-    return _GuardedSite(site, mqtt_factory, reads_bodies=dashboard is not None)
+    return GuardedSite(site, mqtt_factory, reads_bodies=dashboard is not None)

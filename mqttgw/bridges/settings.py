@@ -1,0 +1,233 @@
+"""
+A [[bridge]] table: its keys (the schema rows deploy/mqttgw.toml
+documents), its topic rules as mosquitto reads them, and the checked
+settings a bridge runs from.
+"""
+
+import socket
+
+import attr
+
+from mqttgw.bridges.tls import client_tls_options
+from mqttgw.broker.access import BRIDGE_STATE_PREFIX, notification_topic
+from mqttgw.broker.topics import InvalidTopic, validate_topic_filter
+from mqttgw.schema import REQUIRED, ConfigError, Key, check_table
+from mqttgw.transports.tls import INTERMEDIATE_CIPHERS
+from mqttgw.wire import packets as P
+
+DIRECTIONS = ("in", "out", "both")
+
+# The protocol key's values (mosquitto's names) and the levels they stand for.
+PROTOCOLS = {"mqttv31": P.MQTT_31, "mqttv311": P.MQTT_311, "mqttv5": P.MQTT_5, "mqttv50": P.MQTT_5}
+LEVEL_NAMES = {P.MQTT_31: "mqttv31", P.MQTT_311: "mqttv311", P.MQTT_5: "mqttv5"}
+
+
+def default_client_id(name):
+    """mosquitto's default, HOSTNAME.NAME: one config file on many sites
+    still gives each site's bridge a session of its own upstream."""
+    return f"{socket.gethostname()}.{name}"
+
+
+@attr.s(frozen=True, slots=True)
+class Rule:
+    """
+    ``topic PATTERN [in|out|both [QOS [LOCAL_PREFIX REMOTE_PREFIX]]]``, as
+    mosquitto reads it: locally the topic is LOCAL_PREFIX + PATTERN,
+    upstream REMOTE_PREFIX + PATTERN.
+    """
+
+    pattern = attr.ib()
+    direction = attr.ib(default="out")
+    qos = attr.ib(default=0)
+    local_prefix = attr.ib(default="")
+    remote_prefix = attr.ib(default="")
+
+    @classmethod
+    def parse(cls, text):
+        words = text.split()
+        if words and words[0] == "topic":
+            words = words[1:]
+        if not 1 <= len(words) <= 5 or len(words) == 4:
+            raise ValueError(
+                f"rule {text!r}: expected PATTERN [in|out|both [QOS [LOCAL_PREFIX REMOTE_PREFIX]]]"
+            )
+        words = [w if w != '""' else "" for w in words]
+        pattern, direction, qos, local, remote = words + [None] * (5 - len(words))
+        if direction is not None and direction not in DIRECTIONS:
+            raise ValueError(f"rule {text!r}: direction must be in, out or both")
+        if qos is not None and qos not in ("0", "1", "2"):
+            raise ValueError(f"rule {text!r}: QoS must be 0, 1 or 2")
+        rule = cls(pattern, direction or "out", int(qos or 0), local or "", remote or "")
+        for topic_filter in (rule.local_filter, rule.remote_filter):
+            try:
+                validate_topic_filter(topic_filter)
+            except InvalidTopic as e:
+                raise ValueError(f"rule {text!r}: {e}") from None
+        return rule
+
+    @property
+    def local_filter(self):
+        return self.local_prefix + self.pattern
+
+    @property
+    def remote_filter(self):
+        return self.remote_prefix + self.pattern
+
+    @property
+    def outgoing(self):
+        return self.direction in ("out", "both")
+
+    @property
+    def incoming(self):
+        return self.direction in ("in", "both")
+
+    def to_remote(self, topic):
+        return self.remote_prefix + topic[len(self.local_prefix):]
+
+    def to_local(self, topic):
+        return self.local_prefix + topic[len(self.remote_prefix):]
+
+
+@attr.s(frozen=True)
+class BridgeSettings:
+    """A [[bridge]] table as check() makes it (BRIDGE_KEYS)."""
+
+    name = attr.ib()
+    addresses = attr.ib()
+    rules = attr.ib()
+    protocol_level = attr.ib()
+    session_expiry_interval = attr.ib()
+    client_id = attr.ib()
+    username = attr.ib()
+    password = attr.ib(repr=False)  # never in a log line
+    clean_session = attr.ib()
+    keepalive = attr.ib()
+    try_private = attr.ib()
+    tls = attr.ib()
+    ca = attr.ib()
+    cert = attr.ib()
+    key = attr.ib()
+    ciphers = attr.ib()
+    qos0_policy = attr.ib()
+    drop_policy = attr.ib()
+    drain_messages_per_second = attr.ib()
+    drain_bytes_per_second = attr.ib()
+    max_queued_messages = attr.ib()
+    max_queued_bytes = attr.ib()
+    max_inflight_messages = attr.ib()
+    state_topic = attr.ib()
+    remote_state_topic = attr.ib()
+    reconnect_initial = attr.ib()
+    reconnect_max = attr.ib()
+
+
+# [[bridge]] keys; deploy/mqttgw.toml documents each.
+BRIDGE_KEYS = [
+    Key("bridge", "kind", str, "mqtt", "the bridge kind (a plugin's name)"),
+    Key("bridge", "name", str, REQUIRED, "the bridge's name"),
+    Key("bridge", "addresses", list, REQUIRED, "upstream HOST:PORT, tried in turn"),
+    Key("bridge", "rules", list, REQUIRED, "'PATTERN in|out|both QOS [LOCAL_PREFIX REMOTE_PREFIX]'"),
+    Key("bridge", "protocol", str, "mqttv311", "MQTT version spoken upstream", choices=tuple(PROTOCOLS)),
+    Key("bridge", "protocol_version", int, 0, "MQTT protocol level upstream, 3, 4 or 5 (instead of protocol)", choices=(0, 3, 4, 5)),
+    Key("bridge", "session_expiry_interval", int, 0xFFFFFFFF, "5.0: how long the upstream keeps the session after a link drop, s", 0, 0xFFFFFFFF),
+    Key("bridge", "client_id", str, "", "client id upstream (default HOSTNAME.NAME, as mosquitto's)"),
+    Key("bridge", "username", str, "", "user name upstream"),
+    Key("bridge", "password", str, "", "password upstream"),
+    Key("bridge", "clean_session", bool, False, "a clean session upstream"),
+    Key("bridge", "keepalive", int, 60, "keepalive upstream, seconds", 1, 65535),
+    Key("bridge", "try_private", bool, True, "announce itself as a bridge (mosquitto's try_private)"),
+    Key("bridge", "tls", bool, False, "TLS to the upstream"),
+    Key("bridge", "ca", str, "", "authorities the upstream's certificate is checked against"),
+    Key("bridge", "cert", str, "", "client certificate (PEM)"),
+    Key("bridge", "key", str, "", "client key (PEM)"),
+    Key("bridge", "ciphers", str, INTERMEDIATE_CIPHERS, "TLS 1.2 cipher suites offered upstream (OpenSSL cipher string)"),
+    Key("bridge", "queue_qos0", bool, False, "queue QoS 0 messages while the upstream is away (qos0_policy memory)"),
+    Key("bridge", "qos0_policy", str, "", "QoS 0 while the upstream is away: drop, memory or store", choices=("", "drop", "memory", "store")),
+    Key("bridge", "drop_policy", str, "oldest", "which message a full queue drops: oldest or newest", choices=("oldest", "newest")),
+    Key("bridge", "drain_messages_per_second", int, 0, "backlog drained at most this fast, live messages first (0: unpaced)", 0),
+    Key("bridge", "drain_bytes_per_second", int, 0, "backlog payload bytes drained a second at most (0: unpaced)", 0),
+    Key("bridge", "max_queued_messages", int, 100_000, "outage queue bound, messages", 1),
+    Key("bridge", "max_queued_bytes", int, 256 * 1024 * 1024, "outage queue bound, bytes", 1),
+    Key("bridge", "max_inflight_messages", int, 20, "unacknowledged messages upstream", 1, 65535),
+    Key("bridge", "state_topic", str, "", "local state topic (default mqttgw/bridge/NAME/state)"),
+    Key("bridge", "remote_state_topic", str, "", "upstream state topic (default mosquitto's)"),
+    Key("bridge", "reconnect_initial", float, 1.0, "first reconnect delay, seconds", 0.001),
+    Key("bridge", "reconnect_max", float, 60.0, "longest reconnect delay, seconds", 0.001),
+]
+
+
+def parse_address(address):
+    """``host:port`` or ``[v6 host]:port``."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise ValueError(f"address {address!r} is not HOST:PORT")
+    return host.strip("[]"), int(port)
+
+
+def check(table):
+    """A [[bridge]] table checked into BridgeSettings; ConfigError names the key."""
+    where = f"bridge {table.get('name', '?')!r}"
+    values = check_table(BRIDGE_KEYS, table, where)
+    for key in ("name", "addresses", "rules"):
+        if not values[key]:
+            raise ConfigError(f"{where}: bridge.{key} is required")
+    try:
+        rules = [Rule.parse(r) for r in values["rules"]]
+        for address in values["addresses"]:
+            parse_address(address)
+    except ValueError as e:
+        raise ConfigError(f"{where}: {e}") from None
+    name = values["name"]
+    qos0_policy = values["qos0_policy"] or ("memory" if values["queue_qos0"] else "drop")
+    if values["queue_qos0"] and qos0_policy != "memory":
+        raise ConfigError(f"{where}: bridge.queue_qos0 and bridge.qos0_policy disagree")
+    level = _protocol_level(values, table, where)
+    client_id = values["client_id"] or default_client_id(name)
+    if not values["client_id"] and level == P.MQTT_31:
+        # 3.1 servers may refuse a client id over 23 characters.
+        client_id = client_id[-23:]
+    settings = BridgeSettings(
+        name=name,
+        addresses=list(values["addresses"]),
+        rules=rules,
+        protocol_level=level,
+        # A clean session ends with its connection.
+        session_expiry_interval=0 if values["clean_session"] else values["session_expiry_interval"],
+        client_id=client_id,
+        username=values["username"] or None,
+        password=values["password"].encode() or None,
+        clean_session=values["clean_session"],
+        keepalive=values["keepalive"],
+        try_private=values["try_private"],
+        tls=values["tls"],
+        ca=values["ca"] or None,
+        cert=values["cert"] or None,
+        key=values["key"] or None,
+        ciphers=values["ciphers"],
+        qos0_policy=qos0_policy,
+        drop_policy=values["drop_policy"],
+        drain_messages_per_second=values["drain_messages_per_second"],
+        drain_bytes_per_second=values["drain_bytes_per_second"],
+        max_queued_messages=values["max_queued_messages"],
+        max_queued_bytes=values["max_queued_bytes"],
+        max_inflight_messages=values["max_inflight_messages"],
+        state_topic=values["state_topic"] or f"{BRIDGE_STATE_PREFIX}{name}/state",
+        remote_state_topic=values["remote_state_topic"] or notification_topic(client_id),
+        reconnect_initial=values["reconnect_initial"],
+        reconnect_max=values["reconnect_max"],
+    )
+    if settings.reconnect_max < settings.reconnect_initial:
+        raise ConfigError(f"{where}: bridge.reconnect_max must not be below reconnect_initial")
+    if settings.tls:
+        client_tls_options(settings, "localhost")  # files checked at start-up
+    return settings
+
+
+def _protocol_level(values, table, where):
+    """The level spoken upstream: protocol_version if given, else protocol."""
+    level = PROTOCOLS[values["protocol"]]
+    if values["protocol_version"]:
+        if "protocol" in table and level != values["protocol_version"]:
+            raise ConfigError(f"{where}: bridge.protocol and bridge.protocol_version disagree")
+        level = values["protocol_version"]
+    return level

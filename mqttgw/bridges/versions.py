@@ -1,0 +1,206 @@
+"""
+What differs between the MQTT versions a bridge speaks upstream, in one
+object per version chosen from the settings: the CONNECT it sends, the
+terms of a link once accepted, its SUBSCRIBE and state PUBLISH, what a
+refused subscription or will means, and how a frame it sent is read back.
+
+Over 5.0 the upstream keeps the bridge's session for its session expiry
+interval, tells it its limits in CONNACK (receive maximum, maximum packet
+size, maximum QoS, retain available), which the bridge keeps to, and
+sends back none of the bridge's own messages (no local).
+"""
+
+from twisted.logger import Logger
+
+from mqttgw.transports.mqtt5 import Connection5
+from mqttgw.wire import packets as P
+from mqttgw.wire import reasons as R
+
+log = Logger()
+
+# 5.0: topic aliases the upstream may use toward the bridge.
+UPSTREAM_TOPIC_ALIASES = 64
+
+# 5.0 subscription options of the bridge's subscriptions upstream: no
+# local (none of its own messages back, which 3.1.1 can only ask for with
+# try_private) and retain as published (a retained message stays one here).
+_NO_LOCAL = 0x04
+_RETAIN_AS_PUBLISHED = 0x08
+
+
+def upstream_version(settings):
+    """The version object for a bridge's settings."""
+    if settings.protocol_level == P.MQTT_5:
+        return Upstream5(settings)
+    return Upstream3(settings)
+
+
+class Upstream3:
+    """MQTT 3.1 and 3.1.1 upstream: no properties, return codes only."""
+
+    # The will as the upstream takes it: 3.1/3.1.1 never refuses it for these.
+    will_qos = 1
+    will_retain = True
+
+    def __init__(self, settings):
+        self.settings = settings
+
+    def connect(self, try_private):
+        """The CONNECT sent upstream; try_private marks it a bridge's."""
+        s = self.settings
+        level = s.protocol_level | (0x80 if try_private else 0)
+        return _connect(s, level, self, None, None)
+
+    def attach(self, upstream, clock):
+        """A link accepted: (its frame encoder, receive maximum, maximum QoS)."""
+        return None, None, 2
+
+    def subscribe(self, incoming):
+        return P.Subscribe(1, incoming)
+
+    def state(self, topic, value):
+        """The link's state message upstream."""
+        return P.Publish(topic, value, 0, True)
+
+    def suback(self, bridge, packet):
+        refused = [code for code in packet.granted_qos if code >= 0x80]
+        if refused:
+            log.warn(
+                "bridge {name}: upstream refused a subscription: {granted}",
+                name=self.settings.name,
+                granted=packet.granted_qos,
+            )
+
+    def inbound(self, packet):
+        """A PUBLISH from upstream, as it came."""
+
+    def sent(self, first, remote, rest):
+        """What the archive records of a frame sent upstream: its message as sent."""
+        qos = (first >> 1) & 3
+        start = 2 if qos else 0
+        return P.Publish(remote[2:].decode("utf-8"), rest[start:], qos, bool(first & 1))
+
+    def will_refused(self, error):
+        """Whether the will changed so that CONNECT may be asked again."""
+        return False
+
+
+class Upstream5(Upstream3):
+    """MQTT 5.0 upstream: properties, reason codes, the upstream's limits."""
+
+    def __init__(self, settings):
+        super().__init__(settings)
+        # The will as the upstream takes it (see will_refused).
+        self.will_qos = 1
+        self.will_retain = True
+        # The current link's framing and limits (Framing5).
+        self.framing = None
+
+    def connect(self, try_private):
+        # No try_private: no local does its work.
+        s = self.settings
+        properties = {"topic_alias_maximum": UPSTREAM_TOPIC_ALIASES}
+        if s.session_expiry_interval:
+            properties["session_expiry_interval"] = s.session_expiry_interval
+        return _connect(s, s.protocol_level, self, properties, {})
+
+    def attach(self, upstream, clock):
+        s = self.settings
+        server = upstream.server_properties
+        log.info(
+            "bridge {name}: upstream limits: receive maximum {receive}, maximum packet"
+            " size {size}, maximum QoS {qos}, retain {retain}",
+            name=s.name,
+            receive=server.get("receive_maximum", 65535),
+            size=server.get("maximum_packet_size", "unlimited"),
+            qos=server.get("maximum_qos", 2),
+            retain="available" if server.get("retain_available", 1) else "not available",
+        )
+        growth = max(
+            (len(r.remote_prefix.encode()) - len(r.local_prefix.encode()) for r in s.rules),
+            default=0,
+        )
+        self.framing = Framing5(clock, server, max(growth, 0))
+        # The upstream's receive maximum bounds the in-flight window.
+        # Nothing above its maximum QoS, queued and in flight included
+        # ([MQTT-3.2.2-11]): the session sends at most that.
+        return self.framing, server.get("receive_maximum", 65535), server.get("maximum_qos", 2)
+
+    def subscribe(self, incoming):
+        options = _NO_LOCAL | _RETAIN_AS_PUBLISHED
+        return P.Subscribe(1, [(f, q | options) for f, q in incoming], {})
+
+    def state(self, topic, value):
+        return P.Publish(topic, value, 0, self.framing.retain_available, properties={})
+
+    def suback(self, bridge, packet):
+        for code in packet.granted_qos:
+            if code >= 0x80:
+                bridge.reason("SUBACK", code, packet)
+
+    def inbound(self, packet):
+        # Its topic alias resolved; its message properties kept.
+        self.framing.inbound_topic(packet)
+
+    def sent(self, first, remote, rest):
+        qos = (first >> 1) & 3
+        start, length = P.decode_remaining_length(rest, 2 if qos else 0)
+        return P.Publish(remote[2:].decode("utf-8"), rest[start + length:], qos, bool(first & 1))
+
+    def will_refused(self, error):
+        # An upstream without retained messages, or with a maximum QoS
+        # of 0, refuses the will as it was ([MQTT-3.2.2-13], [MQTT-3.2.2-12]).
+        if error.code == R.RETAIN_NOT_SUPPORTED and self.will_retain:
+            self.will_retain = False
+            return True
+        if error.code == R.QOS_NOT_SUPPORTED and self.will_qos:
+            self.will_qos = 0
+            return True
+        return False
+
+
+def _connect(s, level, will, properties, will_properties):
+    return P.Connect(
+        client_id=s.client_id,
+        protocol_level=level,
+        protocol_name=P.PROTOCOL_NAMES[s.protocol_level],
+        clean_session=s.clean_session,
+        keepalive=s.keepalive,
+        will_topic=s.remote_state_topic,
+        will_message=b"0",
+        will_qos=will.will_qos,
+        will_retain=will.will_retain,
+        username=s.username,
+        password=s.password,
+        properties=properties,
+        will_properties=will_properties,
+    )
+
+
+class Framing5(Connection5):
+    """
+    The 5.0 framing of what the bridge sends upstream, within the limits
+    the upstream's CONNACK gave: its maximum packet size (less what the out
+    rules' prefixes may add), and no RETAIN flag if it has no retained
+    messages.  No topic aliases: the frames' topics are rewritten after.
+    """
+
+    __slots__ = ("retain_available",)
+
+    def __init__(self, clock, server, growth):
+        limit = server.get("maximum_packet_size")
+        if limit is not None:
+            # The topic rewritten may also lengthen Remaining Length, by
+            # at most 3 bytes.
+            limit = max(limit - growth - 3, 0)
+        super().__init__(
+            clock,
+            {"maximum_packet_size": limit},
+            UPSTREAM_TOPIC_ALIASES,
+            65535,
+        )
+        self.retain_available = server.get("retain_available", 1) == 1
+
+    def frame(self, message, qos, mid, retain, dup, subscription_ids):
+        # Subscription identifiers are this broker's, nothing upstream's.
+        return super().frame(message, qos, mid, retain and self.retain_available, dup, None)
