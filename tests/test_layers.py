@@ -77,11 +77,15 @@ def test_every_module_imports_first_in_a_fresh_interpreter():
     assert int(run.stdout) == len(names) > 40
 
 
-# Packages held to the size bounds below.  broker/ and bridges/ join when
-# their classes are split.
-SIZE_BOUNDED = ["transports"]
-# Modules of those packages not yet split, with what is left over.
-SIZE_EXEMPT = {"mqttgw/transports/websocket.py"}  # its 112-line frame parser
+# Packages held to the size bounds below.  broker/ joins when its classes
+# are split.
+SIZE_BOUNDED = ["transports", "bridges"]
+# Modules of those packages exempt, and why.
+SIZE_EXEMPT = {
+    # scan() is the per-frame loop of every WebSocket read (63 lines): one
+    # function, so that a frame costs no call.
+    "mqttgw/transports/wsframes.py",
+}
 MAX_METHOD_LINES = 60
 MAX_CLASS_LINES = 400
 
