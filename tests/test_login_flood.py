@@ -5,6 +5,7 @@ The throttle's arithmetic and table are tested in-process in
 test_throttle.py; the same flood beside mosquitto is bench/flood.py.
 """
 
+import os
 import socket
 import time
 
@@ -132,3 +133,33 @@ def test_max_connection_rate_spares_loopback_unless_asked(tmp_path, gateway_with
     gateway = gateway_with("--max-connection-rate", "5")
     answers = flood(gateway.port, 50, source="127.0.0.3", concurrency=10, patience=10, timeout=60)
     assert answers.get("connack 0") == 50, answers
+
+
+def _cpu_seconds(pid):
+    """The process's CPU time so far, every thread's (utime + stime)."""
+    fields = open(f"/proc/{pid}/stat").read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_an_unknown_user_costs_the_gateway_what_a_known_users_wrong_password_does(tmp_path, gateway_with):
+    # Before: a known user's wrong password was checked against the file's
+    # hash (here 100,000 iterations), an unknown user's against a fixed
+    # 20,000: the difference in the answer's time told who exists.  What is
+    # compared is the work the gateway does (its CPU time), not a latency.
+    path = tmp_path / "passwd"
+    path.write_text(f"alice:{hash_password(PASSWORD, iterations=100_000)}\n")
+    gateway = gateway_with("--password-file", str(path), *FAST_THROTTLE)
+    logins = 12
+
+    def cpu_for(username):
+        before = _cpu_seconds(gateway.process.pid)
+        for n in range(logins):
+            # One address per login: the answers wait for no earlier failure.
+            source = f"127.0.{10 + (username == 'alice')}.{n + 1}"
+            assert login(gateway.port, username, "wrong", source=source, timeout=30) == 4
+        return _cpu_seconds(gateway.process.pid) - before
+
+    known, unknown = cpu_for("alice"), cpu_for("nobody")
+    # Each batch costs about twelve 100,000-iteration hashes (over a second
+    # here); the old stand-in made the unknown batch a fifth of the known.
+    assert 0.6 < unknown / known < 1.6, (known, unknown)
