@@ -45,6 +45,8 @@ class Router:
     trace = None
     trace_every = 0
     _until_trace = -1
+    # The Sparkplug observer (broker/sparkplug.py), or None: awareness off.
+    sparkplug = None
 
     def __init__(self, clock, limits=SessionLimits(), max_qos=2, store=None):
         self.clock = clock
@@ -357,6 +359,8 @@ class Router:
         if not self._until_trace:
             self._until_trace = self.trace_every
             message = self.trace(message)
+        if self.sparkplug is not None and message.topic.startswith("spBv1.0/"):
+            message = self.sparkplug.published(message)
         durable = False
         retain = message.retain
         if retain:
