@@ -256,3 +256,24 @@ def test_other_topics_are_not_read(broker, monkeypatch):
     edge = connect(broker, "edge")
     edge.send(P.Publish("spAv1.0/g/NDATA/n", b"\xff", 0, False))
     edge.send(P.Publish("plant/spBv1.0/NDATA", b"\xff", 0, False))
+
+
+def test_edge_state_is_in_sys_metrics_and_the_admin_api(broker):
+    from mqttgw.service.gateway import Gateway
+    from mqttgw.web.metrics import Metrics
+    from mqttgw.web.systopics import SysTopics
+
+    edge, _ = birth(broker)
+    edge.send(P.Publish(DBIRTH, payload(seq=1), 0, False))
+    edge.send(P.Publish(DDATA, payload(seq=9), 0, False))
+    values = SysTopics(broker.router, broker.clock, 10).values()
+    assert values["$SYS/broker/sparkplug/nodes_online"] == 1
+    assert values["$SYS/broker/sparkplug/devices_online"] == 1
+    assert values["$SYS/broker/sparkplug/out_of_sequence"] == 1
+    text = Metrics(broker.router).text().decode()
+    assert "mqttgw_sparkplug_nodes_online 1.0" in text
+    assert "mqttgw_sparkplug_out_of_sequence_total 1.0" in text
+    api = Gateway(broker.router, broker.clock).sparkplug()
+    assert api["aware"] and api["stats"]["devices_online"] == 1
+    (node,) = api["edge_nodes"]
+    assert (node["group"], node["edge_node"], node["online"]) == (GROUP, NODE, True)
