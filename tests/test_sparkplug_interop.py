@@ -229,3 +229,36 @@ def test_tck_conformance_mqtt_retained(gateway):
     assert again.nothing_more()
     for c in (host, reader, again):
         c.disconnect()
+
+
+def test_certificates_survive_a_restart_and_are_not_client_writable(tmp_path):
+    """Retained in the store; $sparkplug/ is the gateway's alone."""
+    from mqttgw.wire.sparkplug import payload as S
+    from tests.gateway import Gateway
+
+    birth = S.Payload(timestamp=1, seq=0)
+    birth.metrics.add(name="bdSeq", datatype=S.DataType.UInt64, long_value=0)
+    birth = S.encode(birth)
+    gw = Gateway(tmp_path)
+    try:
+        edge = PahoClient(gw.port, "edge", "MQTTv311")
+        edge.connect()
+        edge.publish("spBv1.0/g/NBIRTH/e", birth, 1)
+        # A forged certificate is acknowledged and dropped, as a $SYS write is.
+        edge.publish("$sparkplug/certificates/spBv1.0/g/NBIRTH/e", b"forged", 1, retain=True)
+        edge.publish("$sparkplug/forged", b"forged", 1, retain=True)
+        edge.disconnect()
+    finally:
+        gw.stop()
+    gw = Gateway(tmp_path)
+    try:
+        host = record(gw, "$sparkplug/#")
+        (kept,) = drain(host, 1)
+        assert (kept.topic, kept.payload, kept.retain) == (
+            "$sparkplug/certificates/spBv1.0/g/NBIRTH/e", birth, True
+        )
+        assert host.nothing_more()
+        host.disconnect()
+    finally:
+        gw.stop()
+    assert "Traceback" not in gw.log()
