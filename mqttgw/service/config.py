@@ -203,8 +203,14 @@ KEYS = [
         "replace an NDEATH's timestamp with the time the gateway delivers it",
         flag_name="sparkplug-ndeath-timestamp",
     ),
-    Key("sparkplug", "max_nodes", int, 10_000, "edge nodes whose state is tracked", 1),
-    Key("sparkplug", "max_devices", int, 100_000, "devices whose state is tracked, in all", 1),
+    Key(
+        "sparkplug", "max_nodes", int, 10_000, "Sparkplug edge nodes whose state is tracked", 1,
+        flag_name="sparkplug-max-nodes",
+    ),
+    Key(
+        "sparkplug", "max_devices", int, 100_000, "Sparkplug devices whose state is tracked, in all", 1,
+        flag_name="sparkplug-max-devices",
+    ),
     Key(
         "persistence",
         "durability",
