@@ -45,8 +45,6 @@ class Router:
     trace = None
     trace_every = 0
     _until_trace = -1
-    # The Sparkplug observer (broker/sparkplug.py), or None: awareness off.
-    sparkplug = None
 
     def __init__(self, clock, limits=SessionLimits(), max_qos=2, store=None):
         self.clock = clock
@@ -56,6 +54,8 @@ class Router:
         self.store = store
         # The archive (anything with published()), or None.
         self.recorder = None
+        # The Sparkplug observer (broker/sparkplug.py), or None: awareness off.
+        self.sparkplug = None
         self.sessions = {}
         self.subscriptions = SubscriptionTrie()
         # Shared subscriptions' groups by (share name, filter).
