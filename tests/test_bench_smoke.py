@@ -215,6 +215,14 @@ def test_hot_path_benchmark_reports_a_cost_per_message():
     assert all(0 < cost < 1000 for cost in results.values())
 
 
+def test_sparkplug_benchmark_reports_awareness_on_and_off():
+    from bench import sparkplug
+
+    results = sparkplug.main(["--messages", "2000", "--repeat", "1"])
+    assert set(results) == {"off", "on", "on/off"}
+    assert all(0 < results[name] < 1000 for name in ("off", "on"))
+
+
 def test_the_reconnect_storm_simulation_brings_every_site_back_and_drains_it():
     from bench import storm
 

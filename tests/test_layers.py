@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "mqttgw"
 # Imported where they are used, for what they need that is optional:
 # pyarrow (the archive) and PySpark (the pipeline's tables).
-OPTIONAL = {"mqttgw.data.archive", "mqttgw.pipeline.tables"}
+OPTIONAL = {"mqttgw.data.archive", "mqttgw.pipeline.tables", "mqttgw.wire.sparkplug.payload"}
 
 
 def modules():

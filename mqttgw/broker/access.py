@@ -7,16 +7,18 @@ sessions.
 """
 
 from mqttgw.broker.topics import filters_intersect, matches
+from mqttgw.wire.sparkplug.topics import source_topic
 
 READ, WRITE, DENY = 1, 2, 4
 
 
-# Topics only the gateway itself writes: $SYS, and the state of every
-# bridge, whether or not a bridge of that name is configured now (a
-# retained spoof would otherwise outlive the bridge it names, or wait for
-# one to be added).
+# Topics only the gateway itself writes: $SYS, the Sparkplug births it
+# keeps ($sparkplug/certificates/...), and the state of every bridge,
+# whether or not a bridge of that name is configured now (a retained
+# spoof would otherwise outlive the bridge it names, or wait for one to
+# be added).
 BRIDGE_STATE_PREFIX = "mqttgw/bridge/"
-RESERVED_PREFIXES = ("$SYS/", BRIDGE_STATE_PREFIX)
+RESERVED_PREFIXES = ("$SYS/", "$sparkplug/", BRIDGE_STATE_PREFIX)
 ANALYTICS_PREFIX = "$analytics/"
 
 
@@ -62,6 +64,8 @@ class Access:
 
     def may_subscribe(self, username, client_id, topic_filter, limit=None):
         """``limit``: the filters a token allows, or None."""
+        # A Sparkplug certificate may be read by whoever may read its birth.
+        topic_filter = source_topic(topic_filter) or topic_filter
         if limit is not None and not any(filters_intersect(f, topic_filter) for f in limit):
             return False
         acl = self.acl
@@ -83,6 +87,7 @@ class Access:
     def _allows(self, username, client_id, topic, kind, limit):
         if kind == WRITE:
             return self.may_publish(username, client_id, topic, limit)
+        topic = source_topic(topic) or topic
         if limit is not None and not any(matches(f, topic) for f in limit):
             return False
         acl = self.acl

@@ -63,6 +63,8 @@ class Router:
         self.store = store
         # The archive (anything with published()), or None.
         self.recorder = None
+        # The Sparkplug observer (broker/sparkplug.py), or None: awareness off.
+        self.sparkplug = None
         self.sessions = {}
         self.subscriptions = SubscriptionTrie()
         # Shared subscriptions' groups by (share name, filter).
@@ -426,6 +428,8 @@ class Router:
         if not self._until_trace:
             self._until_trace = self.trace_every
             message = self.trace(message)
+        if self.sparkplug is not None and message.topic.startswith("spBv1.0/"):
+            message = self.sparkplug.published(message)
         durable = False
         retain = message.retain
         if retain:

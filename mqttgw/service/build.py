@@ -16,6 +16,7 @@ from twisted.logger import Logger
 from mqttgw.bridges.interfaces import bridge_kinds
 from mqttgw.broker.router import Router
 from mqttgw.broker.session import SessionLimits
+from mqttgw.broker.sparkplug import Sparkplug
 from mqttgw.broker.store import Store, StoreError
 from mqttgw.broker.topics import InvalidTopic, validate_topic_filter
 from mqttgw.security.acl import ACL
@@ -279,10 +280,20 @@ def configure_router(router, settings):
     router.max_shared_group_members = settings["limits.max_shared_group_members"]
     router.persistent_client_expiration = settings["persistence.persistent_client_expiration"]
     router.session_owner_mismatch = settings["auth.session_owner_mismatch"]
+    sparkplug = router.sparkplug
+    if sparkplug is not None:
+        sparkplug.ndeath_timestamp = settings["sparkplug.ndeath_timestamp"]
+        sparkplug.max_nodes = settings["sparkplug.max_nodes"]
+        sparkplug.max_devices = settings["sparkplug.max_devices"]
 
 
 def build_router(settings, clock, store=None):
     router = Router(clock, store=store)
+    if settings["sparkplug.aware"]:
+        try:
+            router.sparkplug = Sparkplug(router, clock)
+        except ImportError:
+            sys.exit("mqttgw: sparkplug.aware needs protobuf (pip install protobuf), or set it false")
     configure_router(router, settings)
     return router
 

@@ -197,6 +197,31 @@ KEYS = [
     Key("archive", "roll_rows", int, 100_000, "rows before a segment is closed", 1),
     Key("archive", "gateway_id", str, "", "this gateway's id in the archive (default: host name)"),
     Key(
+        "sparkplug",
+        "aware",
+        bool,
+        True,
+        "Sparkplug Aware MQTT Server: keep births on $sparkplug/certificates/, track edge state",
+        flag_name="no-sparkplug",
+        flag_help="carry Sparkplug B messages as any others: no certificates, no edge state",
+    ),
+    Key(
+        "sparkplug",
+        "ndeath_timestamp",
+        bool,
+        False,
+        "replace an NDEATH's timestamp with the time the gateway delivers it",
+        flag_name="sparkplug-ndeath-timestamp",
+    ),
+    Key(
+        "sparkplug", "max_nodes", int, 10_000, "Sparkplug edge nodes whose state is tracked", 1,
+        flag_name="sparkplug-max-nodes",
+    ),
+    Key(
+        "sparkplug", "max_devices", int, 100_000, "Sparkplug devices whose state is tracked, in all", 1,
+        flag_name="sparkplug-max-devices",
+    ),
+    Key(
         "persistence",
         "durability",
         str,

@@ -249,6 +249,13 @@ class Gateway(MultiService):
             if item is not None:
                 yield item[0]
 
+    def sparkplug(self):
+        """Sparkplug awareness: on or off, counters, edge nodes and devices."""
+        sparkplug = self.router.sparkplug
+        if sparkplug is None:
+            return {"aware": False}
+        return {"aware": True, "stats": sparkplug.stats.as_dict(), "edge_nodes": sparkplug.edge()}
+
     def overview(self):
         router = self.router
         store = self.store

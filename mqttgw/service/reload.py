@@ -39,6 +39,7 @@ NEEDS_RESTART = (
     "tls.use_identity_as_username",
     "tls.require_client_cert",
     "tls.ca",
+    "sparkplug.aware",
 )
 
 

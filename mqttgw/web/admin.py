@@ -299,6 +299,17 @@ def _finish(request, body):
         request.finish()
 
 
+class Sparkplug(_JSON):
+    """The edge nodes and devices the gateway has seen, and its counters."""
+
+    def __init__(self, gateway):
+        super().__init__()
+        self.gateway = gateway
+
+    def render_GET(self, request):
+        return self.reply(request, self.gateway.sparkplug())
+
+
 class Overview(_JSON):
     def __init__(self, gateway):
         super().__init__()
@@ -559,6 +570,7 @@ def api_resource(
         b"clients": (Clients(gateway), ()),
         b"sessions": (Sessions(gateway), ()),
         b"retained": (Retained(gateway, anonymous_reads, local), ()),
+        b"sparkplug": (Sparkplug(gateway), ()),
     }
     api = Resource()
     api.putChild(b"whoami", WhoAmI(roles, issuer is not None))

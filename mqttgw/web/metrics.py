@@ -228,6 +228,33 @@ class Metrics:
             dropped = CounterMetricFamily("mqttgw_archive_rows_dropped", "rows the archive could not write")
             dropped.add_metric([], archive.dropped)
             yield dropped
+        sparkplug = router.sparkplug
+        if sparkplug is not None:
+            yield from _sparkplug_metrics(sparkplug.stats)
+
+
+# Sparkplug: (attribute, metric, help); gauges first.
+SPARKPLUG = [
+    ("nodes_online", "mqttgw_sparkplug_nodes_online", "Sparkplug edge nodes online"),
+    ("devices_online", "mqttgw_sparkplug_devices_online", "Sparkplug devices online"),
+    ("births", "mqttgw_sparkplug_births", "NBIRTH messages seen"),
+    ("deaths", "mqttgw_sparkplug_deaths", "NDEATH messages (wills included) that ended a birth"),
+    ("out_of_sequence", "mqttgw_sparkplug_out_of_sequence",
+     "Sparkplug messages whose seq did not follow their node's last"),
+    ("bdseq_mismatches", "mqttgw_sparkplug_bdseq_mismatches",
+     "NDEATH messages ignored: their bdSeq was not the current birth's"),
+    ("malformed", "mqttgw_sparkplug_malformed", "Sparkplug messages whose payload could not be read"),
+    ("certificates", "mqttgw_sparkplug_certificates", "births kept on $sparkplug/certificates/"),
+    ("untracked", "mqttgw_sparkplug_untracked",
+     "births past sparkplug.max_nodes or max_devices, not tracked"),
+]
+
+
+def _sparkplug_metrics(stats):
+    for i, (attribute, name, text) in enumerate(SPARKPLUG):
+        family = (GaugeMetricFamily if i < 2 else CounterMetricFamily)(name, text)
+        family.add_metric([], getattr(stats, attribute))
+        yield family
 
 
 def _connections(router):

@@ -151,6 +151,9 @@ class SysTopics:
                 values[prefix + "queued/oldest"] = 0 if oldest is None else f"{oldest:.0f}"
             for reason, count in status.get("drops", {}).items():
                 values[f"{prefix}dropped/{reason}"] = count
+        if router.sparkplug is not None:
+            for name, count in router.sparkplug.stats.as_dict().items():
+                values[f"{broker}sparkplug/{name}"] = count
         return values
 
     def _load_values(self, stats):
