@@ -22,15 +22,10 @@ from mqttgw.wire import packets as P
 from mqttgw.wire.framing import Framer
 from tests.conftest import require_program
 from tests.mosquitto_clients import Sub, pub
+from tests.mosquitto_broker import free_port  # noqa: F401 (others import it from here)
 from tests.paho import PahoClient
 
 LOCAL = "127.0.0.1"
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind((LOCAL, 0))
-        return s.getsockname()[1]
 
 
 def endpoint(port):
