@@ -288,11 +288,16 @@ def test_rollups_are_published_back_as_retained_messages(tmp_path):
     import trustme
 
     from mqttgw.passwd import main as passwd
+    from mqttgw.pipeline.publish import topic_of
     from tests.test_transports import endpoint, free_port
 
     archive = tmp_path / "archive"
     celsius = lambda i: json.dumps({"celsius": i, "sensors": {"t1": -i}}).encode()  # noqa: E731
     write_segment(archive, "2026-11-22T10:00:00", ["plant/a", "plant/b", "/plant/c"], 30, payload=celsius)
+    # Topics whose names collided with those above before names were
+    # made one-to-one: "_" was also what an empty level became, and a
+    # topic's level "celsius" read as plant/a's field of that name.
+    write_segment(archive, "2026-11-22T10:01:00", ["_/plant/c", "plant/a/celsius"], 4, payload=lambda i: b"%d" % (100 + i))
     # An earlier run's own messages, archived by the gateway: never
     # published again as $analytics/$analytics/...
     write_segment(archive, "2026-11-22T10:05:00", ["$analytics/plant/a/1m"], 2)
@@ -320,31 +325,69 @@ def test_rollups_are_published_back_as_retained_messages(tmp_path):
         dashboard.client.username_pw_set("dashboard", "dash-pw")
         dashboard.connect()
         dashboard.subscribe("$analytics/#", 1)
-        # A leading slash is an empty level, published as "_".
-        topics = {"plant/a": "plant/a", "plant/b": "plant/b", "/plant/c": "_/plant/c"}
+        # "_" alone separates topic and rollup; a level of underscores
+        # only (the empty one too) gets two more; fields as given.
+        topics = {"plant/a": "plant/a", "plant/b": "plant/b", "/plant/c": "__/plant/c"}
         expected = {
-            f"$analytics/{name}/{suffix}"
+            f"$analytics/{name}/_/{suffix}"
             for name in topics.values()
-            for suffix in ("1m", "1h", "last", "celsius/1m", "sensors.t1/1m")
+            for suffix in ("1m", "1h", "last", "celsius/1m", "$.sensors.t1/1m")
+        }
+        expected |= {
+            f"$analytics/{name}/_/{suffix}" for name in ("___/plant/c", "plant/a/celsius") for suffix in ("1m", "1h", "last")
         }
         got = {m.topic: (json.loads(m.payload), m.retain) for m in dashboard.receive(len(expected))}
         assert set(got) == expected
         assert all(retain for _, retain in got.values())
-        hour = got["$analytics/plant/a/1h"][0]
+        # Every name is its body's topic, and nothing else's.
+        for name, (body, _) in got.items():
+            assert topic_of("$analytics", name)[0] == body["topic"], name
+        hour = got["$analytics/plant/a/_/1h"][0]
         assert (hour["topic"], hour["messages"], hour["window_start"]) == ("plant/a", 10, "2026-11-22T10:00:00+00:00")
-        assert got["$analytics/_/plant/c/1m"][0]["topic"] == "/plant/c"
+        assert got["$analytics/__/plant/c/_/1m"][0]["topic"] == "/plant/c"
+        assert got["$analytics/___/plant/c/_/1m"][0]["topic"] == "_/plant/c"
+        assert got["$analytics/plant/a/celsius/_/1m"][0]["topic"] == "plant/a/celsius"
         # plant/a got celsius i = 0, 3, ..., 27, all in minute 10:00.
         values = list(range(0, 30, 3))
-        stats = got["$analytics/plant/a/celsius/1m"][0]
+        stats = got["$analytics/plant/a/_/celsius/1m"][0]
         assert (stats["count"], stats["invalid"], stats["min"], stats["max"]) == (
             len(values), 0, min(values), max(values))
         assert stats["avg"] == pytest.approx(sum(values) / len(values))
-        assert got["$analytics/plant/a/sensors.t1/1m"][0]["min"] == -max(values)
-        last = got["$analytics/plant/b/last"][0]
+        assert got["$analytics/plant/a/_/$.sensors.t1/1m"][0]["min"] == -max(values)
+        last = got["$analytics/plant/b/_/last"][0]
         assert (last["topic"], last["payload"], last["gateway_id"]) == ("plant/b", celsius(28).decode(), "gw")
         assert not [t for t in got if t.startswith("$analytics/$analytics")]
     finally:
         gw.stop()
+
+
+def test_rollup_names_are_one_to_one():
+    """Without Spark: every (topic, rollup) has its own name, and the name gives them back."""
+    from hypothesis import given
+    from hypothesis import strategies as st
+
+    from mqttgw.pipeline.publish import topic_name, topic_of
+
+    rollups = st.one_of(
+        st.sampled_from([("1m",), ("1h",), ("last",)]),
+        st.tuples(st.text(st.characters(blacklist_characters="/+#\0"), min_size=1, max_size=4), st.just("1m")),
+    )
+
+    @given(st.text("_a/b", min_size=1, max_size=8), rollups)
+    def inverse(topic, rollup):
+        assert topic_of("$analytics", topic_name("$analytics", topic, *rollup)) == (topic, list(rollup))
+
+    inverse()
+    # The collisions names had: an empty level and "_", "a//b" and "a/_/b",
+    # topic plant/a/celsius's 1m and topic plant/a's field celsius.
+    pairs = [
+        (("/legacy/boiler/temp", "1m"), ("_/legacy/boiler/temp", "1m")),
+        (("a//b", "1m"), ("a/_/b", "1m")),
+        (("plant/a/celsius", "1m"), ("plant/a", "celsius", "1m")),
+        (("plant/a", "sensors.t1", "1m"), ("plant/a", "$.sensors.t1", "1m")),
+    ]
+    for one, other in pairs:
+        assert topic_name("$analytics", *one) != topic_name("$analytics", *other), (one, other)
 
 
 @pytest.mark.parametrize(
