@@ -14,8 +14,10 @@ import grimp
 REPO = Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "mqttgw"
 # Imported where they are used, for what they need that is optional:
-# pyarrow (the archive) and PySpark (the pipeline's tables).
-OPTIONAL = {"mqttgw.data.archive", "mqttgw.pipeline.tables"}
+# pyarrow (the archive), PySpark (the pipeline's tables) and, for the
+# pipeline's --publish alone, the MQTT client (attrs, which a Spark
+# driver need not have).
+OPTIONAL = {"mqttgw.data.archive", "mqttgw.pipeline.tables", "mqttgw.pipeline.publish"}
 
 
 def modules():
