@@ -254,17 +254,17 @@ def _previous_last_value(spark, out):
 
 def refresh(spark, args, selected, whole_archive, stats, everything=None):
     """
-    Compute the tables asked for from ``selected`` archive rows (read once:
-    every table is computed from the same cached scan) and publish them
-    together.  ``whole_archive``: ``selected`` is all of it, so last_value
+    Compute the tables asked for from ``selected`` archive rows and
+    publish them together.  ``whole_archive``: ``selected`` is all of it, so last_value
     is computed afresh rather than merged with the previous one, as it
     is from ``everything`` when given.
     """
-    from pyspark import StorageLevel
-
     from mqttgw.pipeline import tables as T
 
-    rows = T.hours(selected).persist(StorageLevel.MEMORY_AND_DISK)
+    # Not cached: each table reads only the columns it needs from the
+    # Parquet files, which costs less than caching every column (the
+    # payloads most of all) for all of them.
+    rows = T.hours(selected)
     try:
         count = rows.count()
         stats["rows_in"] = stats.get("rows_in", 0) + count
