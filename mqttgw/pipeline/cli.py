@@ -255,9 +255,9 @@ def _previous_last_value(spark, out):
 def refresh(spark, args, selected, whole_archive, stats, everything=None):
     """
     Compute the tables asked for from ``selected`` archive rows and
-    publish them together.  ``whole_archive``: ``selected`` is all of it, so last_value
-    is computed afresh rather than merged with the previous one, as it
-    is from ``everything`` when given.
+    publish them together.  ``whole_archive``: ``selected`` is all of it,
+    so last_value is computed afresh rather than merged with the previous
+    one, as it is from ``everything`` when given.
     """
     from mqttgw.pipeline import tables as T
 
@@ -473,6 +473,8 @@ def main(argv=None):
     except BaseException as e:
         try:
             log_run(spark, args.out, dict(run, end=_now(), status="failed", error=f"{type(e).__name__}: {e}"[:2000]))
+        except Exception as unrecorded:  # Spark itself failing: the run's own error is what tells
+            say(f"the failed run could not be recorded: {type(unrecorded).__name__}")
         finally:
             spark.stop()
         raise
