@@ -1,29 +1,39 @@
 """
 How fast the pipeline is, against DuckDB as the single-machine yardstick:
 for each archive size, a synthetic archive (24 hours, 1,000 topics, 300
-clients, JSON payloads with a few dirty ones) is written in the gateway's
-layout, then
+clients, JSON payloads with a few dirty ones) is written with the
+archive's own schema and layout, then, each timed by wall clock
+including Spark's start:
 
 - ``batch``: ``python -m mqttgw.pipeline batch`` over all of it (every
-  table, one JSON field), wall clock including Spark's start;
-- the same aggregations by DuckDB over the same Parquet files, written as
-  Parquet the same way, in the same run;
+  table, one JSON field) on ``local[*]``, and ``topic_minute`` alone;
+- the same tables by DuckDB over the same Parquet files, written as
+  Parquet the same way, in the same run, and ``topic_minute`` alone; the
+  row counts of every table are checked to match;
+- ``cluster``: the batch on a Spark standalone cluster of two workers
+  (one core each) started here on 127.0.0.1 with the installed pyspark's
+  ``spark-class`` (``--no-cluster`` to leave it out);
 - ``stream``: a first ``stream`` run over the archive, then one new hour
   of ``--hour-rows`` rows is added and the next ``stream`` run timed: the
-  incremental step, whose cost should follow that hour, not the archive.
+  incremental step, whose cost should follow that hour, not the archive
+  (``--no-stream`` to leave it out).
 
-    python -m bench.pipeline [--rows 1000000 10000000 50000000] [--hour-rows 100000]
+    python -m bench.pipeline [--rows 2000000 10000000] [--hour-rows 100000]
 
 Results go to bench/results/pipeline.json and a table on stdout.
 """
 
 import argparse
 import json
+import os
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -87,10 +97,10 @@ def write_archive(archive, rows, first_hour=0, hours=HOURS, gateway_id="bench", 
 SPARK_MEMORY = "4g"
 
 
-def pipeline(*args):
+def pipeline(*args, driver_memory=SPARK_MEMORY):
     started = time.monotonic()
     out = subprocess.run(
-        [sys.executable, "-m", "mqttgw.pipeline", *args, "--conf", f"spark.driver.memory={SPARK_MEMORY}"],
+        [sys.executable, "-m", "mqttgw.pipeline", *args, "--conf", f"spark.driver.memory={driver_memory}"],
         capture_output=True, text=True, cwd=REPO,
     )
     if out.returncode:
@@ -122,7 +132,8 @@ DUCKDB_TABLES = {
         FROM (SELECT *, raw,
                      CASE WHEN regexp_full_match(raw, '-?[0-9]+(\\.[0-9]+)?([eE][-+]?[0-9]+)?')
                           THEN TRY_CAST(raw AS DOUBLE) END AS value
-              FROM (SELECT *, json_extract_string(TRY_CAST(CAST(payload AS VARCHAR) AS JSON), '$.celsius') AS raw
+              -- decode: a BLOB cast to VARCHAR escapes '"' as \\x22 in DuckDB 2.
+              FROM (SELECT *, json_extract_string(TRY_CAST(TRY(decode(payload)) AS JSON), '$.celsius') AS raw
                     FROM rows WHERE direction IN ('in', 'bridge_in')))
         GROUP BY ALL HAVING count(raw) > 0""",
     "last_value": """
@@ -135,7 +146,7 @@ DUCKDB_TABLES = {
 }
 
 
-def duckdb_batch(archive, out):
+def duckdb_batch(archive, out, tables=tuple(DUCKDB_TABLES)):
     """The same tables by DuckDB, from the same files, written as Parquet."""
     import duckdb
 
@@ -146,7 +157,8 @@ def duckdb_batch(archive, out):
         " hive_types = {'date': VARCHAR, 'hour': VARCHAR})"
     )
     out.mkdir(parents=True)
-    for name, query in DUCKDB_TABLES.items():
+    for name in tables:
+        query = DUCKDB_TABLES[name]
         target = out / name
         partitions = "" if name == "last_value" else ", PARTITION_BY (date, hour)"
         con.execute(f"COPY ({query}) TO '{target}' (FORMAT parquet{partitions})")
@@ -154,35 +166,132 @@ def duckdb_batch(archive, out):
     return time.monotonic() - started
 
 
-def one_size(workdir, rows, hour_rows):
+def row_counts(tables):
+    import duckdb
+
+    con = duckdb.connect()
+    counts = {}
+    for name in DUCKDB_TABLES:
+        path = tables / name
+        # DuckDB writes an unpartitioned table as one file.
+        files = [path] if path.is_file() else list(path.rglob("*.parquet"))
+        if files:
+            counts[name] = con.execute(f"SELECT count(*) FROM read_parquet({[str(f) for f in files]!r})").fetchone()[0]
+        elif path.is_dir():
+            counts[name] = 0
+    con.close()
+    return counts
+
+
+class Cluster:
+    """A standalone master and ``workers`` workers of one core on 127.0.0.1, as spark-class starts them."""
+
+    def __init__(self, workdir, workers=2, memory="2g"):
+        import pyspark
+
+        spark_class = str(Path(pyspark.__file__).parent / "bin" / "spark-class")
+        env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1")
+        port, web = free_port(), free_port()
+        self.url = f"spark://127.0.0.1:{port}"
+        self.processes = []
+        logs = workdir / "cluster-logs"
+        logs.mkdir()
+
+        def start(name, *args):
+            with open(logs / f"{name}.log", "wb") as log:
+                self.processes.append(subprocess.Popen(
+                    [spark_class, *args], env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                ))
+
+        start("master", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port),
+              "--webui-port", str(web))
+        for i in range(workers):
+            (workdir / f"work-{i}").mkdir()
+            start(f"worker-{i}", "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1", "--cores", "1",
+                  "--memory", memory, "--webui-port", str(free_port()), "--work-dir", str(workdir / f"work-{i}"), self.url)
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{web}/json/", timeout=5) as response:
+                    if json.load(response)["aliveworkers"] == workers:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise SystemExit(f"bench: the cluster did not start (logs in {logs})")
+            time.sleep(0.5)
+
+    def stop(self):
+        for process in self.processes:
+            try:
+                os.killpg(process.pid, signal.SIGTERM)
+                process.wait(15)
+            except ProcessLookupError:
+                pass
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(10)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def one_size(workdir, rows, hour_rows, cluster, stream):
     archive, tables = workdir / "archive", workdir / "tables"
     t = time.monotonic()
     write_archive(archive, rows)
     made = time.monotonic() - t
     print(f"  {rows:,} rows written in {made:.1f}s", flush=True)
-    batch = pipeline("batch", "--archive", str(archive), "--out", str(tables), "--json-field", "celsius")
-    print(f"  spark batch {batch:.1f}s", flush=True)
-    duck = duckdb_batch(archive, workdir / "duck")
-    print(f"  duckdb {duck:.1f}s", flush=True)
-    stream = ["stream", "--archive", str(archive), "--out", str(workdir / "stream"),
-              "--checkpoint", str(workdir / "checkpoint"), "--json-field", "celsius"]
-    first = pipeline(*stream)
-    write_archive(archive, hour_rows, first_hour=HOURS, hours=1, seed=2)
-    step = pipeline(*stream)
-    # Spark's own start, for reading the figures: a run with nothing new.
-    idle = pipeline(*stream)
-    print(f"  stream first {first:.1f}s, one new hour {step:.1f}s, nothing new {idle:.1f}s", flush=True)
-    return {
-        "rows": rows, "spark_batch_s": batch, "duckdb_batch_s": duck, "stream_first_s": first,
-        "stream_step_s": step, "stream_idle_s": idle, "hour_rows": hour_rows,
-        "spark_rows_per_s": rows / batch, "duckdb_rows_per_s": rows / duck,
-    }
+    result = {"rows": rows, "hour_rows": hour_rows}
+    batch = ["batch", "--archive", str(archive)]
+    result["spark_batch_s"] = pipeline(*batch, "--out", str(tables), "--json-field", "celsius")
+    print(f"  spark batch {result['spark_batch_s']:.1f}s", flush=True)
+    result["duckdb_batch_s"] = duckdb_batch(archive, workdir / "duck")
+    print(f"  duckdb {result['duckdb_batch_s']:.1f}s", flush=True)
+    spark_counts, duck_counts = row_counts(tables), row_counts(workdir / "duck")
+    if spark_counts != duck_counts:
+        raise SystemExit(f"bench: Spark's and DuckDB's tables differ: {spark_counts} != {duck_counts}")
+    result["spark_topic_minute_s"] = pipeline(*batch, "--out", str(workdir / "tm"), "--tables", "topic_minute")
+    result["duckdb_topic_minute_s"] = duckdb_batch(archive, workdir / "duck-tm", ("topic_minute",))
+    print(f"  topic_minute alone: spark {result['spark_topic_minute_s']:.1f}s,"
+          f" duckdb {result['duckdb_topic_minute_s']:.1f}s", flush=True)
+    if cluster:
+        c = Cluster(workdir)
+        try:
+            result["cluster_batch_s"] = pipeline(
+                *batch, "--out", str(workdir / "cluster"), "--json-field", "celsius", "--master", c.url,
+                "--conf", "spark.executor.memory=1536m", driver_memory="2g",
+            )
+        finally:
+            c.stop()
+        if row_counts(workdir / "cluster") != spark_counts:
+            raise SystemExit("bench: the cluster's tables differ from local[*]'s")
+        print(f"  2-worker cluster batch {result['cluster_batch_s']:.1f}s", flush=True)
+    if stream:
+        stream = ["stream", "--archive", str(archive), "--out", str(workdir / "stream"),
+                  "--checkpoint", str(workdir / "checkpoint"), "--json-field", "celsius"]
+        result["stream_first_s"] = pipeline(*stream)
+        write_archive(archive, hour_rows, first_hour=HOURS, hours=1, seed=2)
+        result["stream_step_s"] = pipeline(*stream)
+        # Spark's own start, for reading the figures: a run with nothing new.
+        result["stream_idle_s"] = pipeline(*stream)
+        print(f"  stream first {result['stream_first_s']:.1f}s, one new hour {result['stream_step_s']:.1f}s,"
+              f" nothing new {result['stream_idle_s']:.1f}s", flush=True)
+    for key in [k for k in result if k.endswith("_s")]:
+        result[key[:-2] + "_rows_per_s"] = rows / result[key]
+    return result
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m bench.pipeline", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", type=float, nargs="+", default=[1e6, 1e7, 5e7])
+    parser.add_argument("--rows", type=float, nargs="+", default=[2e6, 1e7])
     parser.add_argument("--hour-rows", type=int, default=100_000)
+    parser.add_argument("--no-cluster", dest="cluster", action="store_false", help="leave the 2-worker cluster out")
+    parser.add_argument("--no-stream", dest="stream", action="store_false", help="leave the streaming steps out")
     parser.add_argument("--results", default=str(BENCH / "results" / "pipeline.json"))
     args = parser.parse_args(argv)
     results = []
@@ -190,18 +299,29 @@ def main(argv=None):
         print(f"{rows:,} rows", flush=True)
         workdir = Path(tempfile.mkdtemp(prefix="bench-pipeline-"))
         try:
-            results.append(one_size(workdir, rows, args.hour_rows))
+            results.append(one_size(workdir, rows, args.hour_rows, args.cluster, args.stream))
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
     Path(args.results).parent.mkdir(parents=True, exist_ok=True)
     Path(args.results).write_text(json.dumps(results, indent=2) + "\n")
     print()
-    print(f"{'rows':>12} {'spark batch':>12} {'duckdb':>10} {'spark/duckdb':>13} {'stream step':>12} {'idle step':>10}")
+    columns = [
+        ("spark_batch_s", "spark all"), ("duckdb_batch_s", "duckdb all"), ("spark_topic_minute_s", "spark t_m"),
+        ("duckdb_topic_minute_s", "duckdb t_m"), ("cluster_batch_s", "cluster all"), ("stream_step_s", "stream step"),
+    ]
+    print(f"{'rows':>12} " + " ".join(f"{title:>12}" for _, title in columns) + f" {'all ratio':>10} {'t_m ratio':>10}")
     for r in results:
+        cells = [f"{r[key]:>11.1f}s" if key in r else f"{'-':>12}" for key, _ in columns]
         print(
-            f"{r['rows']:>12,} {r['spark_batch_s']:>11.1f}s {r['duckdb_batch_s']:>9.1f}s"
-            f" {r['spark_batch_s'] / r['duckdb_batch_s']:>12.2f}x {r['stream_step_s']:>11.1f}s {r['stream_idle_s']:>9.1f}s"
+            f"{r['rows']:>12,} " + " ".join(cells)
+            + f" {r['spark_batch_s'] / r['duckdb_batch_s']:>9.2f}x"
+            + f" {r['spark_topic_minute_s'] / r['duckdb_topic_minute_s']:>9.2f}x"
         )
+    print(f"\n{'rows':>12} " + " ".join(f"{title:>12}" for _, title in columns[:-1]) + "  (rows per second)")
+    for r in results:
+        print(f"{r['rows']:>12,} " + " ".join(
+            f"{r[key[:-2] + '_rows_per_s']:>12,.0f}" if key in r else f"{'-':>12}" for key, _ in columns[:-1]
+        ))
     return results
 
 

@@ -14,8 +14,13 @@ import grimp
 REPO = Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "mqttgw"
 # Imported where they are used, for what they need that is optional:
-# pyarrow (the archive) and PySpark (the pipeline's tables).
-OPTIONAL = {"mqttgw.data.archive", "mqttgw.pipeline.tables", "mqttgw.wire.sparkplug.payload"}
+# pyarrow (the archive), PySpark (the pipeline's tables), protobuf (the
+# Sparkplug payload codec) and, for the pipeline's --publish alone, the
+# MQTT client (attrs, which a Spark driver need not have).
+OPTIONAL = {
+    "mqttgw.data.archive", "mqttgw.pipeline.tables", "mqttgw.pipeline.publish",
+    "mqttgw.wire.sparkplug.payload",
+}
 
 
 def modules():

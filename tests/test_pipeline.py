@@ -7,6 +7,7 @@ into the gateway as retained messages.
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -239,11 +240,21 @@ def test_each_json_field_keeps_its_own_rows(tmp_path):
         a.record("in", "dev", P.Publish("room/1", payload, 1, False))
     a.stop()
     out = tmp_path / "tables"
-    batch = ["batch", "--archive", str(archive), "--out", str(out)]
+    # file://, as hdfs:// and s3a:// are written: each table's partitions
+    # replaced by Spark itself, nothing staged or renamed here.
+    batch = ["batch", "--archive", str(archive), "--out", f"file://{out}"]
     pipeline(*batch, "--json-field", "celsius", cwd=tmp_path)
     pipeline(*batch, "--json-field", "humidity", "--json-field", "$.sensors.t1", cwd=tmp_path)
     got = {r["field"]: (r["count"], r["min"], r["max"]) for r in table(out / "json_minute")}
     assert got == {"celsius": (4, 0, 3), "humidity": (4, 50, 53), "$.sensors.t1": (4, 0, 21)}
+    # Run records and _SUCCESS markers there too, written by Spark.
+    assert not (out / "_staging").exists()
+    runs = [json.loads(line) for f in sorted((out / "_runs").glob("part-*")) for line in f.read_text().splitlines()]
+    assert sorted(tuple(r["json_fields"]) for r in runs) == [("celsius",), ("humidity", "$.sensors.t1")]
+    assert all(r["status"] == "ok" and r["rows_in"] == 4 and r["rows_out"]["json_minute"] for r in runs)
+    for name in ("topic_minute", "topic_hour", "client_hour", "json_minute", "last_value"):
+        assert (out / name / "_SUCCESS").is_file(), name
+        assert not list((out / name).glob("*.parquet")) or name == "last_value", name  # partitions only
 
 
 def snapshot(out):
@@ -288,11 +299,16 @@ def test_rollups_are_published_back_as_retained_messages(tmp_path):
     import trustme
 
     from mqttgw.passwd import main as passwd
+    from mqttgw.pipeline.publish import topic_of
     from tests.test_transports import endpoint, free_port
 
     archive = tmp_path / "archive"
     celsius = lambda i: json.dumps({"celsius": i, "sensors": {"t1": -i}}).encode()  # noqa: E731
     write_segment(archive, "2026-11-22T10:00:00", ["plant/a", "plant/b", "/plant/c"], 30, payload=celsius)
+    # Topics whose names collided with those above before names were
+    # made one-to-one: "_" was also what an empty level became, and a
+    # topic's level "celsius" read as plant/a's field of that name.
+    write_segment(archive, "2026-11-22T10:01:00", ["_/plant/c", "plant/a/celsius"], 4, payload=lambda i: b"%d" % (100 + i))
     # An earlier run's own messages, archived by the gateway: never
     # published again as $analytics/$analytics/...
     write_segment(archive, "2026-11-22T10:05:00", ["$analytics/plant/a/1m"], 2)
@@ -320,31 +336,69 @@ def test_rollups_are_published_back_as_retained_messages(tmp_path):
         dashboard.client.username_pw_set("dashboard", "dash-pw")
         dashboard.connect()
         dashboard.subscribe("$analytics/#", 1)
-        # A leading slash is an empty level, published as "_".
-        topics = {"plant/a": "plant/a", "plant/b": "plant/b", "/plant/c": "_/plant/c"}
+        # "_" alone separates topic and rollup; a level of underscores
+        # only (the empty one too) gets two more; fields as given.
+        topics = {"plant/a": "plant/a", "plant/b": "plant/b", "/plant/c": "__/plant/c"}
         expected = {
-            f"$analytics/{name}/{suffix}"
+            f"$analytics/{name}/_/{suffix}"
             for name in topics.values()
-            for suffix in ("1m", "1h", "last", "celsius/1m", "sensors.t1/1m")
+            for suffix in ("1m", "1h", "last", "celsius/1m", "$.sensors.t1/1m")
+        }
+        expected |= {
+            f"$analytics/{name}/_/{suffix}" for name in ("___/plant/c", "plant/a/celsius") for suffix in ("1m", "1h", "last")
         }
         got = {m.topic: (json.loads(m.payload), m.retain) for m in dashboard.receive(len(expected))}
         assert set(got) == expected
         assert all(retain for _, retain in got.values())
-        hour = got["$analytics/plant/a/1h"][0]
+        # Every name is its body's topic, and nothing else's.
+        for name, (body, _) in got.items():
+            assert topic_of("$analytics", name)[0] == body["topic"], name
+        hour = got["$analytics/plant/a/_/1h"][0]
         assert (hour["topic"], hour["messages"], hour["window_start"]) == ("plant/a", 10, "2026-11-22T10:00:00+00:00")
-        assert got["$analytics/_/plant/c/1m"][0]["topic"] == "/plant/c"
+        assert got["$analytics/__/plant/c/_/1m"][0]["topic"] == "/plant/c"
+        assert got["$analytics/___/plant/c/_/1m"][0]["topic"] == "_/plant/c"
+        assert got["$analytics/plant/a/celsius/_/1m"][0]["topic"] == "plant/a/celsius"
         # plant/a got celsius i = 0, 3, ..., 27, all in minute 10:00.
         values = list(range(0, 30, 3))
-        stats = got["$analytics/plant/a/celsius/1m"][0]
+        stats = got["$analytics/plant/a/_/celsius/1m"][0]
         assert (stats["count"], stats["invalid"], stats["min"], stats["max"]) == (
             len(values), 0, min(values), max(values))
         assert stats["avg"] == pytest.approx(sum(values) / len(values))
-        assert got["$analytics/plant/a/sensors.t1/1m"][0]["min"] == -max(values)
-        last = got["$analytics/plant/b/last"][0]
+        assert got["$analytics/plant/a/_/$.sensors.t1/1m"][0]["min"] == -max(values)
+        last = got["$analytics/plant/b/_/last"][0]
         assert (last["topic"], last["payload"], last["gateway_id"]) == ("plant/b", celsius(28).decode(), "gw")
         assert not [t for t in got if t.startswith("$analytics/$analytics")]
     finally:
         gw.stop()
+
+
+def test_rollup_names_are_one_to_one():
+    """Without Spark: every (topic, rollup) has its own name, and the name gives them back."""
+    from hypothesis import given
+    from hypothesis import strategies as st
+
+    from mqttgw.pipeline.publish import topic_name, topic_of
+
+    rollups = st.one_of(
+        st.sampled_from([("1m",), ("1h",), ("last",)]),
+        st.tuples(st.text(st.characters(blacklist_characters="/+#\0"), min_size=1, max_size=4), st.just("1m")),
+    )
+
+    @given(st.text("_a/b", min_size=1, max_size=8), rollups)
+    def inverse(topic, rollup):
+        assert topic_of("$analytics", topic_name("$analytics", topic, *rollup)) == (topic, list(rollup))
+
+    inverse()
+    # The collisions names had: an empty level and "_", "a//b" and "a/_/b",
+    # topic plant/a/celsius's 1m and topic plant/a's field celsius.
+    pairs = [
+        (("/legacy/boiler/temp", "1m"), ("_/legacy/boiler/temp", "1m")),
+        (("a//b", "1m"), ("a/_/b", "1m")),
+        (("plant/a/celsius", "1m"), ("plant/a", "celsius", "1m")),
+        (("plant/a", "sensors.t1", "1m"), ("plant/a", "$.sensors.t1", "1m")),
+    ]
+    for one, other in pairs:
+        assert topic_name("$analytics", *one) != topic_name("$analytics", *other), (one, other)
 
 
 @pytest.mark.parametrize(
@@ -358,6 +412,7 @@ def test_rollups_are_published_back_as_retained_messages(tmp_path):
         (["--archive", "{tmp}", "--out", "{tmp}/o", "--json-field", "a/b"], "JSON field 'a/b' may not hold"),
         (["--archive", "{tmp}", "--out", "{tmp}/o", "--publish", "host"], "publish must be HOST:PORT"),
         (["--config", "{tmp}/missing.toml"], "missing.toml: No such file or directory"),
+        (["--archive", "{tmp}", "--out", "{tmp}/o", "--master", "local", "--remote", "sc://h"], "exclude each other"),
     ],
 )
 def test_bad_options_are_one_clear_line(tmp_path, args, error):
@@ -380,6 +435,20 @@ def test_the_gateway_checks_the_pipeline_section(tmp_path):
     path.write_text('[pipeline]\nout = "/srv/tables"\nspeed = 3\n')
     with pytest.raises(C.ConfigError, match="unknown key pipeline.speed"):
         C.load_file(path)
+    path.write_text('[pipeline]\nremote = "spark-connect:15002"\n')
+    with pytest.raises(C.ConfigError, match="remote must be sc://HOST:PORT"):
+        C.load_file(path)
+
+
+def test_the_driver_imports_no_more_than_it_needs():
+    """Without Spark running: attrs (for the MQTT client) only with --publish."""
+    code = (
+        "import sys; from mqttgw.pipeline import command, cli, tables, staging;"
+        " print(sorted(m for m in sys.modules if m.split('.')[0] in ('attr', 'attrs', 'twisted')"
+        " or m.startswith('mqttgw.') and m.split('.')[1] not in ('compiled', 'wire', 'pipeline')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=gateway_env(), timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
 
 
 def test_the_same_module_runs_under_spark_submit(tmp_path):
@@ -394,12 +463,23 @@ def test_the_same_module_runs_under_spark_submit(tmp_path):
     env = dict(gateway_env(), SPARK_HOME=str(spark_home), PYSPARK_PYTHON=sys.executable)
     env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
     out = subprocess.run(
-        [str(spark_home / "bin" / "spark-submit"), "--master", "local[1]", "--py-files", str(package),
+        [str(spark_home / "bin" / "spark-submit"), "--master", "local[2]", "--py-files", str(package),
          str(REPO / "mqttgw" / "pipeline" / "__main__.py"), "batch", "--archive", str(archive), "--out", str(tmp_path / "t")],
         capture_output=True, text=True, cwd=tmp_path, timeout=600, env=env,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert sum(r["messages"] for r in table(tmp_path / "t" / "topic_hour")) == 12
+    # The master is spark-submit's (not local[*] forced over it), named
+    # on the run's first line and in its record.
+    [run] = [json.loads(line) for line in (tmp_path / "t" / "_runs" / "runs.jsonl").read_text().splitlines()]
+    assert run["master"] == "local[2]" and run["application"].startswith("local-")
+    # (spark-submit passes the driver's stderr on to its stdout.)
+    assert said(out.stdout)[0] == f"Spark master local[2], application {run['application']}"
+
+
+def said(stderr):
+    """The pipeline's own lines ("[12:00:00] ..."), without their time."""
+    return [line[11:] for line in stderr.splitlines() if re.match(r"\[\d\d:\d\d:\d\d\] ", line)]
 
 
 def hour_counts(archive_dirs):
@@ -537,11 +617,13 @@ def test_archives_of_two_gateways_combine_by_gateway_id(tmp_path):
     config.write_text(
         f'[archive]\ndirectory = "{gathered}"\n\n'
         f'[pipeline]\nout = "{tmp_path / "gathered-tables"}"\ntables = ["topic_hour", "last_value"]\n'
+        'master = "local[1]"\n'
     )
     from mqttgw.service import config as C
 
     assert C.load_file(config)["pipeline"]["tables"] == ["topic_hour", "last_value"]
-    pipeline("batch", "--config", str(config), cwd=tmp_path)
+    result = pipeline("batch", "--config", str(config), cwd=tmp_path)
+    assert said(result.stderr)[0].startswith("Spark master local[1], application local-")
     assert table_hour_counts(tmp_path / "gathered-tables") == expected
     assert sorted(p.name for p in (tmp_path / "gathered-tables").iterdir()) == ["_runs", "last_value", "topic_hour"]
     last = by(table(tmp_path / "gathered-tables" / "last_value"), "gateway_id", "topic")

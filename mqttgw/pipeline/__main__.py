@@ -1,5 +1,5 @@
 import sys
 
-from mqttgw.pipeline.cli import main
+from mqttgw.pipeline.command import main
 
 sys.exit(main())

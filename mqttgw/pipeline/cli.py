@@ -1,11 +1,12 @@
 """
 ``python -m mqttgw.pipeline``: the batch and streaming jobs, runnable as
-they are (Spark on ``local[*]``) or through ``spark-submit`` on a cluster,
-where the master is whatever spark-submit was given.
+they are (Spark on ``local[*]``), through ``spark-submit`` on a cluster,
+or as a Spark Connect client (``--remote sc://...``).
 """
 
 import argparse
 import json
+import os
 import sys
 import time
 import tomllib
@@ -16,7 +17,6 @@ from pathlib import Path
 from mqttgw.pipeline import settings as S
 from mqttgw.pipeline import staging
 from mqttgw.pipeline.console import say
-from mqttgw.pipeline.publish import publish
 
 
 def _parse_time(text):
@@ -40,7 +40,11 @@ def _parser():
             help="an archive directory (repeatable: archives of several gateways, combined by gateway_id)",
         )
         p.add_argument("--out", help="where the tables are written")
-        p.add_argument("--master", help="Spark master (default: local[*], or spark-submit's)")
+        p.add_argument("--master", help="Spark master (default: spark-submit's, else the file's, else local[*])")
+        p.add_argument(
+            "--remote", metavar="sc://HOST:PORT",
+            help="run through this Spark Connect server (default: $SPARK_REMOTE, else the file's)",
+        )
         p.add_argument(
             "--conf", action="append", metavar="KEY=VALUE",
             help="a Spark setting, as spark-submit --conf takes it (repeatable)",
@@ -74,6 +78,9 @@ def _parser():
 
 def resolve(args):
     """Flags, then the file's [pipeline] (and [archive] directory), then defaults."""
+    # Which of master and remote came from the command line: those win
+    # over spark-submit's and $SPARK_REMOTE, which win over the file's.
+    args.given = {key: getattr(args, key) for key in ("master", "remote") if getattr(args, key)}
     from_file = {}
     if args.config:
         try:
@@ -94,6 +101,11 @@ def resolve(args):
         raise S.SettingsError("no --archive given (nor a [pipeline] archive or [archive] directory in --config)")
     if not args.out:
         raise S.SettingsError("no --out given (nor a [pipeline] out in --config)")
+    if len(args.given) == 2:
+        raise S.SettingsError("--master and --remote exclude each other")
+    for key in ("master", "remote"):
+        if args.given and key not in args.given:
+            setattr(args, key, "")  # the file's other one gives way to the flag
     if args.command == "stream" and not args.checkpoint:
         raise S.SettingsError("stream needs --checkpoint (or a [pipeline] checkpoint in --config)")
     args.conf = dict(args.conf) if isinstance(args.conf, dict) else dict(_setting(c) for c in args.conf)
@@ -111,32 +123,82 @@ def _setting(text):
     return key, value
 
 
+def where(args):
+    """
+    ``(kind, url)``: where Spark runs, from the first that names it of the
+    pipeline's own --master/--remote, spark-submit's master or
+    $SPARK_REMOTE, the settings file's master/remote; else ``local[*]``.
+    ``kind`` is "remote" (Spark Connect), "master", or "submit" (what
+    spark-submit gave, left as it is).
+    """
+    if args.given:
+        [(kind, url)] = args.given.items()
+        return kind, url
+    if os.environ.get("SPARK_REMOTE"):
+        return "remote", os.environ["SPARK_REMOTE"]
+    submitted = _submitted_master()
+    if submitted:
+        return "submit", submitted
+    if args.remote:
+        return "remote", args.remote
+    return "master", args.master or "local[*]"
+
+
+def _submitted_master():
+    """The master spark-submit started this driver with, if it did."""
+    if "PYSPARK_GATEWAY_PORT" not in os.environ:
+        return None  # not under spark-submit: no JVM to ask yet
+    from pyspark import SparkConf, SparkContext
+
+    # Before a SparkContext, SparkConf() is empty unless the JVM that
+    # spark-submit started (and holds its settings) is connected to.
+    SparkContext._ensure_initialized()
+    return SparkConf().get("spark.master", None)
+
+
+def connected(spark):
+    """Is ``spark`` a Spark Connect session (whose driver is elsewhere)?"""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
 def _spark(args):
-    from pyspark import SparkConf
     from pyspark.sql import SparkSession
 
+    kind, url = where(args)
     builder = SparkSession.builder.appName("mqttgw-pipeline")
-    if args.master:
-        builder = builder.master(args.master)
-    elif not SparkConf().contains("spark.master"):
-        # Not under spark-submit: this machine's cores.
-        builder = builder.master("local[*]")
+    if kind == "remote":
+        builder = builder.remote(url)
+    elif kind == "master":
+        builder = builder.master(url)
     builder = (
         builder.config("spark.sql.session.timeZone", "UTC")
-        # Where the tables cannot be staged and swapped (hdfs://, s3a://),
-        # rewriting only the recomputed partitions.
+        # Where the tables cannot be staged and swapped (hdfs://, s3a://,
+        # Spark Connect), rewriting only the recomputed partitions.
         .config("spark.sql.sources.partitionOverwriteMode", "dynamic")
         # UTC instants as Parquet TIMESTAMP_MICROS (isAdjustedToUTC), which
         # every reader takes for what it is, rather than legacy INT96.
         .config("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
         .config("spark.sql.shuffle.partitions", "8")
-        .config("spark.ui.showConsoleProgress", str(sys.stderr.isatty()).lower())
     )
+    if kind != "remote":
+        # A core setting: a Connect server's is its own.
+        builder = builder.config("spark.ui.showConsoleProgress", str(sys.stderr.isatty()).lower())
     for key, value in args.conf.items():
         builder = builder.config(key, str(value))
     spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("WARN")
+    if not connected(spark):
+        spark.sparkContext.setLogLevel("WARN")
     return spark
+
+
+def describe(spark, args):
+    """Where the run happens, for its first log line and its record."""
+    if connected(spark):
+        return {
+            "remote": where(args)[1], "master": spark.conf.get("spark.master"),
+            "application": spark.conf.get("spark.app.id"),
+        }
+    return {"master": spark.sparkContext.master, "application": spark.sparkContext.applicationId}
 
 
 def _hour_range(args):
@@ -169,10 +231,19 @@ def _in_range(rows, first, last):
     return rows
 
 
+def staged(spark, out):
+    """
+    Are the tables staged and swapped in by this process?  Only where it
+    can rename them: a local (or POSIX shared) directory, and a driver
+    here rather than behind Spark Connect.
+    """
+    return staging.local(out) and not connected(spark)
+
+
 def _previous_last_value(spark, out):
     """The last_value table to merge with, if there is one of today's shape."""
     path = Path(out) / "last_value"
-    if not staging.local(out) or not path.is_dir():
+    if not staged(spark, out) or not path.is_dir():
         return None
     previous = spark.read.parquet(str(path))
     if {"gateway_id", "last_sequence"} - set(previous.columns):
@@ -183,17 +254,17 @@ def _previous_last_value(spark, out):
 
 def refresh(spark, args, selected, whole_archive, stats, everything=None):
     """
-    Compute the tables asked for from ``selected`` archive rows (read once:
-    every table is computed from the same cached scan) and publish them
-    together.  ``whole_archive``: ``selected`` is all of it, so last_value
-    is computed afresh rather than merged with the previous one, as it
-    is from ``everything`` when given.
+    Compute the tables asked for from ``selected`` archive rows and
+    publish them together.  ``whole_archive``: ``selected`` is all of it,
+    so last_value is computed afresh rather than merged with the previous
+    one, as it is from ``everything`` when given.
     """
-    from pyspark import StorageLevel
-
     from mqttgw.pipeline import tables as T
 
-    rows = T.hours(selected).persist(StorageLevel.MEMORY_AND_DISK)
+    # Not cached: each table reads only the columns it needs from the
+    # Parquet files, which costs less than caching every column (the
+    # payloads most of all) for all of them.
+    rows = T.hours(selected)
     try:
         count = rows.count()
         stats["rows_in"] = stats.get("rows_in", 0) + count
@@ -208,9 +279,9 @@ def refresh(spark, args, selected, whole_archive, stats, everything=None):
                 frames["last_value"] = T.last_value(
                     rows, None if whole_archive else _previous_last_value(spark, args.out)
                 )
-        if staging.local(args.out):
+        if staged(spark, args.out):
             return _staged(spark, args, frames, stats)
-        return _direct(args, frames, stats)
+        return _direct(spark, args, frames, stats)
     finally:
         # The rows, and what the tables cached on the way (the session is
         # this run's own: nothing else of it is cached).
@@ -240,10 +311,11 @@ def _staged(spark, args, frames, stats):
     return written
 
 
-def _direct(args, frames, stats):
+def _direct(spark, args, frames, stats):
     """
-    Cluster file systems: each table's recomputed partitions are replaced
-    (dynamic partition overwrite), one table after the other.
+    Cluster file systems and Spark Connect: each table's recomputed
+    partitions are replaced by Spark's own commit (dynamic partition
+    overwrite), one table after the other.
     """
     written = {}
     for name, frame in frames.items():
@@ -252,14 +324,21 @@ def _direct(args, frames, stats):
         if name == "json_minute" and written[name]:
             stats["invalid"] = stats.get("invalid", 0) + frame.agg({"invalid": "sum"}).first()[0]
         say(f"writing {name}: {written[name]} rows")
-        target = f"{str(args.out).rstrip('/')}/{name}"
+        target = _join(args.out, name)
         if name == "last_value":
             frame.write.mode("overwrite").parquet(target)
         else:
             columns = ("field", "date", "hour") if name == "json_minute" else ("date", "hour")
             frame.write.mode("overwrite").partitionBy(*columns).parquet(target)
+            # Replacing partitions leaves no _SUCCESS: an empty append,
+            # committed as a whole job, writes it.
+            frame.limit(0).write.mode("append").partitionBy(*columns).parquet(target)
         frame.unpersist()
     return written
+
+
+def _join(out, *names):
+    return "/".join([str(out).rstrip("/"), *names])
 
 
 def run_batch(args, spark, stats):
@@ -341,18 +420,24 @@ def _now():
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-def log_run(out, record):
+def log_run(spark, out, record):
     """
-    One JSON line per run in ``OUT/_runs/runs.jsonl``: start, end, status,
-    hours, rows in and out per table, invalid JSON values (and the error
-    of a failed run).
+    One JSON line per run, in ``OUT/_runs/``: start, end, status, hours,
+    rows in and out per table, invalid JSON values (and the error of a
+    failed run).  Appended to ``runs.jsonl`` where the tables are staged
+    here; elsewhere written by Spark, a file per run.
     """
-    if not staging.local(out):
-        return  # a cluster file system: Spark's own logs tell
-    path = Path(out) / "_runs"
-    path.mkdir(parents=True, exist_ok=True)
-    with open(path / "runs.jsonl", "a") as f:
-        f.write(json.dumps(record) + "\n")
+    line = json.dumps(record)
+    if staged(spark, out):
+        path = Path(out) / "_runs"
+        path.mkdir(parents=True, exist_ok=True)
+        with open(path / "runs.jsonl", "a") as f:
+            f.write(line + "\n")
+        return
+    from pyspark.sql import functions as F
+
+    # From the JVM side alone (no Python worker): one row, one file.
+    spark.range(1).select(F.lit(line).alias("value")).coalesce(1).write.mode("append").text(_join(out, "_runs"))
 
 
 def main(argv=None):
@@ -371,16 +456,30 @@ def main(argv=None):
         "tables": list(args.tables),
         "json_fields": list(args.json_fields),
     }
-    if staging.local(args.out):
-        staging.recover(args.out, say)
     spark = _spark(args)
+    run.update(describe(spark, args))
+    say(
+        (f"Spark Connect {run['remote']}: " if "remote" in run else "Spark ")
+        + f"master {run['master']}, application {run['application']}"
+    )
+    if args.command == "stream" and connected(spark):
+        spark.stop()
+        print("pipeline: stream needs a Spark driver here (--master or spark-submit), not Spark Connect", file=sys.stderr)
+        return 2
+    if staged(spark, args.out):
+        staging.recover(args.out, say)
     try:
         written = run_batch(args, spark, stats) if args.command == "batch" else run_stream(args, spark, stats)
     except BaseException as e:
-        log_run(args.out, dict(run, end=_now(), status="failed", error=f"{type(e).__name__}: {e}"[:2000]))
-        spark.stop()
+        try:
+            log_run(spark, args.out, dict(run, end=_now(), status="failed", error=f"{type(e).__name__}: {e}"[:2000]))
+        except Exception as unrecorded:  # Spark itself failing: the run's own error is what tells
+            say(f"the failed run could not be recorded: {type(unrecorded).__name__}")
+        finally:
+            spark.stop()
         raise
     log_run(
+        spark,
         args.out,
         dict(
             run, end=_now(), status="ok", seconds=round(time.monotonic() - started, 1), hours=stats.get("hours"),
@@ -389,6 +488,9 @@ def main(argv=None):
     )
     try:
         if args.publish:
+            # Only now: the MQTT client (and attrs) is needed for this alone.
+            from mqttgw.pipeline.publish import publish
+
             written["published"] = publish(spark, args)
     finally:
         spark.stop()

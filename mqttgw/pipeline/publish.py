@@ -2,16 +2,19 @@
 What dashboards subscribe to: the newest figures of each topic, published
 into a gateway as retained JSON messages (QoS 1) under a prefix:
 
-- ``PREFIX/<topic>/1m`` and ``PREFIX/<topic>/1h``: the newest minute and
-  hour of ``topic_minute`` and ``topic_hour``;
-- ``PREFIX/<topic>/<field>/1m``: the newest minute of ``json_minute``;
-- ``PREFIX/<topic>/last``: ``last_value``.
+- ``PREFIX/<topic>/_/1m`` and ``PREFIX/<topic>/_/1h``: the newest minute
+  and hour of ``topic_minute`` and ``topic_hour``;
+- ``PREFIX/<topic>/_/<field>/1m``: the newest minute of ``json_minute``;
+- ``PREFIX/<topic>/_/last``: ``last_value``.
 
-Archives of several gateways are summed per topic.  An empty topic level
-(``/a``, ``a//b``) is published as ``_`` so every name is a plain topic
-under the prefix; each body carries the ``topic`` as it was.  Topics
-already under the prefix (what an earlier run published, archived by the
-gateway) are not published again.
+Names are one-to-one, so one topic's figures never overwrite another's:
+a level of ``_`` alone separates the topic from the rollup, and a topic
+level made only of underscores, the empty one included, gets two more
+(``/a`` is ``__/a``, ``_`` is ``___``); the field is named as given.
+``topic_of`` is the inverse.  Archives of several gateways are summed per
+topic; each body carries the ``topic`` as it was.  Topics already under
+the prefix (what an earlier run published, archived by the gateway) are
+not published again.
 """
 
 import base64
@@ -20,20 +23,29 @@ import os
 import socket
 import time
 from datetime import timezone
-from pathlib import Path
 
 from mqttgw.pipeline.console import say
 from mqttgw.wire import packets as P
 from mqttgw.wire.framing import Framer
 
 
-def topic_name(prefix, topic, *levels):
-    return "/".join([prefix, *(level or "_" for level in topic.split("/")), *levels])
+SEPARATOR = "_"
 
 
-def field_level(field):
-    """``celsius`` stays; the path ``$.sensors.t1`` becomes ``sensors.t1``."""
-    return field[2:] if field.startswith("$.") else field
+def _level(level):
+    return level + "__" if level.strip("_") == "" else level
+
+
+def topic_name(prefix, topic, *rollup):
+    """The name ``topic``'s ``rollup`` (``1m``; ``celsius``, ``1m``) is published on."""
+    return "/".join([prefix, *(_level(level) for level in topic.split("/")), SEPARATOR, *rollup])
+
+
+def topic_of(prefix, name):
+    """``(topic, rollup levels)`` of a published name: ``topic_name``'s inverse."""
+    levels = name[len(prefix) + 1:].split("/")
+    cut = levels.index(SEPARATOR)
+    return "/".join(level[:-2] if level.strip("_") == "" else level for level in levels[:cut]), levels[cut + 1:]
 
 
 def _iso(t):
@@ -53,9 +65,15 @@ def messages(spark, out, prefix):
     """[(topic, payload)] for everything there is to publish."""
     from pyspark.sql import functions as F
 
+    from pyspark.errors import AnalysisException
+
     def table(name):
-        path = Path(out) / name
-        return spark.read.parquet(str(path)) if path.is_dir() else None
+        # Read by Spark, where the tables are (a Connect server's files
+        # are not this process's).
+        try:
+            return spark.read.parquet("/".join([str(out).rstrip("/"), name]))
+        except AnalysisException:
+            return None  # not computed
 
     mine = f"{prefix}/"
     result = []
@@ -86,7 +104,7 @@ def messages(spark, out, prefix):
             body = {"topic": row["topic"], "field": row["field"], "window_start": _iso(row["window_start"]),
                     "window_end": _iso(row["window_end"])}
             body.update((k, row[k]) for k in ("count", "invalid", "min", "max", "avg"))
-            result.append((topic_name(prefix, row["topic"], field_level(row["field"]), "1m"), body))
+            result.append((topic_name(prefix, row["topic"], row["field"], "1m"), body))
     frame = table("last_value")
     if frame is not None:
         from pyspark.sql import Window

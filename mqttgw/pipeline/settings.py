@@ -13,7 +13,8 @@ KEYS = {
     "out": (str, "", "where the tables are written"),
     "json_fields": (list, [], "numeric JSON fields for json_minute (names or JSON paths)"),
     "tables": (list, list(TABLES), "the tables to compute"),
-    "master": (str, "", "Spark master (default: local[*], or spark-submit's)"),
+    "master": (str, "", "Spark master (spark-submit's wins; empty: local[*])"),
+    "remote": (str, "", "Spark Connect server, sc://HOST:PORT ($SPARK_REMOTE wins)"),
     "conf": (dict, {}, "Spark settings, as spark-submit --conf takes them"),
     "checkpoint": (str, "", "the stream's checkpoint directory"),
     "trigger": (str, "available-now", "'available-now' or an interval in seconds"),
@@ -65,6 +66,11 @@ def check_values(values, where):
                 raise ValueError
         except ValueError:
             raise SettingsError(f"{where}: trigger must be 'available-now' or seconds, not {trigger!r}") from None
+    if values.get("master") and values.get("remote"):
+        raise SettingsError(f"{where}: master and remote exclude each other")
+    remote = values.get("remote") or ""
+    if remote and not remote.startswith("sc://"):
+        raise SettingsError(f"{where}: remote must be sc://HOST:PORT, not {remote!r}")
     publish = values.get("publish") or ""
     if publish and not publish.rpartition(":")[2].isdigit():
         raise SettingsError(f"{where}: publish must be HOST:PORT, not {publish!r}")

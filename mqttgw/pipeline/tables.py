@@ -76,16 +76,31 @@ def _with_end(frame: DataFrame, unit: str) -> DataFrame:
     return frame.withColumn("window_end", F.col("window_start") + F.expr(f"INTERVAL 1 {unit.upper()}"))
 
 
+TOPIC_KEY = ("gateway_id", "date", "hour", "topic")
+
+
+def _by_topic(rows: DataFrame) -> DataFrame:
+    """
+    The rows shuffled once by gateway, hour and topic, so that every
+    aggregation keyed by them (and by minute, publisher, ...) runs in the
+    same stage with no exchange of its own: at a minute's grain partial
+    aggregation gains little (there are nearly as many groups as rows),
+    and the exchanges after it cost half the job.
+    """
+    return rows.repartition(*TOPIC_KEY)
+
+
 def _per_publisher(rows: DataFrame) -> DataFrame:
     """
     Published messages per gateway, topic, minute and publisher: both
     topic rollups are sums over it, so the archive rows are grouped once
     and distinct publishers are counted over this much smaller frame.
     """
-    published = rows.where(F.col("direction").isin(*PUBLISHED))
-    return published.groupBy(
-        "gateway_id", "date", "hour", "topic", F.date_trunc("minute", "timestamp").alias("minute"), "client_id"
-    ).agg(
+    published = _by_topic(
+        rows.where(F.col("direction").isin(*PUBLISHED))
+        .select(*TOPIC_KEY, "timestamp", "client_id", "qos", "retain", "payload_length")
+    )
+    return published.groupBy(*TOPIC_KEY, F.date_trunc("minute", "timestamp").alias("minute"), "client_id").agg(
         F.count("*").alias("messages"),
         F.sum("payload_length").cast("long").alias("bytes"),
         F.sum((F.col("qos") == 0).cast("long")).alias("qos0"),
@@ -95,12 +110,24 @@ def _per_publisher(rows: DataFrame) -> DataFrame:
     )
 
 
+def _distinct(column):
+    """
+    Distinct values per group as one aggregate, not a distinct
+    aggregation (two more shuffles, through Spark's rewrite); the sets
+    are small (a topic's publishers, a client's topics in an hour).
+    """
+    return F.size(F.collect_set(column)).cast("long")
+
+
 def _topic_rollup(per_publisher: DataFrame, unit: str) -> DataFrame:
     bucket = F.date_trunc(unit, "minute")
+    # A minute's per_publisher rows are one per publisher: counting them
+    # counts the publishers.
+    publishers = F.count(F.lit(1)).cast("long") if unit == "minute" else _distinct("client_id")
     return _with_end(per_publisher.groupBy("gateway_id", "date", "hour", "topic", bucket.alias("window_start")).agg(
         F.sum("messages").alias("messages"),
         F.sum("bytes").alias("bytes"),
-        F.countDistinct("client_id").alias("publishers"),
+        publishers.alias("publishers"),
         *(F.sum(k).alias(k) for k in ("qos0", "qos1", "qos2", "retained")),
     ), unit)
 
@@ -119,7 +146,7 @@ def client_hour(rows):
     ).agg(
         F.count("*").alias("messages"),
         F.sum("payload_length").cast("long").alias("bytes"),
-        F.countDistinct("topic").alias("topics"),
+        _distinct("topic").alias("topics"),
     ), "hour")
 
 
@@ -175,14 +202,17 @@ def json_minute(rows, field):
             "value",
             F.when(F.col("raw").rlike(r"^-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?$"), F.col("value")),
         )
-        .groupBy("gateway_id", "date", "hour", "topic", F.date_trunc("minute", "timestamp").alias("window_start"))
+        # The payload is parsed before the shuffle: only the value moves.
+        .select(*TOPIC_KEY, "timestamp", F.col("raw").isNotNull().alias("present"), "value")
+        .transform(_by_topic)
+        .groupBy(*TOPIC_KEY, F.date_trunc("minute", "timestamp").alias("window_start"))
         .agg(
             F.count("value").alias("count"),
             (F.count(F.lit(1)) - F.count("value")).alias("invalid"),
             F.min("value").alias("min"),
             F.max("value").alias("max"),
             F.avg("value").alias("avg"),
-            F.count("raw").alias("_present"),
+            F.sum(F.col("present").cast("long")).alias("_present"),
         )
         # Topics (and minutes) where the field never appears are not its.
         .where(F.col("_present") > 0)
