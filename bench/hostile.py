@@ -308,7 +308,7 @@ def http_post(ws_port, size=64 * 1024 * 1024, seconds=3.0):
     """8a: a huge request body to the WebSocket port."""
     sock = connection(ws_port)
     sock.sendall(
-        f"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: {size}\r\n\r\n".encode()
+        f"POST / HTTP/1.1\r\nHost: {HOST}\r\nContent-Length: {size}\r\n\r\n".encode()
     )
     sent = send_for(sock, bytes(256 * 1024), seconds)
     sock.close()
@@ -318,7 +318,7 @@ def http_post(ws_port, size=64 * 1024 * 1024, seconds=3.0):
 def slow_upgrade(ws_port, interval=0.5, limit=30.0):
     """8b: the upgrade request one byte at a time; seconds until closed."""
     sock = connection(ws_port)
-    request = b"GET /mqtt HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n" + b"X-Pad: " + b"p" * 4096
+    request = f"GET /mqtt HTTP/1.1\r\nHost: {HOST}\r\nUpgrade: websocket\r\n".encode() + b"X-Pad: " + b"p" * 4096
     started = time.monotonic()
     for byte in request:
         try:
