@@ -584,10 +584,7 @@ class MQTTServerProtocol(MQTTConnection):
             )
         self.session = session
         session.may_read = access.checker(self.username, client_id, READ, identity.subscribe)
-        if self.max_delivery_rate:
-            session.may_read = DeliveryBudget(
-                session.may_read, self.max_delivery_rate, router, session, self.clock
-            )
+        session.budget = DeliveryBudget(self.max_delivery_rate, router, session, self.clock) if self.max_delivery_rate else None
         self.state = CONNECTED
         if v5 is None:
             keepalive = packet.keepalive
