@@ -5,7 +5,9 @@ connection gives its frames at attach; the broker keeps 3.1/3.1.1's (the
 message's own cached frame) and wraps a 5.0 connection's encoder.
 
 A frames object has ``publish(message, qos, mid, retain, dup, group)``,
-returning the bytes or None when the receiver takes nothing that large; ``retries``: unacknowledged deliveries go again on a timer while
+returning the bytes, or raising TooLarge when the receiver takes nothing
+that large (an exception: a check of every frame would cost the hot
+path more than a try block); ``retries``: unacknowledged deliveries go again on a timer while
 connected (3.1.1), rather than only when a session resumes (5.0,
 [MQTT-4.4.0-1]); ``expires``: a QoS 1 delivery that expired in flight is
 not sent again.
@@ -13,6 +15,10 @@ not sent again.
 
 from mqttgw.broker.subscriptions import subscription_ids
 from mqttgw.wire.packets import Publish
+
+
+class TooLarge(Exception):
+    """A frame larger than the receiver accepts ([MQTT-3.1.2-25])."""
 
 
 class PlainFrames:
@@ -45,7 +51,10 @@ class EncodedFrames:
     def publish(self, message, qos, mid, retain, dup, group):
         session = self.session
         ids = subscription_ids(session, message.topic, group) if session.options else None
-        return self.encoder.frame(message, qos, mid, retain, dup, ids)
+        frame = self.encoder.frame(message, qos, mid, retain, dup, ids)
+        if frame is None:
+            raise TooLarge()
+        return frame
 
 
 PLAIN = PlainFrames()

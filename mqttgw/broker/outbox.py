@@ -13,6 +13,7 @@ from collections import deque
 from twisted.logger import Logger
 
 from mqttgw.broker.deliveries import AWAITING_ACK, EMPTY, InFlight
+from mqttgw.broker.frames import TooLarge
 from mqttgw.broker.window import Window
 from mqttgw.wire.printable import printable
 
@@ -50,10 +51,9 @@ class Outbox(Window):
         if qos == 0:
             if self._writable and not self._queue0:
                 publish = self._publish  # called from a local: faster than a slot's method call
-                frame = publish(message, 0, None, retain, False, group)
-                if frame:
-                    self.connection.write(frame)
-                else:
+                try:
+                    self.connection.write(publish(message, 0, None, retain, False, group))
+                except TooLarge:
                     self._too_large()
                 return False
             limits = self.limits
@@ -121,8 +121,9 @@ class Outbox(Window):
         mid = self.fly(flight, stored)
         dup = stored and seq is not None and seq <= self._dup_through and qos == 1
         publish = self._publish  # called from a local: faster than a slot's method call
-        frame = publish(message, qos, mid, retain, dup, group)
-        if frame is None:
+        try:
+            frame = publish(message, qos, mid, retain, dup, group)
+        except TooLarge:
             # Not sent: it leaves the window (its row, if stored, too).
             del self.inflight[mid]
             self._too_large()

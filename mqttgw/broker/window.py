@@ -8,7 +8,7 @@ What is counted, and the store rows, move through Deliveries.
 
 from mqttgw.broker.deliveries import AWAITING_ACK, AWAITING_PUBCOMP, Deliveries
 from mqttgw.broker.delivery_policy import CLIENT
-from mqttgw.broker.frames import PLAIN
+from mqttgw.broker.frames import PLAIN, TooLarge
 from mqttgw.wire import reasons as R
 from mqttgw.wire.framing import ProtocolViolation
 from mqttgw.wire.packets import pubrel_bytes
@@ -51,11 +51,10 @@ class Window(Deliveries):
 
     def _write0(self, message, retain, group):
         publish = self._publish
-        frame = publish(message, 0, None, retain, False, group)
-        if frame is None:
+        try:
+            self.connection.write(publish(message, 0, None, retain, False, group))
+        except TooLarge:
             self._too_large()
-        else:
-            self.connection.write(frame)
 
     def _write_after_commit(self, frame):
         self._gated += 1
@@ -95,11 +94,13 @@ class Window(Deliveries):
             # finished whatever [MQTT-4.3.3-7]).
             frame = None
         else:
-            # None when too large: a client back with a smaller maximum.
             publish = self._publish
-            frame = publish(message, flight.qos, mid, flight.retain, True, flight.group)
-            if frame is None:
+            try:
+                frame = publish(message, flight.qos, mid, flight.retain, True, flight.group)
+            except TooLarge:
+                # A client back with a smaller maximum.
                 self._too_large()
+                frame = None
         if frame is None:
             # It leaves the window, which it would otherwise hold for ever.
             del self.inflight[mid]
