@@ -211,8 +211,8 @@ def test_a_spent_delivery_budget_takes_the_page_out_of_routing_until_the_second_
     page.attach(Page())
     router.subscribe(page, [("#", 0)])
     acl = lambda topic: not topic.startswith("secret")  # noqa: E731
-    page.may_read = budget = DeliveryBudget(acl, 3, router, page, clock)
-    assert budget.__wrapped__ is acl
+    page.may_read = acl
+    page.budget = DeliveryBudget(3, router, page, clock)
     for n in range(6):
         router.publish(Publish(f"t/{n}", b"x"))
     assert router.publish(Publish("secret/1", b"x")) is False

@@ -211,10 +211,10 @@ def test_a_version_4_store_gains_the_owner_column_empty(tmp_path):
 @pytest.fixture
 def unreadable_log(monkeypatch):
     """The process's bounded log of unreadable drops, fresh for this test."""
-    from mqttgw.broker import session
+    from mqttgw.broker import deliveries
     from mqttgw.broker.ratelimited import RateLimited
 
-    monkeypatch.setattr(session, "_unreadable_log", RateLimited(session.log))
+    monkeypatch.setattr(deliveries, "_unreadable_log", RateLimited(deliveries.log))
 
 
 def test_queued_messages_are_checked_against_the_readers_rights_when_they_go_out(

@@ -1,22 +1,21 @@
 """
-A dashboard page's share of the broker: what it may read, and at most so
-many messages a second, whatever flows.
+A dashboard page's share of the broker: at most so many messages a
+second, whatever flows.
 """
 
 
 class DeliveryBudget:
     """
-    What a dashboard page may read: ``may_read`` (the ACL), and at most
-    ``rate`` messages a second.  The page shows each topic's latest value,
-    and an open page would otherwise cost the gateway a second delivery of
-    every message.  Once a second's budget is spent the page's filters
-    leave the subscription trie until the second ends, so what it misses
-    costs the router nothing.  Retained messages are read through
-    ``__wrapped__``: never held back.
+    At most ``rate`` messages a second routed to a dashboard page's
+    session, asked after its ACL check (``session.budget``).  The page
+    shows each topic's latest value, and an open page would otherwise cost
+    the gateway a second delivery of every message.  Once a second's
+    budget is spent the page's filters leave the subscription trie until
+    the second ends, so what it misses costs the router nothing.  Retained
+    messages are not counted: never held back.
     """
 
-    def __init__(self, may_read, rate, router, session, clock):
-        self.__wrapped__ = may_read
+    def __init__(self, rate, router, session, clock):
         self.rate = rate
         self.router = router
         self.session = session
@@ -25,10 +24,8 @@ class DeliveryBudget:
         self.window_end = clock.seconds() + 1.0
         self._resume = None
 
-    def __call__(self, topic):
-        may_read = self.__wrapped__
-        if may_read is not None and not may_read(topic):
-            return False
+    def __call__(self):
+        """Whether one more message may go to the page (it is counted)."""
         self.left -= 1
         if self.left > 0:
             return True

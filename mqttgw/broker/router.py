@@ -11,7 +11,8 @@ from twisted.logger import Logger
 
 from mqttgw.broker.access import Access
 from mqttgw.broker.ratelimited import RateLimited
-from mqttgw.broker.session import Session, SessionLimits
+from mqttgw.broker.session import SessionLimits
+from mqttgw.broker.sessions import NEVER_EXPIRES, Sessions, owner_name  # noqa: F401 (owner_name: imported from here)
 from mqttgw.broker.stats import Stats
 from mqttgw.broker.store import Held
 from mqttgw.broker.subscriptions import (
@@ -21,34 +22,19 @@ from mqttgw.broker.subscriptions import (
     options_for,
     shared_filter,
 )
-from mqttgw.broker.topics import RetainedTree, SubscriptionTrie, filter_size
+from mqttgw.broker.topics import RetainedTree, SubscriptionTrie
 from mqttgw.wire.packets import Publish
 from mqttgw.wire.printable import printable
 
 log = Logger()
 
-# A 5.0 session expiry interval that means "never".
-NEVER_EXPIRES = 0xFFFFFFFF
 
-
-def owner_name(owner):
-    """A session owner as the log names it."""
-    return "anonymous" if owner == "" else repr(printable(owner))
-
-
-class Router:
+class Router(Sessions):
     # Bounds of the whole broker (0: none); see [limits].
-    max_persistent_sessions = 0
     max_retained_messages = 0
     # Shared subscription groups at once, and members of one group.
     max_shared_groups = 10_000
     max_shared_group_members = 1_000
-    # Seconds a persistent session may go unused, or None: for ever.
-    persistent_client_expiration = None
-    # What a CONNECT gets whose client id's session belongs to another
-    # identity (see owner_refusal): "refuse", or "new_session" (the old
-    # session is discarded, never resumed).
-    session_owner_mismatch = "refuse"
     # Sampling of messages for the delivery latency metric (see
     # trace_deliveries): off until something asks for it.
     trace = None
@@ -87,279 +73,6 @@ class Router:
             limited = self._limited[name] = RateLimited(logger)
         return limited
 
-    # Sessions
-
-    def owner_refusal(self, client_id, owner):
-        """
-        Why the identity ``owner`` may not connect as ``client_id``, or
-        None.  An identity owns its session: another one never resumes it
-        nor takes it over from its connected owner; it may only replace a
-        session left unconnected, and only with ``session_owner_mismatch``
-        set to "new_session".  Refusals are counted; the caller logs them.
-        """
-        session = self.sessions.get(client_id)
-        if session is None or session.owner is None or session.owner == owner:
-            return None
-        if session.connection is None and self.session_owner_mismatch == "new_session":
-            return None
-        self.stats.session_owner_refused += 1
-        # The same words whether its owner is connected or not: the
-        # refused client learns nothing of the owner's presence.
-        return "its session belongs to another identity"
-
-    def connect(
-        self, client_id, clean_session, will=None, expiry_interval=None, will_delay=0, owner=None
-    ):
-        """
-        Claim the session for ``client_id``, taking it over from any
-        connection that holds it (that connection is closed, and its will
-        published, before this returns).  Returns ``(session,
-        session_present)``; the caller sends CONNACK, then attaches.
-
-        ``clean_session`` is 3.1.1's Clean Session, or with an
-        ``expiry_interval`` (5.0) its Clean Start: then the session
-        outlives the connection for that many seconds.
-
-        ``owner``: the identity connecting (a user name, "" for anonymous;
-        None for the gateway's own sessions), which :meth:`owner_refusal`
-        has let through.  A session another identity owns ends here, as
-        with a clean start; one without an owner (stored before owners
-        were) becomes this one's.
-        """
-        if expiry_interval is not None:
-            clean_start, clean_session = clean_session, expiry_interval == 0
-        else:
-            clean_start = clean_session
-        session = self.sessions.get(client_id)
-        if session is not None and owner is not None and session.owner != owner:
-            if session.owner is None:
-                if not clean_start:
-                    self._claim(session, owner)
-            elif session.connection is None:
-                # Two identities taking turns could repeat it at any rate.
-                self.limited("session owner replaced").warn(
-                    "discarding the session of client {client_id} (owned by {old}):"
-                    " {new} connected with its client id (auth.session_owner_mismatch)",
-                    client_id=printable(client_id),
-                    old=owner_name(session.owner),
-                    new=owner_name(owner),
-                )
-                self.stats.session_owner_replaced += 1
-                self._end_session(session)
-                session = None
-        if session is not None and session.connection is not None:
-            old = session.connection
-            log.info(
-                "client {client_id} taken over by a new connection",
-                client_id=printable(client_id),
-            )
-            # A persistent session resumed by its own client is a
-            # reconnection, not a failure: its will is published only when
-            # a clean session is involved on either side, and never when
-            # it has a delay, which this new connection comes within.
-            old.taken_over(
-                publish_will=not session.will_delay and (clean_start or session.clean_session)
-            )
-            session = self.sessions.get(client_id)
-        present = False
-        if session is not None:
-            # A new connection for the client id within its will's delay:
-            # the will is not sent, whether or not this connection resumes
-            # the session ([MQTT-3.1.2-8]); nor does the session expire.
-            session.cancel_timers()
-            if clean_start or session.clean_session:
-                self._discard(session)
-                session = None
-            else:
-                present = True
-                if clean_session:
-                    # Resumed by a 5.0 client that keeps it no longer.
-                    self._forget(session)
-                elif session.expiry_interval != expiry_interval and session.store is not None:
-                    session.store.set_session_expiry(client_id, expiry_interval)
-        if session is None:
-            session = self._new_session(client_id, clean_session)
-            session.owner = owner
-            if session.store is not None:
-                session.store.add_session(client_id, expiry_interval, owner)
-        session.expiry_interval = expiry_interval
-        session.will = will
-        session.will_delay = will_delay
-        return session, present
-
-    def _claim(self, session, owner):
-        """A session restored from a store without owners: its first login owns it."""
-        session.owner = owner
-        if session.store is not None:
-            session.store.set_session_owner(session.client_id, owner)
-        log.warn(
-            "session of client {client_id} was stored without an owner: now owned by {owner},"
-            " its first login",
-            client_id=printable(session.client_id),
-            owner=owner_name(owner),
-        )
-
-    def set_session_expiry(self, session, expiry_interval):
-        """A 5.0 DISCONNECT changed the session's expiry interval."""
-        if expiry_interval == 0 and not session.clean_session:
-            self._forget(session)
-        elif session.store is not None:
-            session.store.set_session_expiry(session.client_id, expiry_interval)
-        session.expiry_interval = expiry_interval
-
-    def _forget(self, session):
-        """A persistent session becomes one that ends with its connection."""
-        if session.store is not None:
-            session.store.delete_session(session.client_id)
-            session.leave_store()
-        session.clean_session = True
-        stats = self.stats
-        stats.persistent_sessions -= 1
-        if not session.internal and session.connection is None:
-            stats.clients_disconnected -= 1
-
-    def may_start_session(self, client_id, clean_session):
-        """
-        Whether a CONNECT may go on: False when it would create one more
-        persistent session than ``max_persistent_sessions`` allows.
-        """
-        limit = self.max_persistent_sessions
-        if clean_session or not limit:
-            return True
-        existing = self.sessions.get(client_id)
-        if existing is not None and not existing.clean_session:
-            return True
-        if self.stats.persistent_sessions < limit:
-            return True
-        self.stats.sessions_refused += 1
-        return False
-
-    def expire_sessions(self):
-        """
-        Remove persistent sessions whose client has been away longer than
-        ``persistent_client_expiration``, their queues with them (bridges'
-        own sessions never expire).  Returns how many went.
-        """
-        expiration = self.persistent_client_expiration
-        if expiration is None:
-            return 0
-        cutoff = self.clock.seconds() - expiration
-        expired = [
-            s
-            for s in self.sessions.values()
-            if s.connection is None
-            and not s.clean_session
-            and not s.internal
-            and s.last_seen is not None
-            and s.last_seen < cutoff
-            and s.expiry_interval in (None, NEVER_EXPIRES)
-        ]
-        for session in expired:
-            log.info(
-                "expiring persistent session of client {client_id}: away {away:.0f}s",
-                client_id=printable(session.client_id),
-                away=self.clock.seconds() - session.last_seen,
-            )
-            self._end_session(session)
-        self.stats.clients_expired += len(expired)
-        return len(expired)
-
-    def _expired(self, session):
-        """A 5.0 session's expiry interval ran out."""
-        session.expiry_call = None
-        if self.sessions.get(session.client_id) is not session or session.connection is not None:
-            return
-        log.info(
-            "session of client {client_id} expired ({interval}s)",
-            client_id=printable(session.client_id),
-            interval=session.expiry_interval,
-        )
-        self.stats.clients_expired += 1
-        self._end_session(session)
-
-    def _end_session(self, session):
-        """The session ends: a will still waiting for its delay goes now."""
-        will = None
-        if session.will_call is not None:
-            will = session.will_call.args[1]
-        session.cancel_timers()
-        self._discard(session)
-        if will is not None:
-            self._publish_will(session, will)
-
-    def delete_session(self, client_id):
-        """The admin API's delete: a session not in use, and its store rows."""
-        session = self.sessions.get(client_id)
-        if session is None or session.connection is not None:
-            return False
-        self._discard(session)
-        return True
-
-    def disconnect(self, session, publish_will):
-        """The connection holding ``session`` ended."""
-        session.detach()
-        session.last_seen = self.clock.seconds()
-        if session.store is not None:
-            session.store.touch_session(session.client_id, session.last_seen)
-        will, session.will = session.will, None
-        if session.clean_session:
-            self._discard(session)
-        elif session.expiry_interval not in (None, NEVER_EXPIRES):
-            session.expiry_call = self.clock.callLater(
-                session.expiry_interval, self._expired, session
-            )
-        if publish_will and will is not None:
-            if session.will_delay and not session.clean_session:
-                # Sent when the delay ends, or the session does if sooner.
-                session.will_call = self.clock.callLater(
-                    session.will_delay, self._publish_will, session, will
-                )
-            else:
-                self._publish_will(session, will)
-
-    def _publish_will(self, session, will):
-        session.will_call = None
-        log.info(
-            "publishing will of {client_id} on {topic}",
-            client_id=printable(session.client_id),
-            topic=printable(will.topic),
-        )
-        if will.properties and "message_expiry_interval" in will.properties:
-            will.expiry = self.clock.seconds() + will.properties["message_expiry_interval"]
-        self.publish(will, sender=session)
-
-    def _new_session(self, client_id, clean_session):
-        session = Session(
-            client_id, clean_session, self.clock, self.limits, self.stats, self.store
-        )
-        self.sessions[client_id] = session
-        if not clean_session:
-            stats = self.stats
-            stats.persistent_sessions += 1
-            if not session.internal:
-                stats.clients_disconnected += 1
-        return session
-
-    def _discard(self, session):
-        session.cancel_timers()
-        for topic_filter in session.subscriptions:
-            self._unroute(session, topic_filter)
-        session.subscriptions.clear()
-        session.options = None
-        session.filter_bytes = 0
-        if session.store is not None:
-            session.store.delete_session(session.client_id)
-        if self.sessions.get(session.client_id) is session:
-            del self.sessions[session.client_id]
-            # What it held goes with it (a clean session's queue, say).
-            stats = self.stats
-            stats.stored_messages -= session.queued + len(session.inflight)
-            stats.queued_bytes -= session.queued_bytes
-            if not session.clean_session:
-                stats.persistent_sessions -= 1
-                if not session.internal and session.connection is None:
-                    stats.clients_disconnected -= 1
-
     def restore(self, retained, sessions):
         """Retained messages and persistent sessions loaded from the store."""
         for topic, payload, qos, properties, expiry in retained:
@@ -371,20 +84,9 @@ class Router:
         now = self.clock.seconds()
         for stored in sessions:
             session = self._new_session(stored.client_id, False)
-            # Sessions stored before last_seen was recorded start counting now.
-            session.last_seen = stored.last_seen if stored.last_seen is not None else now
-            session.expiry_interval = stored.expiry_interval
-            session.owner = stored.owner
-            for topic_filter, value in stored.subscriptions.items():
-                qos, options = from_stored(topic_filter, value)
-                session.subscriptions[topic_filter] = qos
-                session.filter_bytes += filter_size(topic_filter)
-                if options is not None and not options.plain:
-                    if session.options is None:
-                        session.options = {}
-                    session.options[topic_filter] = options
+            session.restore(stored, now, from_stored)
+            for topic_filter, qos in session.subscriptions.items():
                 self._route(session, topic_filter, qos)
-            session.restore(stored)
             if stored.expiry_interval not in (None, NEVER_EXPIRES):
                 left = session.last_seen + stored.expiry_interval - now
                 session.expiry_call = self.clock.callLater(max(0.0, left), self._expired, session)
@@ -443,11 +145,17 @@ class Router:
         topic = message.topic
         for session, granted in subscribers:
             # A bridge is not sent back what it brought in: that would loop.
-            if session is sender and session.no_local:
+            if session is sender and session.policy.no_local:
                 continue
             may_read = session.may_read
-            if may_read is not None and not may_read(topic):
-                continue
+            if may_read is not None:
+                if not may_read(topic):
+                    continue
+                # A session with a budget has a read check (see
+                # Session.attach): others pay nothing for it.
+                budget = session.budget
+                if budget is not None and not budget():
+                    continue
             if session.options:
                 # 5.0 subscription options: no local, retain as published.
                 granted, keep_retain = options_for(
@@ -455,9 +163,9 @@ class Router:
                 )
                 if granted < 0:
                     continue
-                keep_retain = retain and (keep_retain or session.retain_as_published)
+                keep_retain = retain and (keep_retain or session.policy.retain_as_published)
             else:
-                keep_retain = retain and session.retain_as_published
+                keep_retain = retain and session.policy.retain_as_published
             if session.deliver(message, qos if qos < granted else granted, keep_retain):
                 durable = True
         stats = self.stats
@@ -529,22 +237,8 @@ class Router:
             topic_filter, qos = request[0], request[1]
             options = request[2] if len(request) > 2 else None
             qos = min(qos, self.max_qos)
-            if topic_filter not in session.subscriptions:
-                session.filter_bytes += filter_size(topic_filter)
-            session.subscriptions[topic_filter] = qos
-            if options is not None and not options.plain:
-                if session.options is None:
-                    session.options = {}
-                session.options[topic_filter] = options
-            elif session.options:
-                session.options.pop(topic_filter, None)
+            session.subscribe(topic_filter, qos, options)
             self._route(session, topic_filter, qos)
-            if session.store is not None:
-                session.store.subscribe(
-                    session.client_id,
-                    topic_filter,
-                    options.stored(qos) if options is not None else qos,
-                )
             granted.append(qos)
         return granted
 
@@ -656,10 +350,5 @@ class Router:
 
     def unsubscribe(self, session, topic_filters):
         for topic_filter in topic_filters:
-            if session.subscriptions.pop(topic_filter, None) is not None:
-                session.filter_bytes -= filter_size(topic_filter)
-                if session.options:
-                    session.options.pop(topic_filter, None)
+            if session.unsubscribe(topic_filter):
                 self._unroute(session, topic_filter)
-                if session.store is not None:
-                    session.store.unsubscribe(session.client_id, topic_filter)

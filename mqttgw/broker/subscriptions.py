@@ -7,6 +7,7 @@ of its members.
 
 import attr
 
+from mqttgw.broker.delivery_policy import CLIENT
 from mqttgw.broker.topics import InvalidTopic, matches, validate_topic_filter
 
 SHARE_PREFIX = "$share/"
@@ -83,9 +84,9 @@ class SharedGroup:
     """
 
     # Read by the router as of any subscriber.
-    no_local = False
-    retain_as_published = False
+    policy = CLIENT
     may_read = None
+    budget = None
     options = None
     internal = False
 
@@ -139,8 +140,12 @@ class SharedGroup:
             if session is exclude:
                 continue
             may_read = session.may_read
-            if may_read is not None and not may_read(topic):
-                continue
+            if may_read is not None:
+                if not may_read(topic):
+                    continue
+                budget = session.budget
+                if budget is not None and not budget():
+                    continue
             if session.connection is not None:
                 self._turn = (self._turn + i + 1) % n
                 return session

@@ -245,10 +245,11 @@ class Login:
         session, present = dialect.connect(router, self.client_id, packet, will, identity.owner)
         self.session = session
         session.may_read = router.access.checker(self.username, self.client_id, READ, identity.subscribe)
-        if self.max_delivery_rate:
-            session.may_read = DeliveryBudget(
-                session.may_read, self.max_delivery_rate, router, session, self.clock
-            )
+        session.budget = (
+            DeliveryBudget(self.max_delivery_rate, router, session, self.clock)
+            if self.max_delivery_rate
+            else None
+        )
         self._enter("accept")
         self.write(dialect.connack(present, connack))
         if self.limits.connection_messages:

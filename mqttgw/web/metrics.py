@@ -73,13 +73,19 @@ COUNTERS = [
 
 
 class TracedPublish(Publish):
-    """A sampled message: each copy framed for a subscriber is timed."""
+    """
+    A sampled message: each copy framed for a subscriber is timed.  Its
+    QoS 0 frame is not cached, so every copy is encoded (sessions call
+    ``Publish.frame`` itself, see broker.frames).
+    """
 
     __slots__ = ("received_at", "histogram")
 
-    def frame(self, qos, message_id=None, retain=False, dup=False):
+    _frame0 = property(lambda self: None, lambda self, frame: None)
+
+    def _encode(self, qos, message_id, retain, dup):
         self.histogram.observe(time.perf_counter() - self.received_at)
-        return Publish.frame(self, qos, message_id, retain, dup)
+        return Publish._encode(self, qos, message_id, retain, dup)
 
 
 class Metrics:

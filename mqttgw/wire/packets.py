@@ -203,12 +203,14 @@ class Publish:
 
     packet_type = PUBLISH
 
-    def frame(self, qos, message_id=None, retain=False, dup=False):
+    def frame(self, qos, message_id=None, retain=False, dup=False, via=None):
         """
         Wire bytes of this message delivered at ``qos`` over 3.1/3.1.1.
         The topic is encoded once per message and a QoS 0 delivery once in
         all, however many subscribers it goes to; only the message id
-        differs between QoS 1/2 deliveries.
+        differs between QoS 1/2 deliveries.  ``via`` (the subscription the
+        copy was routed by) matters to 5.0's framing only: taken so that a
+        session calls either version's framing alike.
         """
         if not qos and not retain and not dup:
             frame = self._frame0

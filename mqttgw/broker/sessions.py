@@ -1,0 +1,304 @@
+"""
+The router's table of sessions by client id: who may connect as which
+client id, taking a session over from the connection that held it, its
+end (clean, expired, deleted, replaced by another identity's), and its
+will when its connection ends.  The Router is one of these.
+"""
+
+from twisted.logger import Logger
+
+from mqttgw.broker.session import Session
+from mqttgw.wire.printable import printable
+
+log = Logger()
+
+# A 5.0 session expiry interval that means "never".
+NEVER_EXPIRES = 0xFFFFFFFF
+
+
+def owner_name(owner):
+    """A session owner as the log names it."""
+    return "anonymous" if owner == "" else repr(printable(owner))
+
+
+class Sessions:
+    """
+    Sessions by client id (``self.sessions``); the Router that is one of
+    these routes to them, publishes their wills, and takes their filters
+    out of its trie when they end.
+    """
+
+    # Bounds of the whole broker (0: none); see [limits].
+    max_persistent_sessions = 0
+    # Seconds a persistent session may go unused, or None: for ever.
+    persistent_client_expiration = None
+    # What a CONNECT gets whose client id's session belongs to another
+    # identity (see owner_refusal): "refuse", or "new_session" (the old
+    # session is discarded, never resumed).
+    session_owner_mismatch = "refuse"
+
+    def owner_refusal(self, client_id, owner):
+        """
+        Why the identity ``owner`` may not connect as ``client_id``, or
+        None.  An identity owns its session: another one never resumes it
+        nor takes it over from its connected owner; it may only replace a
+        session left unconnected, and only with ``session_owner_mismatch``
+        set to "new_session".  Refusals are counted; the caller logs them.
+        """
+        session = self.sessions.get(client_id)
+        if session is None or session.owner is None or session.owner == owner:
+            return None
+        if session.connection is None and self.session_owner_mismatch == "new_session":
+            return None
+        self.stats.session_owner_refused += 1
+        # The same words whether its owner is connected or not: the
+        # refused client learns nothing of the owner's presence.
+        return "its session belongs to another identity"
+
+    def connect(
+        self, client_id, clean_session, will=None, expiry_interval=None, will_delay=0, owner=None
+    ):
+        """
+        Claim the session for ``client_id``, taking it over from any
+        connection that holds it (that connection is closed, and its will
+        published, before this returns).  Returns ``(session,
+        session_present)``; the caller sends CONNACK, then attaches.
+
+        ``clean_session`` is 3.1.1's Clean Session, or with an
+        ``expiry_interval`` (5.0) its Clean Start: then the session
+        outlives the connection for that many seconds.
+
+        ``owner``: the identity connecting (a user name, "" for anonymous;
+        None for the gateway's own sessions), which :meth:`owner_refusal`
+        has let through.  A session another identity owns ends here, as
+        with a clean start; one without an owner (stored before owners
+        were) becomes this one's.
+        """
+        if expiry_interval is not None:
+            clean_start, clean_session = clean_session, expiry_interval == 0
+        else:
+            clean_start = clean_session
+        session = self.sessions.get(client_id)
+        if session is not None and owner is not None and session.owner != owner:
+            session = self._other_owner(session, owner, clean_start)
+        if session is not None and session.connection is not None:
+            session = self._take_over(session, clean_start)
+        present = False
+        if session is not None:
+            # A new connection for the client id within its will's delay:
+            # the will is not sent, whether or not this connection resumes
+            # the session ([MQTT-3.1.2-8]); nor does the session expire.
+            session.cancel_timers()
+            if clean_start or session.clean_session:
+                self._discard(session)
+                session = None
+            else:
+                present = True
+                if clean_session:
+                    # Resumed by a 5.0 client that keeps it no longer.
+                    self._forget(session)
+                elif session.expiry_interval != expiry_interval:
+                    session.set_expiry(expiry_interval)
+        if session is None:
+            session = self._new_session(client_id, clean_session)
+            session.start(owner, expiry_interval)
+        session.renew(expiry_interval, will, will_delay)
+        return session, present
+
+    def _other_owner(self, session, owner, clean_start):
+        """
+        ``owner`` connects with the client id of a session it does not own:
+        it claims one stored without an owner, or replaces one left
+        unconnected (None: it is gone).
+        """
+        if session.owner is None:
+            if not clean_start:
+                self._claim(session, owner)
+            return session
+        if session.connection is not None:
+            return session
+        # Two identities taking turns could repeat it at any rate.
+        self.limited("session owner replaced").warn(
+            "discarding the session of client {client_id} (owned by {old}):"
+            " {new} connected with its client id (auth.session_owner_mismatch)",
+            client_id=printable(session.client_id),
+            old=owner_name(session.owner),
+            new=owner_name(owner),
+        )
+        self.stats.session_owner_replaced += 1
+        self._end_session(session)
+        return None
+
+    def _take_over(self, session, clean_start):
+        """The connection holding ``session`` is closed for a new one; the
+        session as it is then (None: it ended with that connection)."""
+        client_id = session.client_id
+        log.info(
+            "client {client_id} taken over by a new connection",
+            client_id=printable(client_id),
+        )
+        # A persistent session resumed by its own client is a
+        # reconnection, not a failure: its will is published only when
+        # a clean session is involved on either side, and never when
+        # it has a delay, which this new connection comes within.
+        session.connection.taken_over(
+            publish_will=not session.will_delay and (clean_start or session.clean_session)
+        )
+        return self.sessions.get(client_id)
+
+    def _claim(self, session, owner):
+        """A session restored from a store without owners: its first login owns it."""
+        session.claim(owner)
+        log.warn(
+            "session of client {client_id} was stored without an owner: now owned by {owner},"
+            " its first login",
+            client_id=printable(session.client_id),
+            owner=owner_name(owner),
+        )
+
+    def set_session_expiry(self, session, expiry_interval):
+        """A 5.0 DISCONNECT changed the session's expiry interval."""
+        if expiry_interval == 0 and not session.clean_session:
+            self._forget(session)
+        session.set_expiry(expiry_interval)
+
+    def _forget(self, session):
+        """A persistent session becomes one that ends with its connection."""
+        session.forget()
+        stats = self.stats
+        stats.persistent_sessions -= 1
+        if not session.internal and session.connection is None:
+            stats.clients_disconnected -= 1
+
+    def may_start_session(self, client_id, clean_session):
+        """
+        Whether a CONNECT may go on: False when it would create one more
+        persistent session than ``max_persistent_sessions`` allows.
+        """
+        limit = self.max_persistent_sessions
+        if clean_session or not limit:
+            return True
+        existing = self.sessions.get(client_id)
+        if existing is not None and not existing.clean_session:
+            return True
+        if self.stats.persistent_sessions < limit:
+            return True
+        self.stats.sessions_refused += 1
+        return False
+
+    def expire_sessions(self):
+        """
+        Remove persistent sessions whose client has been away longer than
+        ``persistent_client_expiration``, their queues with them (bridges'
+        own sessions never expire).  Returns how many went.
+        """
+        expiration = self.persistent_client_expiration
+        if expiration is None:
+            return 0
+        cutoff = self.clock.seconds() - expiration
+        expired = [
+            s
+            for s in self.sessions.values()
+            if s.connection is None
+            and not s.clean_session
+            and not s.internal
+            and s.last_seen is not None
+            and s.last_seen < cutoff
+            and s.expiry_interval in (None, NEVER_EXPIRES)
+        ]
+        for session in expired:
+            log.info(
+                "expiring persistent session of client {client_id}: away {away:.0f}s",
+                client_id=printable(session.client_id),
+                away=self.clock.seconds() - session.last_seen,
+            )
+            self._end_session(session)
+        self.stats.clients_expired += len(expired)
+        return len(expired)
+
+    def _expired(self, session):
+        """A 5.0 session's expiry interval ran out."""
+        session.expiry_call = None
+        if self.sessions.get(session.client_id) is not session or session.connection is not None:
+            return
+        log.info(
+            "session of client {client_id} expired ({interval}s)",
+            client_id=printable(session.client_id),
+            interval=session.expiry_interval,
+        )
+        self.stats.clients_expired += 1
+        self._end_session(session)
+
+    def _end_session(self, session):
+        """The session ends: a will still waiting for its delay goes now."""
+        will = None
+        if session.will_call is not None:
+            will = session.will_call.args[1]
+        session.cancel_timers()
+        self._discard(session)
+        if will is not None:
+            self._publish_will(session, will)
+
+    def delete_session(self, client_id):
+        """The admin API's delete: a session not in use, and its store rows."""
+        session = self.sessions.get(client_id)
+        if session is None or session.connection is not None:
+            return False
+        self._discard(session)
+        return True
+
+    def disconnect(self, session, publish_will):
+        """The connection holding ``session`` ended."""
+        will = session.left(self.clock.seconds())
+        if session.clean_session:
+            self._discard(session)
+        elif session.expiry_interval not in (None, NEVER_EXPIRES):
+            session.expiry_call = self.clock.callLater(
+                session.expiry_interval, self._expired, session
+            )
+        if publish_will and will is not None:
+            if session.will_delay and not session.clean_session:
+                # Sent when the delay ends, or the session does if sooner.
+                session.will_call = self.clock.callLater(
+                    session.will_delay, self._publish_will, session, will
+                )
+            else:
+                self._publish_will(session, will)
+
+    def _publish_will(self, session, will):
+        session.will_call = None
+        log.info(
+            "publishing will of {client_id} on {topic}",
+            client_id=printable(session.client_id),
+            topic=printable(will.topic),
+        )
+        if will.properties and "message_expiry_interval" in will.properties:
+            will.expiry = self.clock.seconds() + will.properties["message_expiry_interval"]
+        self.publish(will, sender=session)
+
+    def _new_session(self, client_id, clean_session):
+        session = Session(
+            client_id, clean_session, self.clock, self.limits, self.stats, self.store
+        )
+        self.sessions[client_id] = session
+        if not clean_session:
+            stats = self.stats
+            stats.persistent_sessions += 1
+            if not session.internal:
+                stats.clients_disconnected += 1
+        return session
+
+    def _discard(self, session):
+        for topic_filter in session.subscriptions:
+            self._unroute(session, topic_filter)
+        session.end()
+        if self.sessions.get(session.client_id) is session:
+            del self.sessions[session.client_id]
+            # What it held goes with it (a clean session's queue, say).
+            session.release()
+            stats = self.stats
+            if not session.clean_session:
+                stats.persistent_sessions -= 1
+                if not session.internal and session.connection is None:
+                    stats.clients_disconnected -= 1
+
