@@ -82,14 +82,17 @@ def test_every_module_imports_first_in_a_fresh_interpreter():
     assert int(run.stdout) == len(names) > 40
 
 
-# Packages held to the size bounds below.  broker/ joins when its classes
-# are split.
-SIZE_BOUNDED = ["transports", "bridges"]
+# Packages held to the size bounds below.
+SIZE_BOUNDED = ["transports", "bridges", "broker"]
 # Modules of those packages exempt, and why.
 SIZE_EXEMPT = {
     # scan() is the per-frame loop of every WebSocket read (63 lines): one
     # function, so that a frame costs no call.
     "mqttgw/transports/wsframes.py",
+    # Not yet split: Store (620 lines; __init__, _open and _commit over 60)
+    # and RetainedTree.walk (66).
+    "mqttgw/broker/store.py",
+    "mqttgw/broker/topics.py",
 }
 MAX_METHOD_LINES = 60
 MAX_CLASS_LINES = 400

@@ -52,7 +52,7 @@ class InFlight:
         # receive maximum, it waits for an earlier one to complete.
         self.deferred = False
         # The publisher's acknowledgement that waits for this delivery or
-        # its commit (store.Held), if any.
+        # its commit (acks.Held), if any.
         self.held = None
 
 

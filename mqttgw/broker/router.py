@@ -12,9 +12,9 @@ from twisted.logger import Logger
 from mqttgw.broker.access import Access
 from mqttgw.broker.ratelimited import RateLimited
 from mqttgw.broker.session import SessionLimits
-from mqttgw.broker.sessions import NEVER_EXPIRES, Sessions, owner_name  # noqa: F401 (owner_name: imported from here)
+from mqttgw.broker.sessions import NEVER_EXPIRES, Sessions
 from mqttgw.broker.stats import Stats
-from mqttgw.broker.store import Held
+from mqttgw.broker.acks import Held
 from mqttgw.broker.subscriptions import (
     SharedGroup,
     from_stored,
@@ -176,7 +176,7 @@ class Router(Sessions):
     def publish_held(self, message, sender=None):
         """
         :meth:`publish` for a message whose publisher waits for its ack:
-        the store.Held that ack waits on when a copy was written to the
+        the acks.Held that ack waits on when a copy was written to the
         store (it may go once every such copy is acknowledged, or at the
         commit), else None.
         """

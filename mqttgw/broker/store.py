@@ -26,7 +26,6 @@ from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 
 from mqttgw.broker import sql, writes
-from mqttgw.broker.acks import Held, OrderedAcks  # noqa: F401 (still imported from here)
 from mqttgw.broker.record import (
     SUFFIX as RECORD_SUFFIX,
     Record,

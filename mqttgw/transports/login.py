@@ -14,7 +14,7 @@ from twisted.logger import Logger
 
 from mqttgw.broker.access import READ, WRITE
 from mqttgw.broker.delivery_budget import DeliveryBudget
-from mqttgw.broker.router import owner_name
+from mqttgw.broker.sessions import owner_name
 from mqttgw.broker.topics import InvalidTopic, validate_topic_name
 from mqttgw.security.identity import Identity, IIdentity
 from mqttgw.security.passwords import Busy

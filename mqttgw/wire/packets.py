@@ -190,7 +190,7 @@ class Publish:
     # When it was first queued for a receiver (clock time), for the age of
     # what waits; None while it has not waited.
     queued_at = attr.ib(default=None, eq=False, repr=False)
-    # While routed: its publisher's held acknowledgement (store.Held), or
+    # While routed: its publisher's held acknowledgement (acks.Held), or
     # None when that does not wait for the store.
     held = attr.ib(default=None, eq=False, repr=False)
     # Encoded topic string, and the whole QoS 0 delivery, cached so a
