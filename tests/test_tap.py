@@ -241,3 +241,29 @@ def test_persistent_client_expiration_reads_mosquittos_units(text, seconds):
 def test_persistent_client_expiration_refuses_what_is_not_a_duration(text):
     with pytest.raises(config.ConfigError, match="is not a duration"):
         config.parse_duration(text, "x")
+
+
+def test_an_admin_listener_may_share_an_mqtt_listeners_endpoint_string(tmp_path):
+    # Before: "RuntimeError: cannot have two services with same name", a
+    # traceback at start-up.  Port 0 gives each its own port.
+    gw = Gateway(tmp_path, "--http", "tcp:0:interface=127.0.0.1")
+    try:
+        gw.wait_for_log("running: listeners")
+        assert "Traceback" not in gw.log()
+    finally:
+        gw.stop()
+
+
+def test_one_listener_given_twice_is_one_line(tmp_path):
+    out = subprocess.run(
+        [str(TWISTD), "-n", "--pidfile=", "mqttgw",
+         "--tcp", "tcp:0:interface=127.0.0.1", "--tcp", "tcp:0:interface=127.0.0.1"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=60,
+        env=gateway_env(),
+    )
+    assert out.returncode != 0
+    assert "tcp listener tcp:0:interface=127.0.0.1: given twice" in out.stdout + out.stderr
+    assert "Traceback" not in out.stdout + out.stderr

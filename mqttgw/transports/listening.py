@@ -30,7 +30,10 @@ class ListenerService(StreamServerEndpointService):
         self.kind = kind
         self.description = description
         # As the configuration gave it.
-        self.name = name or description
+        self.label = name or description
+        # The service's name among the gateway's: a TCP and an admin
+        # listener may be given the same endpoint string (port 0).
+        self.name = f"{kind} {self.label}"
         self.secure = secure
         self.anonymous = anonymous
         # Errors at start-up are raised, not just logged: twistd stops.
@@ -47,7 +50,7 @@ class ListenerService(StreamServerEndpointService):
             super().privilegedStartService()
         except CannotListenError as e:
             reason = e.socketError.strerror if hasattr(e.socketError, "strerror") else e.socketError
-            raise SystemExit(f"mqttgw: {self.kind} listener {self.name}: cannot listen: {reason}") from None
+            raise SystemExit(f"mqttgw: {self.kind} listener {self.label}: cannot listen: {reason}") from None
         finally:
             if umask is not None:
                 os.umask(umask)
@@ -60,6 +63,11 @@ class ListenerService(StreamServerEndpointService):
         self.port = tcp.serve_lean(port, getattr(self.factory, "flusher", None))
         return port
 
+    def setServiceParent(self, parent):
+        if self.name in getattr(parent, "namedServices", {}):
+            raise SystemExit(f"mqttgw: {self.kind} listener {self.label}: given twice")
+        return super().setServiceParent(parent)
+
     def stopService(self):
         self.port = None
         return super().stopService()
@@ -68,7 +76,7 @@ class ListenerService(StreamServerEndpointService):
     def address(self):
         """``host:port`` once bound, else the description."""
         if self.port is None:
-            return self.name
+            return self.label
         host = self.port.getHost()
         return f"{getattr(host, 'host', '?')}:{getattr(host, 'port', '?')}"
 
