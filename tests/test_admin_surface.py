@@ -224,6 +224,8 @@ def test_json_is_nosniff_and_error_pages_escape_what_they_echo(gateway_with):
     assert headers["Content-Type"] == "application/json"
     status, headers, body = call(port, "GET", "/api/overview", host="<script>alert(1)</script>")
     assert status == 421 and b"<script>" not in body and b"&lt;script&gt;alert(1)&lt;/script&gt;" in body
+    # With its own phrase, not "Unknown Status".
+    assert upgrade(port, "rebind.attacker.example", "http://rebind.attacker.example").startswith("HTTP/1.1 421 Misdirected Request")
     status, _, body = call(port, "GET", "/%3Cscript%3Ealert(1)%3C/script%3E.js")
     assert status == 404 and b"<script>" not in body and b"&lt;script&gt;" in body
 

@@ -12,9 +12,9 @@ from urllib.parse import urlsplit
 
 import attr
 from twisted.logger import Logger
+from twisted.web import http
 from twisted.protocols.policies import WrappingFactory
 from twisted.web.pages import errorPage
-from twisted.web.resource import Resource
 from twisted.web.server import Site
 
 from mqttgw.broker.ratelimited import RateLimited
@@ -23,6 +23,9 @@ from mqttgw.wire.printable import printable
 log = Logger()
 
 MISDIRECTED = 421
+# twisted.web knows no phrase for 421 (RFC 9110), and its error pages
+# write the status line as they render, before a phrase could be given.
+http.RESPONSES.setdefault(MISDIRECTED, b"Misdirected Request")
 # Methods that change nothing: any page may cause them (a link, an image).
 SAFE_METHODS = frozenset((b"GET", b"HEAD", b"OPTIONS"))
 _DEFAULT_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443}
@@ -181,24 +184,8 @@ class HostSite(Site):
         # One request, then the connection closes.
         request.setHeader(b"connection", b"close")
         request.channel.persistent = False
-        return _Refusal(code, brief, detail)
+        return errorPage(code, brief, detail)
 
-
-class _Refusal(Resource):
-    """An error page (what it echoes escaped) with its status's own phrase."""
-
-    isLeaf = True
-
-    def __init__(self, code, brief, detail):
-        super().__init__()
-        self.code, self.brief = code, brief
-        self.page = errorPage(code, brief, detail)
-
-    def render(self, request):
-        body = self.page.render(request)
-        # twisted.web knows no phrase for 421.
-        request.setResponseCode(self.code, self.brief.encode())
-        return body
 
 
 class ConnectionSlots:
