@@ -50,15 +50,28 @@ def _write(path, lines):
 
 
 def _check_username(username):
-    if not username or ":" in username or any(ord(c) < 0x20 for c in username):
-        raise PasswdError(f"invalid user name {username!r}: no ':' or control characters")
+    # The gateway reads a line's user name without the spaces around it.
+    if (
+        not username
+        or ":" in username
+        or any(ord(c) < 0x20 for c in username)
+        or username != username.strip()
+    ):
+        raise PasswdError(
+            f"invalid user name {username!r}: no ':', control characters, or spaces at either end"
+        )
+
+
+def _user(line):
+    """A line's user name, as the gateway reads it."""
+    return line.strip().partition(":")[0]
 
 
 def set_password(lines, username, password):
     entry = f"{username}:{hash_password(password)}"
     out, found = [], False
     for line in lines:
-        if line.partition(":")[0] == username:
+        if _user(line) == username:
             if not found:
                 out.append(entry)
             found = True
@@ -70,7 +83,7 @@ def set_password(lines, username, password):
 
 
 def delete(lines, username):
-    out = [line for line in lines if line.partition(":")[0] != username]
+    out = [line for line in lines if _user(line) != username]
     if len(out) == len(lines):
         raise PasswdError(f"user {username!r} not found")
     return out

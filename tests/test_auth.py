@@ -418,6 +418,21 @@ def test_passwd_hashes_a_plain_text_file(tmp_path):
     assert passwd("-U", path) == 1
 
 
+def test_a_user_name_is_one_user_in_the_tool_and_the_gateway(tmp_path, capsys):
+    # Before: the tool took " alice" for a new user, the gateway read the
+    # line as alice's, and the later line replaced her password silently.
+    path = tmp_path / "passwd"
+    assert passwd("-c", "-b", path, "alice", "one") == 0
+    assert passwd("-b", path, " alice", "two") == 1
+    assert "spaces at either end" in capsys.readouterr().err
+    path.write_text(path.read_text() + " " + path.read_text())
+    assert passwd("-D", path, "alice") == 0
+    assert path.read_text() == ""
+    path.write_text(f"alice:{hash_password('one')}\n bob:{hash_password('x')}\nalice:{hash_password('two')}\n")
+    with pytest.raises(AuthConfigError, match=r"passwd:3: user 'alice' is given again \(first at line 1\)"):
+        PasswordTable.from_file(path)
+
+
 def test_passwd_errors_are_one_line(tmp_path, capsys):
     assert passwd("-b", tmp_path / "absent", "alice", "pw") == 1
     assert passwd("-c", "-b", tmp_path / "p", "a:b", "pw") == 1

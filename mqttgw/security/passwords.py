@@ -93,6 +93,7 @@ class PasswordTable:
     @classmethod
     def from_file(cls, path):
         entries = {}
+        lines = {}
         for number, line in enumerate(read_lines(path), 1):
             line = line.strip()
             if not line or line.startswith("#"):
@@ -106,6 +107,12 @@ class PasswordTable:
                     " (plain text passwords are converted with mosquitto_passwd -U"
                     " or python -m mqttgw.passwd -U)"
                 )
+            if user in lines:
+                # Which of the two holds is not for the file's order to decide.
+                raise AuthConfigError(
+                    f"{path}:{number}: user {user!r} is given again (first at line {lines[user]})"
+                )
+            lines[user] = number
             entries[user] = entry
         return cls(str(path), entries)
 
