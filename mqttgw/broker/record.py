@@ -4,7 +4,8 @@ which database it is (a random id the database keeps too) and how many
 commits it had made when last written.  A database that is missing,
 empty, another one, or behind its record (a write-ahead log lost after a
 crash) has lost what was acknowledged: start-up refuses it rather than
-run silently empty.
+run silently empty.  So does a database that has an id but no record
+(its -wal may have gone with it); one without an id predates the record.
 
 The record is made with a write to a new file, fsync and rename, so it is
 whole or absent.  After each commit its count is written over, in place,

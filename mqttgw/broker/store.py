@@ -8,7 +8,8 @@ committed.  Loading happens once, at start-up, before the reactor runs.
 
 The store knows what it held: a record beside the database (record.py)
 says which database it is and how far it was committed, so a database
-lost, emptied or set back is refused at start-up; and after each commit
+lost, emptied, set back or without its record is refused at start-up;
+the files are readable by the gateway's user only; and after each commit
 the writer checks that the open files are still the ones at their paths,
 so nothing is acknowledged into a file that was removed.
 """
