@@ -725,12 +725,25 @@ def test_a_damaged_record_is_refused_naming_it(tmp_path):
         Store(tmp_path, None)
 
 
-def test_a_record_lost_alone_is_made_again_from_the_database(tmp_path, logged):
+def test_a_record_lost_from_a_database_with_an_id_is_refused(tmp_path):
     store = committed_session(tmp_path)
     store.stop()
     (tmp_path / "mqttgw.db.state").unlink()
+    with pytest.raises(StoreDamaged, match="mqttgw.db.state is missing"):
+        Store(tmp_path, None)
+    assert not (tmp_path / "mqttgw.db.state").exists()
+
+
+def test_a_database_from_before_the_record_is_given_one(tmp_path, logged):
+    store = committed_session(tmp_path)
+    store.stop()
+    db = sqlite3.connect(tmp_path / "mqttgw.db")
+    db.execute("DELETE FROM meta WHERE key IN ('id', 'commits')")
+    db.commit()
+    db.close()
+    (tmp_path / "mqttgw.db.state").unlink()
     again = Store(tmp_path, None)
-    assert record_of(tmp_path) == {"id": store.id, "commits": 1}
+    assert record_of(tmp_path) == {"id": again.id, "commits": 0}
     assert any("is missing: made again from the database" in line for line in logged())
     again.stop()
 

@@ -8,7 +8,10 @@ running stops acknowledging until it is made again, losing nothing.
 
 import json
 import re
+import os
 import signal
+import sqlite3
+import stat
 import subprocess
 
 from mqttgw.wire import packets as P
@@ -284,3 +287,101 @@ def test_files_removed_then_a_normal_stop_loses_nothing_acknowledged(tmp_path):
     finally:
         again.stop()
     assert "Traceback" not in gw.log() + again.log()
+
+
+def test_a_store_whose_record_and_wal_were_lost_is_refused_naming_the_record(tmp_path):
+    data = tmp_path / "data"
+    gw = start(tmp_path / "first", data)
+    client, _ = keeper(gw.port)
+    client.disconnect()
+    publish_acknowledged(gw.port, 1, 10)
+    gw.stop(signal.SIGKILL)
+    for name in ("mqttgw.db-wal", "mqttgw.db-shm", "mqttgw.db.state"):
+        (data / name).unlink(missing_ok=True)
+
+    code, err = refused(tmp_path, data)
+    assert code not in (0, None), "started on a store whose record was lost"
+    assert len(err.strip().splitlines()) == 1, err
+    assert f"its record {data / 'mqttgw.db.state'} is missing" in err
+
+    again = start(tmp_path / "recovered", data, "--store-recover")
+    try:
+        again.wait_for_log("persistence.recover: set aside mqttgw.db as ")
+        [line] = [l for l in again.log().splitlines() if "persistence.recover" in l]
+        assert "the database held " in line and "[mqttgw.broker.store#warn]" in line
+        assert set(set_aside(data)) == {""}
+    finally:
+        again.stop()
+    assert "Traceback" not in again.log()
+
+
+def test_a_store_from_before_the_record_is_given_one_with_a_warning(tmp_path):
+    data = tmp_path / "data"
+    gw = start(tmp_path / "first", data)
+    client, _ = keeper(gw.port)
+    client.disconnect()
+    acked = publish_acknowledged(gw.port, 1, 5)
+    gw.stop()
+    # As an older version left it: no id in the database, no record.
+    db = sqlite3.connect(data / "mqttgw.db")
+    db.execute("DELETE FROM meta WHERE key IN ('id', 'commits')")
+    db.commit()
+    db.close()
+    (data / "mqttgw.db.state").unlink()
+    again = start(tmp_path / "again", data)
+    try:
+        again.wait_for_log(f"its record {data / 'mqttgw.db.state'} is missing: made again from the database")
+        received_all(again.port, acked)
+    finally:
+        again.stop()
+    assert set(json.loads((data / "mqttgw.db.state").read_text())) == {"id", "commits"}
+
+
+def modes(data):
+    """{name: permission bits} of the data directory ("") and every file in it."""
+    found = {"": stat.S_IMODE(data.stat().st_mode)}
+    for path in data.iterdir():
+        try:
+            found[path.name] = stat.S_IMODE(path.stat().st_mode)
+        except FileNotFoundError:  # the store's probe, come and gone
+            pass
+    return found
+
+
+def test_the_data_directory_and_its_files_are_readable_by_the_gateway_user_only(tmp_path):
+    data = tmp_path / "data"
+    old = os.umask(0o022)
+    try:
+        gw = start(tmp_path / "first", data)
+    finally:
+        os.umask(old)
+    try:
+        client, _ = keeper(gw.port)
+        client.disconnect()
+        publish_acknowledged(gw.port, 1, 5)
+        found = modes(data)
+        assert {"mqttgw.db", "mqttgw.db-wal", "mqttgw.db-shm", "mqttgw.db.state"} <= set(found)
+        wrong = {n: oct(m) for n, m in found.items() if m != (0o700 if n == "" else 0o600)}
+        assert not wrong, wrong
+    finally:
+        gw.stop()
+    assert "could be read by other users" not in gw.log()
+
+
+def test_a_data_directory_readable_by_others_is_tightened_with_a_warning(tmp_path):
+    data = tmp_path / "data"
+    gw = start(tmp_path / "first", data)
+    gw.stop()
+    data.chmod(0o755)
+    (data / "mqttgw.db").chmod(0o644)
+    (data / "mqttgw.db.state").chmod(0o644)
+    again = start(tmp_path / "again", data)
+    try:
+        again.wait_for_log("could be read by other users: now by its owner only")
+        [line] = [l for l in again.log().splitlines() if "could be read by other users" in l]
+        assert str(data / "mqttgw.db") in line and str(data / "mqttgw.db.state") in line
+        found = modes(data)
+        wrong = {n: oct(m) for n, m in found.items() if m != (0o700 if n == "" else 0o600)}
+        assert not wrong, wrong
+    finally:
+        again.stop()

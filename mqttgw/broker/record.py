@@ -4,7 +4,8 @@ which database it is (a random id the database keeps too) and how many
 commits it had made when last written.  A database that is missing,
 empty, another one, or behind its record (a write-ahead log lost after a
 crash) has lost what was acknowledged: start-up refuses it rather than
-run silently empty.
+run silently empty.  So does a database that has an id but no record
+(its -wal may have gone with it); one without an id predates the record.
 
 The record is made with a write to a new file, fsync and rename, so it is
 whole or absent.  After each commit its count is written over, in place,
@@ -52,6 +53,28 @@ def fsync_directory(path):
         os.close(fd)
 
 
+def create_private(path):
+    """Make ``path`` (if missing) readable and writable by its owner only."""
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
+
+
+def tighten(paths):
+    """
+    Take group and other access from each of ``paths`` that exists and is
+    ours (a directory 0700, a file 0600): the paths changed.
+    """
+    changed = []
+    for path in paths:
+        try:
+            st = os.stat(path)
+            if st.st_mode & 0o077 and st.st_uid == os.geteuid():
+                os.chmod(path, st.st_mode & 0o700)
+                changed.append(str(path))
+        except FileNotFoundError:
+            pass
+    return changed
+
+
 def file_id(path):
     """(st_dev, st_ino) of ``path``, or None if nothing is there."""
     try:
@@ -88,7 +111,9 @@ class RecordFile:
         """Replace the record whole (new file, fsync, rename, fsync of the directory)."""
         self.close()
         temporary = self.path.with_name(self.path.name + ".new")
-        with open(temporary, "wb") as f:
+        # Readable by the gateway's user only, as the whole data directory.
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with open(fd, "wb") as f:
             f.write(_encode(record))
             f.flush()
             os.fsync(f.fileno())

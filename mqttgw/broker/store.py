@@ -8,7 +8,8 @@ committed.  Loading happens once, at start-up, before the reactor runs.
 
 The store knows what it held: a record beside the database (record.py)
 says which database it is and how far it was committed, so a database
-lost, emptied or set back is refused at start-up; and after each commit
+lost, emptied, set back or without its record is refused at start-up;
+the files are readable by the gateway's user only; and after each commit
 the writer checks that the open files are still the ones at their paths,
 so nothing is acknowledged into a file that was removed.
 """
@@ -31,9 +32,11 @@ from mqttgw.broker.record import (
     Record,
     RecordFile,
     RecordUnreadable,
+    create_private,
     file_id,
     fsync_directory,
     new_id,
+    tighten,
 )
 from mqttgw.broker.sql import SCHEMA_VERSION
 from mqttgw.wire.properties import PUBLISH, decode_properties
@@ -136,6 +139,7 @@ def _lock(path):
     import fcntl
 
     try:
+        create_private(path)
         f = open(path, "a+")
     except OSError as e:
         raise StoreError(f"data directory {path.parent}: {e.strerror}") from None
@@ -210,9 +214,22 @@ class Store:
         self.congested = False
         self.congestion_listeners = []
         try:
-            Path(data_dir).mkdir(parents=True, exist_ok=True)
+            # Queued payloads are in the store (and its -wal): readable by
+            # the gateway's user only, whatever the umask.
+            Path(data_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
+            wider = tighten(
+                [self.data_dir]
+                + [self.data_dir / (DB_NAME + s) for s in ("", "-wal", "-shm", RECORD_SUFFIX)]
+                + [self.data_dir / LOCK_NAME]
+            )
         except OSError as e:
             raise StoreError(f"data directory {data_dir}: {e.strerror}") from None
+        if wider:
+            log.warn(
+                "data directory {dir}: {paths} could be read by other users: now by its owner only",
+                dir=self.data_dir,
+                paths=", ".join(wider),
+            )
         self._lock = _lock(self.data_dir / LOCK_NAME)
         try:
             try:
@@ -232,11 +249,13 @@ class Store:
             self._record.close()
             raise
 
-    def _open(self, warn=log.warn):
+    def _open(self, warn=log.warn, restoring=False):
         """
         The database, checked against its record (StoreDamaged when it
         does not hold what the record says) and made if there is neither.
-        ``warn`` logs (from the writer thread, through the reactor).
+        ``warn`` logs (from the writer thread, through the reactor);
+        ``restoring``: the database was just copied from the open one, so
+        a missing record is made again from it.
         """
         try:
             recorded = self._record.read()
@@ -260,6 +279,9 @@ class Store:
             )
         db = None
         try:
+            if size is None:
+                # SQLite gives the -wal and -shm the database file's mode.
+                create_private(self.path)
             db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
             db.execute(sql.JOURNAL_WAL)
             db.execute(sql.SYNCHRONOUS.format(self._synchronous))
@@ -277,7 +299,7 @@ class Store:
                 raise StoreError(
                     f"store {self.path}: cannot be used: schema version {row[0]} is not {SCHEMA_VERSION}"
                 )
-            self._identify(db, recorded, warn)
+            self._identify(db, recorded, warn, size is not None and not restoring, restoring)
             # The database file itself holds its identity, whatever becomes
             # of its -wal.
             db.execute(sql.CHECKPOINT)
@@ -298,12 +320,30 @@ class Store:
             raise StoreError(f"store {self.path}: its record cannot be written: {e.strerror}") from None
         return db
 
-    def _identify(self, db, recorded, warn):
-        """The database's id and commits, checked against ``recorded``."""
+    def _identify(self, db, recorded, warn, existed, restoring):
+        """
+        The database's id and commits, checked against ``recorded``.  A
+        database with an id had a record: without it, what it held is not
+        known (its write-ahead log may have gone with the record).  One
+        without (made before the record existed) is given one.
+        """
         meta = dict(db.execute(sql.IDENTITY_READ))
         if "id" not in meta and recorded is None:
+            if existed:
+                warn(
+                    "store {path}: its record {record} is missing: made again from the database",
+                    path=self.path,
+                    record=self._record.path,
+                )
             meta = {"id": new_id(), "commits": 0}
             db.executemany(sql.META_ADD, meta.items())
+        elif recorded is None and not restoring:
+            raise StoreDamaged(
+                f"store {self.path}: its record {self._record.path} is missing, so what the"
+                f" database should hold is not known (it holds {meta.get('commits', 0)} commit(s);"
+                " its write-ahead log may be lost too)",
+                _contents(db),
+            )
         elif recorded is None:
             warn(
                 "store {path}: its record {record} is missing: made again from the database",
@@ -732,6 +772,7 @@ class Store:
         for stale in (copy, Path(f"{copy}-wal"), Path(f"{copy}-shm")):
             if os.path.lexists(stale):
                 stale.unlink()
+        create_private(copy)
         target = sqlite3.connect(copy)
         try:
             self._db.backup(target)
@@ -745,7 +786,7 @@ class Store:
         fsync_directory(self.data_dir)
         # Until it is open and holds what was committed, the store stays
         # unwritable (a later probe finds the copy, not the file opened).
-        self._db = self._open(warn)
+        self._db = self._open(warn, restoring=True)
         if (self.id, self.committed) != held:
             raise StoreMoved(f"{self.path} as made again holds commit {self.committed}, not {held[1]}")
         self._moved = False
@@ -757,7 +798,7 @@ class Store:
 
     def _probe_directory(self):
         probe = self.data_dir / ".probe"
-        with open(probe, "wb") as f:
+        with open(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
             f.write(b"mqttgw")
             f.flush()
             os.fsync(f.fileno())
