@@ -190,7 +190,7 @@ def _wait_for_sys(client, topic, condition, timeout=15.0):
 
 def _own(topic):
     """mqttgw's own $SYS topics, which mosquitto does not have."""
-    return topic.startswith("$SYS/broker/bridge/") or topic in (
+    return topic.startswith(("$SYS/broker/bridge/", "$SYS/broker/sparkplug/")) or topic in (
         "$SYS/broker/store/state",
         "$SYS/broker/store/commit/latency",
     )
