@@ -357,12 +357,15 @@ def test_on_loopback_reads_are_open_but_changes_need_credentials(broker):
         credentials_checker(FakeBroker(passwords=USERS).checker, None, broker.clock, ImmediateThreadPool()),
         False,
     )
-    api = API(broker, None, Roles(open=True), signin_portal=portal)
+    api = API(broker, None, Roles(admin_users={"root"}, open=True), signin_portal=portal)
     connected(broker, "dev/1", clean_session=False)
     assert api.json("GET", "/api/clients")[0] == 200
     status, headers, _ = api.call("DELETE", "/api/clients/dev%2F1")
     assert status == 401 and headers.getRawHeaders("www-authenticate") == ['Basic realm="mqttgw"']
-    assert api.json("DELETE", "/api/clients/dev%2F1", user="device", password="devpw") == (200, {"kicked": "dev/1"})
+    # Signed in, only an admin user may change anything; others may read.
+    assert api.call("DELETE", "/api/clients/dev%2F1", user="device", password="devpw")[0] == 403
+    assert api.json("GET", "/api/clients", user="device", password="devpw")[0] == 200
+    assert api.json("DELETE", "/api/clients/dev%2F1", user="root", password="rootpw") == (200, {"kicked": "dev/1"})
     # With no credentials to check, changes are for the Unix socket only.
     bare = API(broker, None, Roles(open=True))
     status, body = bare.json("DELETE", "/api/retained?filter=%23")

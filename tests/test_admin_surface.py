@@ -25,9 +25,9 @@ from tests.mosquitto_broker import free_port
 REBIND = "rebind.attacker.example"
 
 
-def call(port, method, path, host=None, headers=None, body=None):
+def call(port, method, path, host=None, headers=None, body=None, timeout=10):
     """(status, headers, body) of one request naming ``host`` (default: 127.0.0.1:PORT)."""
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
         sent = {"Host": host or f"127.0.0.1:{port}", **(headers or {})}
         connection.request(method, path, body=body, headers=sent)
@@ -153,7 +153,10 @@ def ctl(*args):
 def test_changes_need_credentials_on_loopback_and_ctl_uses_the_unix_socket(gateway_with, tmp_path):
     port = free_port()
     data = tmp_path / "data"
-    gw = gateway_with("--http", str(port), "--password-file", str(users(tmp_path)), "--data-dir", str(data))
+    gw = gateway_with(
+        "--http", str(port), "--password-file", str(users(tmp_path)), "--admin-user", "root",
+        "--data-dir", str(data),
+    )
     gw.wait_for_log(f"starting on {port}")
     sock, rc = mqtt_connect(gw.port, "victim", "device", "devpw")
     assert rc == 0
@@ -270,3 +273,85 @@ def test_idle_http_connections_are_closed(gateway_with):
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
         # Closed by the gateway, with nothing sent.
         assert _read(sock, 1) == b""
+
+
+BRIDGE = json.dumps({"addresses": ["127.0.0.1:1"], "rules": ["secret/# out 0"]}).encode()
+
+
+def test_on_loopback_only_admin_users_change_anything(gateway_with, tmp_path):
+    port = free_port()
+    data = tmp_path / "data"
+    gw = gateway_with(
+        "--http", str(port), "--password-file", str(users(tmp_path)), "--admin-user", "root",
+        "--data-dir", str(data),
+    )
+    gw.wait_for_log(f"starting on {port}")
+    # An MQTT user who signs in may read, not change.
+    status, _, _ = call(port, "PUT", "/api/bridges/evil", "localhost", basic("device", "devpw"), BRIDGE)
+    assert status == 403
+    assert call(port, "DELETE", "/api/retained?filter=%23", "localhost", basic("device", "devpw"))[0] == 403
+    assert call(port, "GET", "/api/bridges", "localhost", basic("device", "devpw"))[0] == 200
+    assert json.loads(call(port, "GET", "/api/bridges")[2]) == []
+    assert not os.path.exists(data / "bridges.json") or "evil" not in (data / "bridges.json").read_text()
+    assert "user device may not PUT /api/bridges/evil" in gw.log()
+    # The admin user may.
+    status, _, _ = call(port, "PUT", "/api/bridges/mine", "localhost", basic("root", "rootpw"), BRIDGE)
+    assert status == 200
+    assert [b["name"] for b in json.loads(call(port, "GET", "/api/bridges")[2])] == ["mine"]
+
+
+def test_without_admin_users_no_change_over_http(gateway_with, tmp_path):
+    port = free_port()
+    gw = gateway_with("--http", str(port), "--password-file", str(users(tmp_path)))
+    gw.wait_for_log(f"starting on {port}")
+    status, _, _ = call(port, "PUT", "/api/bridges/evil", "localhost", basic("root", "rootpw"), BRIDGE)
+    assert status == 403
+    assert "changes only over the admin socket" in gw.log()
+    assert json.loads(call(port, "GET", "/api/bridges")[2]) == []
+
+
+def _guess_and_leave(port, password):
+    """One Basic guess for root, the connection closed before any answer."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        auth = basic("root", password)["Authorization"]
+        sock.sendall(
+            f"GET /api/clients HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: {auth}\r\n\r\n".encode()
+        )
+
+
+def test_http_basic_is_throttled_as_mqtt_logins_are(gateway_with, tmp_path):
+    port = free_port()
+    gw = gateway_with(
+        "--http", str(port), "--password-file", str(users(tmp_path)), "--admin-user", "root",
+        "--login-delay", "0.5", "--max-login-delay", "2", "--max-waiting-logins-per-user", "4",
+    )
+    gw.wait_for_log(f"starting on {port}")
+    started = time.monotonic()
+    # Guesses whose callers leave at once still count, and delay the right one.
+    for n in range(3):
+        _guess_and_leave(port, f"Wr0ng{n}")
+    deadline = time.monotonic() + 30
+    refused = []
+    while len(refused) < 3 and time.monotonic() < deadline:
+        refused = [line for line in gw.log().splitlines() if "admin API: credentials refused from" in line]
+        time.sleep(0.05)
+    assert len(refused) == 3, gw.log()
+    due = max(float(line.rsplit("answered after ", 1)[1].rstrip("s")) for line in refused)
+    assert due > 1
+    assert call(port, "GET", "/api/clients", headers=basic("root", "rootpw"))[0] == 200
+    # Answered no earlier than the refusals due before it, or the longest
+    # delay (--max-login-delay): a lower bound only.
+    assert time.monotonic() - started >= min(due, 2.0)
+
+    # A flood of parallel guesses for one user: past the bound, 429 unchecked.
+    from concurrent.futures import ThreadPoolExecutor
+
+    passwords = [f"Wr0ng{n}" for n in range(11)] + ["rootpw"]
+    with ThreadPoolExecutor(len(passwords)) as pool:
+        statuses = list(pool.map(
+            lambda p: call(port, "GET", "/api/clients", headers=basic("root", p), timeout=60)[0], passwords
+        ))
+    assert set(statuses) <= {200, 401, 429}
+    assert statuses.count(429) >= len(passwords) - 4, statuses
+    assert "too many logins waiting from 127.0.0.1" in gw.log()
+    assert "Wr0ng" not in gw.log() and "rootpw" not in gw.log()

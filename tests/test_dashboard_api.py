@@ -135,12 +135,14 @@ def test_sign_in_tokens_and_roles_of_the_admin_api(gateway_with, tmp_path):
     watcher.disconnect()
 
 
-def test_an_open_loopback_admin_listener_makes_every_user_an_admin(gateway_with, tmp_path):
+def test_an_open_loopback_admin_listener_lets_every_user_read_and_only_admin_users_change(gateway_with, tmp_path):
     port = free_port()
-    gw = gateway_with("--http", str(port), "--password-file", str(users(tmp_path)))
+    gw = gateway_with("--http", str(port), "--password-file", str(users(tmp_path)), "--admin-user", "root")
     gw.wait_for_log(f"starting on {port}")
     assert json.loads(request(port, "/api/whoami")[2]) == {"signin": True, "open": True}
     status, _, body = request(port, "/api/token", "POST", "device", "devpw")
+    assert status == 200 and json.loads(body)["role"] == "read"
+    status, _, body = request(port, "/api/token", "POST", "root", "rootpw")
     assert status == 200 and json.loads(body)["role"] == "admin"
     assert request(port, "/api/token", "POST", "device", "nope")[0] == 401
 

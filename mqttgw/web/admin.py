@@ -18,9 +18,10 @@ The HTTP admin listener (``--http``): ``/healthz``, ``/readyz``,
 Client ids are URL-encoded path segments.  Credentials are HTTP Basic
 (a user of the password file) or ``Bearer`` (a token) in the
 Authorization header, never in the URL, checked through the same portal
-and the same login throttle as MQTT: ``http.admin_users`` may do
-everything, ``http.read_users`` may read the overview and the bridges.
-On loopback reads need none, but every change (PUT, DELETE, POST) does,
+and the same login throttle as MQTT: only ``http.admin_users`` may
+change anything (PUT, DELETE, POST), on every listener, loopback
+included; ``http.read_users`` may read the overview and the bridges.
+On loopback reads need none, and whoever signs in may read,
 and retained payloads are listed only as far as the ACL lets the reader
 read them; the local Unix socket (``admin_site(..., local=True)``) is
 open to whoever may open it.  ``/healthz`` and ``/readyz`` stay open for
@@ -46,6 +47,7 @@ from mqttgw.broker.ratelimited import RateLimited
 from mqttgw.broker.topics import InvalidTopic, validate_topic_filter
 from mqttgw.schema import ConfigError
 from mqttgw.security.identity import IIdentity
+from mqttgw.security.passwords import Busy
 from mqttgw.security.throttle import Throttle, address_key
 from mqttgw.transports.httpguard import SAFE_METHODS, HostSite
 from mqttgw.web.dashboard import Dashboard
@@ -340,9 +342,10 @@ def _payload(payload):
 @attr.s(frozen=True)
 class Roles:
     """
-    Who may do what in the admin API and the dashboard.  ``open`` (a
-    loopback listener) asks no credentials for reads, and makes whoever
-    signs in an admin.
+    Who may do what in the admin API and the dashboard.  Only
+    ``admin_users`` may change anything, on every listener; ``open`` (a
+    loopback listener) asks no credentials for reads, and lets whoever
+    signs in read.
     """
 
     admin_users = attr.ib(converter=frozenset, default=())
@@ -351,9 +354,9 @@ class Roles:
 
     def of(self, username):
         """"admin", "read", or None for a user with neither role."""
-        if self.open or username in self.admin_users:
+        if username in self.admin_users:
             return "admin"
-        if username in self.read_users:
+        if self.open or username in self.read_users:
             return "read"
         return None
 
@@ -361,8 +364,9 @@ class Roles:
 class Logins:
     """
     How the admin surface checks credentials: ``portal`` (None: there are
-    none to check), and the login ``throttle`` MQTT uses, so wrong
-    passwords over HTTP are answered as late as over MQTT, per address.
+    none to check), through the login ``throttle`` MQTT uses, as MQTT
+    logins do: per address and per user name, the logins waiting bounded,
+    refusals and successes answered after the delay due.
     """
 
     def __init__(self, portal, throttle, clock):
@@ -371,22 +375,42 @@ class Logins:
         self.clock = clock
         self.refused = 0
         self._limited = RateLimited(log)
+        self._busy = RateLimited(log)
 
-    def failed(self, request):
+    def begin(self, request, creds):
+        """A :class:`Login` of the throttle, or None: too many already waiting."""
+        username = creds.username.decode("utf-8", "replace") if creds.username else None
+        login = self.throttle.begin(_host(request), username)
+        if login is None:
+            self._busy.info(
+                "admin API: too many logins waiting from {peer} or for its user name: refused unchecked",
+                peer=_address(request),
+            )
+        return login
+
+    def busy(self, login):
+        """No password was checked (the checker was busy): nothing counted."""
+        self.throttle.release(login)
+
+    def failed(self, request, login):
         """The delay before this refusal is answered; counted and logged (bounded)."""
-        host = _address(request)
-        delay = self.throttle.failed(host)
+        delay = self.throttle.answer(login, False)
         self.refused += 1
         self._limited.info(
             "admin API: credentials refused from {peer} for {path}, answered after {delay:.2f}s",
-            peer=host,
+            peer=_address(request),
             path=printable(request.path.decode("utf-8", "replace")),
             delay=delay,
         )
         return delay
 
-    def succeeded(self, request):
-        self.throttle.succeeded(_address(request))
+    def succeeded(self, login):
+        """The delay before this success is answered: what is due for its user name first."""
+        return self.throttle.answer(login, True)
+
+
+def _host(request):
+    return getattr(request.getClientAddress(), "host", None) or "local"
 
 
 def _address(request):
@@ -427,12 +451,27 @@ class _Authorized(Resource):
         creds = _credentials(header)
         if creds is None:
             return _challenge(header).render(request)
+        login = logins.begin(request, creds)
+        if login is None:
+            # Answered at once, the password unchecked: it tells nothing.
+            request.setHeader(b"retry-after", b"%d" % max(1, round(logins.throttle.longest)))
+            return _json_error(request, 429, "too many logins waiting from this address or for this user")
 
         def logged_in(result):
+            # After the answers due for this user name, as over MQTT.
+            delay = logins.succeeded(login)
+            if delay > 0:
+                return task.deferLater(logins.clock, delay, authorized, result)
+            return authorized(result)
+
+        def authorized(result):
             _, identity, _ = result
-            logins.succeeded(request)
             role = self.roles.of(identity.username)
-            if role != "admin" and not (role == "read" and request.method in self.read_methods):
+            # Reads open without credentials stay open with them.
+            allowed = role == "admin" or request.method in self.open_methods or (
+                role == "read" and request.method in self.read_methods
+            )
+            if not allowed:
                 log.info(
                     "admin API: user {user} may not {method} {path}",
                     user=printable(identity.username),
@@ -444,9 +483,12 @@ class _Authorized(Resource):
             # DeferredResource walks the rest of the path from here.
             return self.wrapped
 
-        def refused(_):
+        def refused(reason):
+            if reason.check(Busy):
+                logins.busy(login)
+                return errorPage(503, "Service Unavailable", "too many logins being checked")
             # Answered after the throttle's delay, as MQTT refusals are.
-            return task.deferLater(logins.clock, logins.failed(request), _challenge, header)
+            return task.deferLater(logins.clock, logins.failed(request, login), _challenge, header)
 
         # A caller may leave while its credentials are checked.
         gone = []
@@ -616,6 +658,12 @@ def admin_site(
     """
     roles = roles or Roles(open=portal is None)
     throttle = throttle if throttle is not None else Throttle()
+    if not local and (portal or signin_portal) is not None and not roles.admin_users:
+        log.warn(
+            "admin listener: credentials are checked but http.admin_users is empty:"
+            " no user may change anything over HTTP, changes only over the admin socket"
+            " (python -m mqttgw.ctl)"
+        )
     api = api_resource(gateway, portal, roles, issuer, signin_portal, throttle, anonymous_reads, local)
     metrics_page = MetricsPage(metrics)
     if portal is not None:
