@@ -198,8 +198,12 @@ def _own(topic):
 
 def test_sys_topics_update_and_share_mosquittos_names(gateway_with, tmp_path):
     mosquitto = Mosquitto(tmp_path / "mosquitto", extra=["sys_interval 1"]).start()
+    try:
+        theirs = _sys_topics(mosquitto.port)
+    finally:
+        # Stopped whatever happens: a failing test leaves no broker behind.
+        mosquitto.stop()
     gw = gateway_with("--sys-interval", "1")
-    theirs = _sys_topics(mosquitto.port)
     ours = _sys_topics(gw.port)
     missing = [t for t in SHARED if t not in ours]
     assert not missing, missing
@@ -229,7 +233,6 @@ def test_sys_topics_update_and_share_mosquittos_names(gateway_with, tmp_path):
     assert _sys_topics(gw.port, 2)["$SYS/broker/version"].startswith("mqttgw version ")
     watch.disconnect()
     pub.disconnect()
-    mosquitto.stop()
 
 
 # Metrics and readiness
