@@ -379,3 +379,27 @@ def test_no_method_is_offered_where_the_client_certificate_is_the_credential():
     [connack] = client.received()
     assert connack.return_code == R.BAD_AUTHENTICATION_METHOD
     assert client.closed
+
+
+def test_enhanced_logins_are_bounded_and_throttled_as_password_logins_are():
+    # Before: an exchange counted only a failure per address, with no
+    # bound on those under way and no delay owed by the user name.
+    from mqttgw.security.throttle import Throttle
+
+    broker = broker_offering()
+    broker.factory.throttle = Throttle(0.1, 10.0, max_waiting=2, seconds=broker.clock.seconds)
+    waiting = [broker.client(connect5(client_id=f"w{n}")) for n in range(2)]
+    assert all(len(c.received()) == 1 for c in waiting)  # each challenged, under way
+    busy = broker.client(connect5(client_id="busy"))
+    [connack] = busy.received()
+    assert connack.return_code == R.SERVER_BUSY and busy.closed
+    # A failure is answered after the delay it earned; the success is not.
+    waiting[0].send(auth(R.CONTINUE_AUTHENTICATION, b"nonce-1:guess"))
+    assert waiting[0].received() == []
+    broker.clock.advance(0.1)
+    [refused] = waiting[0].received()
+    assert refused.return_code == R.NOT_AUTHORIZED
+    waiting[1].send(auth(R.CONTINUE_AUTHENTICATION, b"nonce-1:secret"))
+    broker.clock.advance(10)
+    [welcome] = waiting[1].received()
+    assert welcome.return_code == R.SUCCESS

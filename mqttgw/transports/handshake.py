@@ -12,7 +12,6 @@ from twisted.logger import Logger
 
 from mqttgw.security.enhanced import Authenticated, Continue, Refused
 from mqttgw.security.identity import Identity
-from mqttgw.security.throttle import address_key
 from mqttgw.wire import packets as P
 from mqttgw.wire import reasons as R
 from mqttgw.wire.printable import printable
@@ -155,9 +154,23 @@ class Handshake:
         self.username = answer.username
         self.identity = Identity(answer.username)
         self.auth_method = exchange.method
+        # After the answers already due for this user name, as a password's.
+        delay = self._answered(True)
+        if delay > 0:
+            self._answer = self.clock.callLater(delay, self._auth_welcome, exchange, props)
+        else:
+            self._auth_welcome(exchange, props)
+
+    def _auth_welcome(self, exchange, props):
+        self._answer = None
         # CONNACK carries the method, and the last data if any ([MQTT-4.12.0-5]).
         self._logged_in(exchange.connect, exchange.will, props)
         self._resume_packets_put_off()
+
+    def _answered(self, ok):
+        """The throttle's delay before this login's answer (0 if none was begun)."""
+        login, self._login = self._login, None
+        return self.factory.throttle.answer(login, ok) if login is not None else 0.0
 
     def _auth_refused(self, reason, exchange):
         self._auth = None
@@ -173,8 +186,7 @@ class Handshake:
             return
         self._auth_deadline = cancel(self._auth_deadline)
         self.router.stats.logins_refused += 1
-        delay = self.factory.throttle.failed(address_key(self._host))
-        self._refuse_after(delay, connack_refusal(code), why)
+        self._refuse_after(self._answered(False), connack_refusal(code), why)
 
     def _resume_packets_put_off(self):
         if self._packets_put_off is not None:

@@ -106,6 +106,11 @@ class Login:
         except Exception:
             log.failure("authentication method {method} failed", method=printable(method))
             return self._refuse(R.UNSPECIFIED_ERROR, "authentication failed")
+        # Counted and bounded as a password login is, per address and user.
+        login = self.factory.throttle.begin(self._host, packet.username)
+        if login is None:
+            return self._refuse(R.SERVER_BUSY, "too many logins waiting from this address or for this user")
+        self._login = login
         exchange = Exchange(method, steps, packet, will)
         exchange.first_data = packet.properties.get("authentication_data")
         self._auth_begin(exchange)
