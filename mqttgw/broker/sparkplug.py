@@ -23,6 +23,9 @@ log = Logger()
 
 # Messages from the edge that carry the node's seq (NBIRTH starts it at 0).
 _SEQUENCED = frozenset({"NDATA", "DBIRTH", "DDATA", "DDEATH"})
+# The topics of a node and of a device whose readers may see their state.
+_NODE_TOPICS = ("NBIRTH", "NDATA", "NDEATH")
+_DEVICE_TOPICS = ("DBIRTH", "DDATA", "DDEATH")
 
 
 class SparkplugStats:
@@ -55,7 +58,7 @@ class SparkplugStats:
 
 
 class EdgeNode:
-    __slots__ = ("group", "node", "online", "bd_seq", "seq", "since", "devices")
+    __slots__ = ("group", "node", "online", "bd_seq", "seq", "since", "devices", "out_of_sequence")
 
     def __init__(self, group, node):
         self.group = group
@@ -67,16 +70,22 @@ class EdgeNode:
         self.since = None
         # device id -> online
         self.devices = {}
+        # Its share of SparkplugStats.out_of_sequence.
+        self.out_of_sequence = 0
 
-    def as_dict(self):
+    def as_dict(self, devices=None):
+        """``devices``: the ones to list (all by default)."""
+        if devices is None:
+            devices = self.devices
         return {
             "group": self.group,
             "edge_node": self.node,
             "online": self.online,
             "bdSeq": self.bd_seq,
             "seq": self.seq,
+            "out_of_sequence": self.out_of_sequence,
             "since": self.since,
-            "devices": [{"device": d, "online": on} for d, on in self.devices.items()],
+            "devices": [{"device": d, "online": self.devices[d]} for d in devices],
         }
 
 
@@ -212,6 +221,7 @@ class Sparkplug:
         seq = payload.seq
         if node.seq is not None and seq != (node.seq + 1) % 256:
             self.stats.out_of_sequence += 1
+            node.out_of_sequence += 1
         node.seq = seq
 
     def _device(self, node, device, online):
@@ -240,5 +250,34 @@ class Sparkplug:
         self.devices -= len(node.devices)
 
     def edge(self):
-        """Every edge node tracked, with its devices (for the admin API)."""
-        return [node.as_dict() for node in self.nodes.values()]
+        """Every edge node tracked, with its devices."""
+        return self.visible()[0]
+
+    def visible(self, may_read=None, group=None, limit=None):
+        """
+        The edge nodes tracked, with their devices (for the admin API and
+        the dashboard), and whether the list was cut short.
+        ``may_read(topic)``: a node or device is listed when one of its
+        topics (birth, data, death) may be read (None: all are); ``group``:
+        that group's nodes only; ``limit``: nodes and devices looked at,
+        at most, so one request's work is bounded.
+        """
+        listed = []
+        left = limit if limit is not None else len(self.nodes) + self.devices
+        for node in self.nodes.values():
+            if group is not None and node.group != group:
+                continue
+            if left < 1 + len(node.devices):
+                return listed, True
+            left -= 1 + len(node.devices)
+            if may_read is None:
+                listed.append(node.as_dict())
+                continue
+            prefix = f"{topics.PREFIX}{node.group}/"
+            devices = [
+                d for d in node.devices
+                if any(may_read(f"{prefix}{kind}/{node.node}/{d}") for kind in _DEVICE_TOPICS)
+            ]
+            if devices or any(may_read(f"{prefix}{kind}/{node.node}") for kind in _NODE_TOPICS):
+                listed.append(node.as_dict(devices))
+        return listed, False

@@ -249,12 +249,21 @@ class Gateway(MultiService):
             if item is not None:
                 yield item[0]
 
-    def sparkplug(self):
-        """Sparkplug awareness: on or off, counters, edge nodes and devices."""
+    def sparkplug(self, may_read=None, group=None, limit=None):
+        """
+        Sparkplug awareness: on or off, counters, edge nodes and devices
+        (those ``may_read`` lets through, see Sparkplug.visible).
+        """
         sparkplug = self.router.sparkplug
         if sparkplug is None:
             return {"aware": False}
-        return {"aware": True, "stats": sparkplug.stats.as_dict(), "edge_nodes": sparkplug.edge()}
+        nodes, truncated = sparkplug.visible(may_read, group, limit)
+        return {
+            "aware": True,
+            "stats": sparkplug.stats.as_dict(),
+            "edge_nodes": nodes,
+            "truncated": truncated,
+        }
 
     def overview(self):
         router = self.router

@@ -12,6 +12,7 @@ The HTTP admin listener (``--http``): ``/healthz``, ``/readyz``,
     GET    /api/bridges                  bridges, their state and queues
     PUT    /api/bridges/NAME             add or replace a bridge (a [[bridge]] table, JSON)
     DELETE /api/bridges/NAME             remove a bridge
+    GET    /api/sparkplug?group=G        Sparkplug edge nodes and devices, their state
     GET    /api/whoami                   who the credentials sent are, and their role
     POST   /api/token                    a short-lived token for the dashboard
 
@@ -20,11 +21,12 @@ Client ids are URL-encoded path segments.  Credentials are HTTP Basic
 Authorization header, never in the URL, checked through the same portal
 and the same login throttle as MQTT: only ``http.admin_users`` may
 change anything (PUT, DELETE, POST), on every listener, loopback
-included; ``http.read_users`` may read the overview and the bridges.
+included; ``http.read_users`` may read the overview, the bridges and
+the Sparkplug edge.
 On loopback reads need none, and whoever signs in may read,
-and retained payloads are listed only as far as the ACL lets the reader
-read them; the local Unix socket (``admin_site(..., local=True)``) is
-open to whoever may open it.  ``/healthz`` and ``/readyz`` stay open for
+and retained payloads and Sparkplug nodes are listed only as far as the
+ACL lets the reader read them; the local Unix socket
+(``admin_site(..., local=True)``) is open to whoever may open it.  ``/healthz`` and ``/readyz`` stay open for
 health checks.  Everything else is the dashboard (``/``) and its MQTT
 over WebSocket (``/mqtt``).
 """
@@ -56,7 +58,8 @@ from mqttgw.wire.printable import printable
 
 log = Logger()
 
-# Retained messages listed at most per request.
+# Retained messages listed, or Sparkplug nodes and devices looked at, at
+# most per request.
 MAX_LISTED = 10_000
 
 
@@ -158,6 +161,22 @@ class Sessions(_JSON):
         return self.reply(request, {"deleted": client_id})
 
 
+def _reader(request, gateway, anonymous_reads, local):
+    """
+    What the caller may read, as an MQTT client would: a check of each
+    topic, None for every topic, or False: credentials needed.
+    """
+    if local:
+        return None
+    access = gateway.router.access
+    identity = getattr(request, "identity", None)
+    if identity is not None:
+        return access.checker(identity.username, "", READ, identity.subscribe)
+    if not anonymous_reads:
+        return False
+    return access.checker(None, "", READ)
+
+
 class Retained(_JSON):
     """
     Retained messages, listed as far as the reader may read them: what the
@@ -173,18 +192,6 @@ class Retained(_JSON):
         self.anonymous_reads = anonymous_reads
         self.local = local
 
-    def _reader(self, request):
-        """A check of each topic, None for every topic, or False: credentials needed."""
-        if self.local:
-            return None
-        access = self.gateway.router.access
-        identity = getattr(request, "identity", None)
-        if identity is not None:
-            return access.checker(identity.username, "", READ, identity.subscribe)
-        if not self.anonymous_reads:
-            return False
-        return access.checker(None, "", READ)
-
     def _filter(self, request):
         raw = request.args.get(b"filter", [b"#"])[0]
         try:
@@ -198,7 +205,7 @@ class Retained(_JSON):
         topic_filter, error = self._filter(request)
         if error:
             return self.reply(request, {"error": error}, 400)
-        may_read = self._reader(request)
+        may_read = _reader(request, self.gateway, self.anonymous_reads, self.local)
         if may_read is False:
             return _challenge(None, "reading retained payloads here needs credentials").render(request)
         listed = []
@@ -302,14 +309,27 @@ def _finish(request, body):
 
 
 class Sparkplug(_JSON):
-    """The edge nodes and devices the gateway has seen, and its counters."""
+    """
+    The edge nodes and devices the gateway has seen (``?group=G``: of one
+    group), and its counters.  A node or device is listed as far as the
+    reader may read its topics, as Retained lists payloads; at most
+    MAX_LISTED nodes and devices are looked at per request.
+    """
 
-    def __init__(self, gateway):
+    def __init__(self, gateway, anonymous_reads=True, local=False):
         super().__init__()
         self.gateway = gateway
+        self.anonymous_reads = anonymous_reads
+        self.local = local
 
     def render_GET(self, request):
-        return self.reply(request, self.gateway.sparkplug())
+        may_read = _reader(request, self.gateway, self.anonymous_reads, self.local)
+        if may_read is False:
+            return _challenge(None, "reading the Sparkplug edge here needs credentials").render(request)
+        group = request.args.get(b"group", [None])[0]
+        if group is not None:
+            group = group.decode("utf-8", "replace")
+        return self.reply(request, self.gateway.sparkplug(may_read, group, MAX_LISTED))
 
 
 class Overview(_JSON):
@@ -612,7 +632,7 @@ def api_resource(
         b"clients": (Clients(gateway), ()),
         b"sessions": (Sessions(gateway), ()),
         b"retained": (Retained(gateway, anonymous_reads, local), ()),
-        b"sparkplug": (Sparkplug(gateway), ()),
+        b"sparkplug": (Sparkplug(gateway, anonymous_reads, local), (b"GET", b"HEAD")),
     }
     api = Resource()
     api.putChild(b"whoami", WhoAmI(roles, issuer is not None))
