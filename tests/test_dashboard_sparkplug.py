@@ -1,19 +1,30 @@
 """
-What the dashboard's Sparkplug view stands on: the edge state GET
-/api/sparkplug gives, listed as far as the reader may read, per node and
-device.
+The dashboard's Sparkplug view: the edge state GET /api/sparkplug gives
+(listed as far as the reader may read, per node and device), the page's
+own Sparkplug B decoder (run by node against the project's codec, every
+datatype), and the view in headless Chromium against a running gateway
+with an edge node publishing births and data by alias.
 """
+
+import json
+import subprocess
 
 import pytest
 
 from mqttgw.broker.sparkplug import Sparkplug
+from mqttgw.passwd import main as passwd
 from mqttgw.security.portal import credentials_checker, make_portal
 from mqttgw.testing import FakeBroker, ImmediateThreadPool
 from mqttgw.web.admin import Roles
+from mqttgw.web.dashboard import STATIC
 from mqttgw.wire import packets as P
 from mqttgw.wire.sparkplug import payload as S
 from mqttgw.wire.sparkplug.payload import DataType as T
+from tests.conftest import require_program
+from tests.mosquitto_broker import free_port
+from tests.paho import PahoClient
 from tests.test_admin_api import API, USERS, connected
+from tests.test_dashboard import DESKTOP, browser, screenshots, show, sign_in  # noqa: F401 (a fixture)
 
 
 def birth_payload(seq, bd_seq=None, metrics=()):
@@ -132,3 +143,232 @@ def test_on_loopback_the_edge_is_listed_as_an_anonymous_client_may_read_it():
 def test_with_awareness_off_the_api_says_so():
     api = API(FakeBroker(), local=True)
     assert api.json("GET", "/api/sparkplug") == (200, {"aware": False})
+
+
+# The page's decoder, against the project's codec
+
+DECODE = """
+import { decode, valueOf, display } from %(module)s;
+import { readFileSync } from "node:fs";
+const out = [];
+for (const hex of JSON.parse(readFileSync(0, "utf8"))) {
+  try {
+    const p = decode(Uint8Array.from(Buffer.from(hex, "hex")));
+    out.push({seq: p.seq, metrics: p.metrics.map((m) => {
+      const v = valueOf(m, m.datatype);
+      return [m.name, m.alias ?? null, m.datatype, display(v, m.datatype),
+              typeof v === "bigint" ? v.toString() : v instanceof Date ? v.getTime() : v instanceof Uint8Array ? [...v] : v];
+    })});
+  } catch (e) {
+    out.push({error: e.constructor.name});
+  }
+}
+process.stdout.write(JSON.stringify(out, (k, v) => typeof v === "bigint" ? v.toString() : v));
+"""
+
+EVERY_DATATYPE = [
+    ("i8", T.Int8, -7, "-7"),
+    ("i16", T.Int16, -300, "-300"),
+    ("i32", T.Int32, -2**31, str(-2**31)),
+    ("i64", T.Int64, -2**63, str(-2**63)),
+    ("u8", T.UInt8, 255, "255"),
+    ("u16", T.UInt16, 65535, "65535"),
+    ("u32", T.UInt32, 2**32 - 1, str(2**32 - 1)),
+    ("u64", T.UInt64, 2**64 - 1, str(2**64 - 1)),
+    ("f", T.Float, 3.5, "3.5"),
+    ("d", T.Double, -0.125, "-0.125"),
+    ("b", T.Boolean, True, "true"),
+    ("s", T.String, "grüße", "grüße"),
+    ("t", T.DateTime, 1_700_000_000_000, "2023-11-14T22:13:20.000Z"),
+    ("text", T.Text, "long text", "long text"),
+    ("uuid", T.UUID, "0f8b2d1e-0000-4000-8000-000000000000", "0f8b2d1e-0000-4000-8000-000000000000"),
+    ("bytes", T.Bytes, b"\x00\x01\xff", "3 bytes"),
+    ("file", T.File, b"%PDF", "4 bytes"),
+    ("i8a", T.Int8Array, [-1, 2], "[-1, 2]"),
+    ("i16a", T.Int16Array, [-300, 300], "[-300, 300]"),
+    ("i32a", T.Int32Array, [-5, 5], "[-5, 5]"),
+    ("i64a", T.Int64Array, [-2**40, 7], f"[{-2**40}, 7]"),
+    ("u8a", T.UInt8Array, [0, 255], "[0, 255]"),
+    ("u16a", T.UInt16Array, [65535], "[65535]"),
+    ("u32a", T.UInt32Array, [2**32 - 1], f"[{2**32 - 1}]"),
+    ("u64a", T.UInt64Array, [2**64 - 1], f"[{2**64 - 1}]"),
+    ("fa", T.FloatArray, [1.5, -2.25], "[1.5, -2.25]"),
+    ("da", T.DoubleArray, [0.1, 1e300], "[0.1, 1e+300]"),
+    ("ba", T.BooleanArray, [True, False, True, True, False, False, False, False, True], "[true, false, true, true, false, false, false, false, … (9)]"),
+    ("sa", T.StringArray, ["a", "", "ç"], "[a, , ç]"),
+    ("ta", T.DateTimeArray, [0], "[1970-01-01T00:00:00.000Z]"),
+]
+
+
+def test_the_pages_decoder_reads_every_datatype_as_the_codec_writes_it(tmp_path):
+    node = require_program("node")
+    metrics = [(name, alias, datatype, value) for alias, (name, datatype, value, _) in enumerate(EVERY_DATATYPE)]
+    p = S.Payload(timestamp=1, seq=200)
+    for name, alias, datatype, value in metrics:
+        S.set_value(p.metrics.add(name=name, alias=alias, datatype=datatype), datatype, value)
+    p.metrics.add(name="null", datatype=T.Double, is_null=True)
+    S.set_value(p.metrics.add(name="ds", datatype=T.DataSet), T.DataSet, S.dataset(["x", "y"], [T.Int32, T.String], [[1, "a"], [-2, "b"]]))
+    template = S.Template(template_ref="Pump", metrics=[S.Metric(name="rpm", datatype=T.Double, double_value=1.0)])
+    S.set_value(p.metrics.add(name="tpl", datatype=T.Template), T.Template, template)
+    # By alias only, as data after a birth.
+    p.metrics.add(alias=7, double_value=2.0)
+    payloads = [S.encode(p), b"\x0a\x05\x01", b"\xff\xff\xff"]
+    script = tmp_path / "decode.mjs"
+    script.write_text(DECODE % {"module": json.dumps((STATIC / "sparkplug.js").as_uri())})
+    run = subprocess.run(
+        [node, str(script)], input=json.dumps([x.hex() for x in payloads]), capture_output=True, text=True, timeout=60,
+    )
+    assert run.returncode == 0, run.stderr
+    good, truncated, garbage = json.loads(run.stdout)
+    assert good["seq"] == 200
+    shown = {m[0]: m[3] for m in good["metrics"]}
+    for name, _, _, text in EVERY_DATATYPE:
+        assert shown[name] == text, name
+    assert [m[1] for m in good["metrics"][: len(metrics)]] == list(range(len(metrics)))
+    assert shown["null"] == "null"
+    assert shown["ds"] == "DataSet: 2 rows × 2 columns (x, y)"
+    assert shown["tpl"] == "Template Pump: 1 metrics"
+    assert good["metrics"][-1][:2] == [None, 7]
+    # Exact values too, where JSON can carry them.
+    values = {m[0]: m[4] for m in good["metrics"]}
+    assert values["i64"] == str(-2**63) and values["u64"] == str(2**64 - 1) and values["u32"] == 2**32 - 1
+    assert values["bytes"] == [0, 1, 255] and values["t"] == 1_700_000_000_000
+    assert values["ba"] == [True, False, True, True, False, False, False, False, True]
+    # A field running past the end and bytes that are no protobuf: refused, no other error.
+    assert truncated == {"error": "Malformed"} and garbage == {"error": "Malformed"}
+
+
+# The view in Chromium
+
+ACL = """
+user root
+topic readwrite #
+user viewer
+topic read spBv1.0/plantA/#
+user edge
+topic readwrite spBv1.0/#
+"""
+
+
+class EdgeNode:
+    """A Sparkplug edge node over paho-mqtt, with the project's codec: births name metrics and give aliases, data uses the aliases."""
+
+    def __init__(self, port, group, node):
+        self.group, self.node, self.seq = group, node, 0
+        death = birth_payload(0, bd_seq=0)
+        self.client = PahoClient(
+            port, f"{group}-{node}", "MQTTv311", will=(f"spBv1.0/{group}/NDEATH/{node}", death, 1, False)
+        )
+        self.client.client.username_pw_set("edge", "edgepw")
+        self.client.connect()
+
+    def send(self, kind, metrics, device=None, bd_seq=None):
+        topic = f"spBv1.0/{self.group}/{kind}/{self.node}" + (f"/{device}" if device else "")
+        self.client.publish(topic, birth_payload(self.seq, bd_seq, metrics), 1)
+        self.seq = (self.seq + 1) % 256
+
+
+def _metric_js(key, name):
+    holder = "device" if key.count("/") == 2 else "node"
+    selector = f'[data-{holder}="{key}"] > div.scroll tr[data-metric="{name}"] td.value'
+    return f"(c => c && c.innerText)(document.querySelector({json.dumps(selector)}))"
+
+
+def metric(page, key, name):
+    """The text the page shows for metric ``name`` of the node or device ``key``, or None."""
+    return page.evaluate(_metric_js(key, name))
+
+
+def wait_metric(page, key, name, text, timeout=10):
+    page.wait_for(f"{_metric_js(key, name)} === {json.dumps(text)}", timeout=timeout)
+
+
+def test_the_sparkplug_view_shows_metrics_decoded_by_name_live_and_only_to_readers(gateway_with, browser, tmp_path):
+    passwords = tmp_path / "passwd"
+    passwd(["-c", "-b", str(passwords), "root", "rootpw"])
+    for user, password in (("viewer", "viewpw"), ("edge", "edgepw")):
+        passwd(["-b", str(passwords), user, password])
+    acl = tmp_path / "acl"
+    acl.write_text(ACL)
+    http_port = free_port()
+    gw = gateway_with(
+        "--http", f"0.0.0.0:{http_port}", "--password-file", str(passwords), "--acl-file", str(acl),
+        "--admin-user", "root", "--read-user", "viewer",
+    )
+    url = f"http://127.0.0.1:{http_port}/"
+    plant_a = EdgeNode(gw.port, "plantA", "edge1")
+    plant_a.send("NBIRTH", [("uptime", 1, T.Int64, 12345), ("Node Control/Rebirth", 2, T.Boolean, False)], bd_seq=0)
+    plant_a.send("DBIRTH", [("flow", 10, T.Double, 3.5), ("running", 11, T.Boolean, True), ("level", 12, T.Int32, -7)], "pump1")
+    plant_b = EdgeNode(gw.port, "plantB", "edge2")
+    plant_b.send("NBIRTH", [("uptime", 1, T.Int64, 5)], bd_seq=0)
+    plant_b.send("DBIRTH", [("position", 5, T.Float, 42.0)], "valve1")
+    # Before any page: not retained, so a page opened later starts from the births.
+    plant_a.send("DDATA", [(None, 10, T.Double, 4.0)], "pump1")
+
+    page = browser.page()
+    page.viewport(*DESKTOP)
+    sign_in(page, url, "root", "rootpw")
+    show(page, "sparkplug")
+    pump = "plantA/edge1/pump1"
+    # Names and values from the births the gateway keeps ($sparkplug/certificates/).
+    wait_metric(page, pump, "flow", "3.5")
+    assert metric(page, pump, "level") == "-7" and metric(page, pump, "running") == "true"
+    assert metric(page, "plantA/edge1", "uptime") == "12345"
+    wait_metric(page, "plantB/edge2/valve1", "position", "42")
+    # The gateway's state of the node: online, its bdSeq and last seq.
+    node = "document.querySelector('[data-node=\"plantA/edge1\"]')"
+    page.wait_for(f"{node}.dataset.state === 'online' && {node}.querySelector('[data-fact=seq] strong').innerText === '2'", timeout=10)
+    assert page.evaluate(f"{node}.querySelector('[data-fact=bdseq] strong').innerText") == "0"
+
+    # Data by alias alone, live: shown under the birth's names.
+    plant_a.send("DDATA", [(None, 10, T.Double, 5.75), (None, 12, T.Int32, -9)], "pump1")
+    wait_metric(page, pump, "flow", "5.75")
+    assert metric(page, pump, "level") == "-9" and metric(page, pump, "running") == "true"
+    # A gap in seq is counted for the node.
+    plant_a.seq += 3
+    plant_a.send("DDATA", [(None, 10, T.Double, 6.5)], "pump1")
+    wait_metric(page, pump, "flow", "6.5")
+    page.wait_for(f"{node}.querySelector('[data-fact=out-of-sequence] strong').innerText === '1'", timeout=10)
+    # A rebirth with other aliases: data is named through the latest birth.
+    plant_a.seq = 0
+    plant_a.send("NBIRTH", [("uptime", 1, T.Int64, 1)], bd_seq=1)
+    plant_a.send("DBIRTH", [("flow", 20, T.Double, 0.5), ("level", 10, T.Int32, 3)], "pump1")
+    plant_a.send("DDATA", [(None, 10, T.Int32, 4), (None, 20, T.Double, 7.25)], "pump1")
+    wait_metric(page, pump, "flow", "7.25")
+    assert metric(page, pump, "level") == "4" and metric(page, pump, "running") is None
+    page.wait_for(f"{node}.querySelector('[data-fact=bdseq] strong').innerText === '1'", timeout=10)
+    screenshots(page, "sparkplug", f"!!{node}")
+    # Connected anew (a renewed token), the page gets the certificates
+    # again: births it has applied already, which undo no later data.
+    page.evaluate(
+        "window.certificates = 0; mqttgw.mqtt.addEventListener('message', (e) => {"
+        " if (e.detail.topic.startsWith('$sparkplug/')) window.certificates += 1; });"
+        " mqttgw.mqtt.restart()"
+    )
+    page.wait_for("window.certificates === 4", timeout=10)
+    # What the view holds (it draws a little later).
+    assert page.evaluate(f"mqttgw.views.sparkplug.metrics.get({json.dumps(pump)}).values.get('flow').value") == 7.25
+    # The filter: a device's name shows its node, and nothing else.
+    page.evaluate(
+        "(f => { f.value = 'valve'; f.dispatchEvent(new Event('input')); })(document.querySelector('#sparkplug-filter'))"
+    )
+    page.wait_for("!document.querySelector('[data-group=\"plantA\"]')")
+    assert metric(page, "plantB/edge2/valve1", "position") == "42"
+    assert page.console_errors() == []
+
+    # A read-only user without rights on plantB: plantA only, live too.
+    sign_in(page, url, "viewer", "viewpw")
+    show(page, "sparkplug")
+    # From the latest birth, kept by the gateway; the data before the page came is gone.
+    wait_metric(page, pump, "flow", "0.5")
+    plant_b.send("DDATA", [(None, 5, T.Float, 43.5)], "valve1")
+    plant_a.send("DDATA", [(None, 20, T.Double, 8.0)], "pump1")
+    wait_metric(page, pump, "flow", "8")
+    page.wait_for("mqttgw.views.sparkplug.state !== null")
+    assert not page.evaluate("!!document.querySelector('[data-group=\"plantB\"]')")
+    assert "plantB" not in page.text() and "valve1" not in page.text()
+    listing = page.evaluate("mqttgw.session.api('sparkplug')")
+    assert [n["group"] for n in listing["edge_nodes"]] == ["plantA"]
+    assert page.console_errors() == []
+    for edge in (plant_a, plant_b):
+        edge.client.disconnect()

@@ -469,7 +469,8 @@ KEYS = [
         "read_users",
         list,
         [],
-        "user names that may read the admin API's overview and bridges and use the dashboard read-only",
+        "user names that may read the admin API's overview, bridges and Sparkplug edge"
+        " and use the dashboard read-only",
         flag_name="read-user",
     ),
     Key(

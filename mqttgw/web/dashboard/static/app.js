@@ -7,6 +7,7 @@ import { Session } from "./session.js";
 import { Analytics } from "./views/analytics.js";
 import { Clients } from "./views/clients.js";
 import { Overview } from "./views/overview.js";
+import { Sparkplug } from "./views/sparkplug.js";
 import { Topics } from "./views/topics.js";
 
 class App {
@@ -66,7 +67,9 @@ class App {
       this.mqtt.stop();
       this.askToSignIn(`Signed out: ${event.detail}`);
     });
-    this.views = { overview: new Overview(this), topics: new Topics(this), analytics: new Analytics(this) };
+    this.views = {
+      overview: new Overview(this), topics: new Topics(this), sparkplug: new Sparkplug(this), analytics: new Analytics(this),
+    };
     if (this.session.role === "admin") this.views.clients = new Clients(this);
     this.mqtt.start();
     this.nav.replaceChildren(
