@@ -2,8 +2,9 @@
 The dashboard's Sparkplug view: the edge state GET /api/sparkplug gives
 (listed as far as the reader may read, per node and device), the page's
 own Sparkplug B decoder (run by node against the project's codec, every
-datatype), and the view in headless Chromium against a running gateway
-with an edge node publishing births and data by alias.
+datatype, and against Eclipse Tahu's JavaScript encoder), and the view in
+headless Chromium against a running gateway with an edge node publishing
+births and data by alias.
 """
 
 import json
@@ -25,6 +26,7 @@ from tests.mosquitto_broker import free_port
 from tests.paho import PahoClient
 from tests.test_admin_api import API, USERS, connected
 from tests.test_dashboard import DESKTOP, browser, screenshots, show, sign_in  # noqa: F401 (a fixture)
+from tests.test_sparkplug_interop import TAHU, tahu  # noqa: F401 (a fixture)
 
 
 def birth_payload(seq, bd_seq=None, metrics=()):
@@ -236,6 +238,54 @@ def test_the_pages_decoder_reads_every_datatype_as_the_codec_writes_it(tmp_path)
     assert values["ba"] == [True, False, True, True, False, False, False, False, True]
     # A field running past the end and bytes that are no protobuf: refused, no other error.
     assert truncated == {"error": "Malformed"} and garbage == {"error": "Malformed"}
+
+
+TAHU_ENCODES = """
+import { createRequire } from "node:module";
+import { decode, valueOf, display } from %(module)s;
+const tahu = createRequire(%(tahu)s)("sparkplug-payload").get("spBv1.0");
+const bytes = tahu.encodePayload({timestamp: 1700000000000, seq: 3, metrics: [
+  {name: "i8", alias: 1, type: "Int8", value: -7},
+  {name: "i16", alias: 2, type: "Int16", value: -300},
+  {name: "i32", alias: 3, type: "Int32", value: -70000},
+  {name: "i64", alias: 4, type: "Int64", value: -5000000000},
+  {name: "u8", alias: 5, type: "UInt8", value: 200},
+  {name: "u32", alias: 6, type: "UInt32", value: 4000000000},
+  {name: "u64", alias: 7, type: "UInt64", value: 9007199254740991},
+  {name: "f", alias: 8, type: "Float", value: 1.25},
+  {name: "d", alias: 9, type: "Double", value: 2.5},
+  {name: "b", alias: 10, type: "Boolean", value: true},
+  {name: "s", alias: 11, type: "String", value: "north"},
+  {name: "t", alias: 12, type: "DateTime", value: 1700000000000},
+  {name: "bytes", alias: 13, type: "Bytes", value: new Uint8Array([1, 2, 3])},
+  {name: "null", alias: 14, type: "Double", value: null, isNull: true},
+  {name: "ds", alias: 15, type: "DataSet", value: {numOfColumns: 2, types: ["Int32", "String"],
+   columns: ["x", "y"], rows: [[1, "a"], [2, "b"]]}},
+  {alias: 9, type: "Double", value: 3.75},
+]});
+const p = decode(bytes);
+process.stdout.write(JSON.stringify({seq: p.seq, timestamp: p.timestamp,
+  metrics: p.metrics.map((m) => [m.name ?? null, m.alias, display(valueOf(m, m.datatype), m.datatype)])}));
+"""
+
+
+def test_the_pages_decoder_reads_what_tahus_javascript_writes(tahu, tmp_path):
+    script = tmp_path / "tahu.mjs"
+    script.write_text(TAHU_ENCODES % {
+        "module": json.dumps((STATIC / "sparkplug.js").as_uri()),
+        "tahu": json.dumps(str(TAHU / "node_modules") + "/"),
+    })
+    run = subprocess.run([tahu, str(script)], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    decoded = json.loads(run.stdout)
+    assert (decoded["seq"], decoded["timestamp"]) == (3, 1_700_000_000_000)
+    assert decoded["metrics"] == [
+        ["i8", 1, "-7"], ["i16", 2, "-300"], ["i32", 3, "-70000"], ["i64", 4, "-5000000000"],
+        ["u8", 5, "200"], ["u32", 6, "4000000000"], ["u64", 7, "9007199254740991"],
+        ["f", 8, "1.25"], ["d", 9, "2.5"], ["b", 10, "true"], ["s", 11, "north"],
+        ["t", 12, "2023-11-14T22:13:20.000Z"], ["bytes", 13, "3 bytes"], ["null", 14, "null"],
+        ["ds", 15, "DataSet: 2 rows × 2 columns (x, y)"], [None, 9, "3.75"],
+    ]
 
 
 # The view in Chromium

@@ -208,6 +208,8 @@ const FIELD = {
   PropertySetList: "propertysets_value",
 };
 
+const INTEGER = new Set(["int_value", "long_value"]);
+
 // The value a Metric (PropertyValue, Parameter, DataSetValue) holds as
 // datatype (a number): a Number, BigInt (64-bit integers past 2**53),
 // boolean, string, Date, Uint8Array, array, or the nested message; null
@@ -217,9 +219,12 @@ export function valueOf(holder, datatype) {
   const type = DATATYPES[datatype];
   if (type && type.endsWith("Array")) return holder.bytes_value ? unpack(type, holder.bytes_value) : null;
   const field = FIELD[type];
-  if (!field || holder[field] === undefined) return null;
-  const value = holder[field];
-  if (type === "Int8" || type === "Int16" || type === "Int32") return Number(value) | 0;
+  let value = field && holder[field];
+  // Writers differ on where some integers go (Tahu's JavaScript puts
+  // UInt32 in long_value): the other integer field is read too.
+  if (value === undefined && INTEGER.has(field)) value = holder[field === "int_value" ? "long_value" : "int_value"];
+  if (value === undefined) return null;
+  if (type === "Int8" || type === "Int16" || type === "Int32") return Number(BigInt.asIntN(32, BigInt(value)));
   if (type === "Int64") return exact(BigInt.asIntN(64, BigInt(value)));
   if (type === "DateTime") return new Date(Number(value));
   return value;
