@@ -62,7 +62,7 @@ def edge_site():
     broker = FakeBroker(
         passwords={**USERS, "pumps": "pumpspw"},
         acl=[
-            "user root", "topic readwrite #",
+            "user root", "topic readwrite #", "topic read $SYS/#",
             "user viewer", "topic read spBv1.0/plantA/#",
             "user pumps", "topic read spBv1.0/plantB/+/+/pump1",
         ],
@@ -95,6 +95,9 @@ def test_the_sparkplug_edge_is_listed_as_far_as_the_reader_may_read_its_topics(e
     assert listed(api, "pumps", "pumpspw") == {("plantB", "edge2"): ["pump1"]}
     # A user with no role is refused, as for the rest of the API.
     assert api.call("GET", "/api/sparkplug", "device", "devpw")[0] == 403
+    # The counters, of every group, go to those who may read them under $SYS.
+    assert api.json("GET", "/api/sparkplug", user="root", password="rootpw")[1]["stats"]["nodes_online"] == 2
+    assert "stats" not in api.json("GET", "/api/sparkplug", user="viewer", password="viewpw")[1]
 
 
 def test_the_sparkplug_edge_of_one_group(edge_site):
@@ -114,7 +117,9 @@ def test_each_node_tells_its_bdseq_last_seq_and_gaps_in_its_seq(edge_site):
     (node,) = body["edge_nodes"]
     assert (node["online"], node["bdSeq"], node["seq"], node["out_of_sequence"]) == (True, 0, 6, 1)
     assert node["devices"] == [{"device": "pump1", "online": True}]
-    assert body["stats"]["out_of_sequence"] == 1 and not body["truncated"]
+    assert not body["truncated"]
+    _, body = api.json("GET", "/api/sparkplug", user="root", password="rootpw")
+    assert body["stats"]["out_of_sequence"] == 1
 
 
 def test_the_work_of_one_listing_is_bounded(edge_site, monkeypatch):
@@ -293,6 +298,7 @@ def test_the_pages_decoder_reads_what_tahus_javascript_writes(tahu, tmp_path):
 ACL = """
 user root
 topic readwrite #
+topic read $SYS/#
 user viewer
 topic read spBv1.0/plantA/#
 user edge
@@ -369,6 +375,7 @@ def test_the_sparkplug_view_shows_metrics_decoded_by_name_live_and_only_to_reade
     node = "document.querySelector('[data-node=\"plantA/edge1\"]')"
     page.wait_for(f"{node}.dataset.state === 'online' && {node}.querySelector('[data-fact=seq] strong').innerText === '2'", timeout=10)
     assert page.evaluate(f"{node}.querySelector('[data-fact=bdseq] strong').innerText") == "0"
+    assert page.evaluate("document.querySelector('#sparkplug-summary').innerText").startswith("2 edge nodes and 2 devices online")
 
     # Data by alias alone, live: shown under the birth's names.
     plant_a.send("DDATA", [(None, 10, T.Double, 5.75), (None, 12, T.Int32, -9)], "pump1")
@@ -416,6 +423,8 @@ def test_the_sparkplug_view_shows_metrics_decoded_by_name_live_and_only_to_reade
     wait_metric(page, pump, "flow", "8")
     page.wait_for("mqttgw.views.sparkplug.state !== null")
     assert not page.evaluate("!!document.querySelector('[data-group=\"plantB\"]')")
+    # Nor the counters of every group: it may not read them under $SYS.
+    assert not page.evaluate("!!document.querySelector('#sparkplug-summary')")
     assert "plantB" not in page.text() and "valve1" not in page.text()
     listing = page.evaluate("mqttgw.session.api('sparkplug')")
     assert [n["group"] for n in listing["edge_nodes"]] == ["plantA"]

@@ -312,8 +312,9 @@ class Sparkplug(_JSON):
     """
     The edge nodes and devices the gateway has seen (``?group=G``: of one
     group), and its counters.  A node or device is listed as far as the
-    reader may read its topics, as Retained lists payloads; at most
-    MAX_LISTED nodes and devices are looked at per request.
+    reader may read its topics, as Retained lists payloads, and the
+    counters as far as it may read them under $SYS; at most MAX_LISTED
+    nodes and devices are looked at per request.
     """
 
     def __init__(self, gateway, anonymous_reads=True, local=False):
@@ -322,6 +323,9 @@ class Sparkplug(_JSON):
         self.anonymous_reads = anonymous_reads
         self.local = local
 
+    # The counters are those $SYS publishes: for those who may read them there.
+    COUNTERS = "$SYS/broker/sparkplug/"
+
     def render_GET(self, request):
         may_read = _reader(request, self.gateway, self.anonymous_reads, self.local)
         if may_read is False:
@@ -329,7 +333,10 @@ class Sparkplug(_JSON):
         group = request.args.get(b"group", [None])[0]
         if group is not None:
             group = group.decode("utf-8", "replace")
-        return self.reply(request, self.gateway.sparkplug(may_read, group, MAX_LISTED))
+        answer = self.gateway.sparkplug(may_read, group, MAX_LISTED)
+        if may_read is not None and "stats" in answer and not may_read(self.COUNTERS + "nodes_online"):
+            del answer["stats"]
+        return self.reply(request, answer)
 
 
 class Overview(_JSON):
