@@ -123,7 +123,7 @@ export class Sparkplug extends PolledView {
     const birth = kind === "NBIRTH" || kind === "DBIRTH";
     // Deaths and commands carry no metric values of the edge to show.
     if (!birth && kind !== "NDATA" && kind !== "DDATA") return;
-    if ((parts.length === 5) !== kind.startsWith("D")) return;
+    if ((parts.length === 5) !== kind.startsWith("D") || !group || !edgeNode || device === "") return;
     const key = parts.length === 5 ? `${group}/${edgeNode}/${device}` : `${group}/${edgeNode}`;
     let metrics = this.metrics.get(key);
     if (!metrics) {
