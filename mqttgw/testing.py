@@ -6,6 +6,9 @@ the steps most tests begin with (a client connected, subscribed) for each
 protocol version.
 """
 
+import re
+
+import attr
 from twisted.internet.address import IPv4Address
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
@@ -155,12 +158,20 @@ class FakeClient:
         self.protocol_level = P.MQTT_311
 
     def send(self, *packets):
+        """
+        Send ``packets``, in the form of the version this client connected
+        with (see :func:`in_version`).
+        """
+        wire = []
         for p in packets:
             if isinstance(p, P.Connect):
                 self.protocol_level = p.protocol_level
                 # What the broker sends back is in 5.0's form.
                 self._framer.v5 = p.protocol_level == P.MQTT_5
-        self.send_bytes(b"".join(p.encode() for p in packets))
+            else:
+                p = in_version({"protocol_level": self.protocol_level}, p)
+            wire.append(p.encode())
+        self.send_bytes(b"".join(wire))
 
     def send_bytes(self, data):
         self.protocol.dataReceived(data)
@@ -202,6 +213,17 @@ class FakeClient:
 V31 = {"protocol_level": P.MQTT_31}
 V311 = {"protocol_level": P.MQTT_311}
 V5 = {"protocol_level": P.MQTT_5}
+
+
+def in_version(version, packet):
+    """
+    ``packet`` in ``version``'s form: in 5.0 a packet that has properties
+    has them, none unless given (a PUBLISH or SUBSCRIBE without them is
+    another packet there). What a 5.0 client reads has them too.
+    """
+    if version["protocol_level"] == P.MQTT_5 and getattr(packet, "properties", {}) is None:
+        return attr.evolve(packet, properties={})
+    return packet
 
 
 def connect(client_id, version=V311, clean_start=None, **fields):
@@ -299,6 +321,28 @@ def deliveries(packets):
 
 def payloads(packets):
     return [p.payload for p in publishes(packets)]
+
+
+def close_reason(client, lines):
+    """
+    Why the broker closed ``client``'s connection, as its log line says
+    ("closing connection of client ID from ADDRESS: REASON", or "refusing
+    CONNECT from ADDRESS (client ID): REASON"); ``lines`` are the lines
+    logged (the tests' ``logged`` fixture).
+    """
+    assert client.closed
+    peer = client.transport.getPeer()
+    address = f"{peer.host}:{peer.port}"
+    reasons = []
+    for line in lines:
+        if line.startswith("closing connection of ") and f" from {address}: " in line:
+            reasons.append(line.partition(f" from {address}: ")[2])
+        elif line.startswith(f"refusing CONNECT from {address}"):
+            # The client identifier is named when the CONNECT has one.
+            rest = line[len(f"refusing CONNECT from {address}") :]
+            reasons.append(re.match(r"(?: \(client .*?\))?: (.*)", rest).group(1))
+    assert len(reasons) == 1, lines
+    return reasons[0]
 
 
 def disconnect_of(client):

@@ -15,10 +15,11 @@ statements to the tests.
 import pytest
 
 from mqttgw.testing import (
-    V5,
     V31,
     V311,
+    V5,
     FakeBroker,
+    connect,
     connect5,
     connected,
     decode5,
@@ -141,8 +142,9 @@ def test_first_packet_other_than_connect_closes(broker, first):
     assert client.received() == []
 
 
-def test_second_connect_closes_the_connection(broker):
-    client = connected(broker, "c")
+@every_version
+def test_second_connect_closes_the_connection(broker, version):
+    client = connected(broker, "c", version=version)
     client.send(P.Connect(client_id="c"))
     assert client.closed
 
@@ -162,8 +164,9 @@ def test_connect_timeout_is_configurable():
     assert client.closed
 
 
-def test_connect_in_time_stops_the_connect_timer(broker):
-    client = connected(broker, "c", keepalive=0)
+@every_version
+def test_connect_in_time_stops_the_connect_timer(broker, version):
+    client = connected(broker, "c", keepalive=0, version=version)
     broker.clock.advance(100)
     assert not client.closed
 
@@ -193,16 +196,17 @@ def test_connections_closed_before_connect_are_not_held_until_their_deadline(bro
     assert waiting.closed
 
 
-def test_connect_and_subscribe_in_one_chunk_are_both_handled(broker):
+@every_version
+def test_connect_and_subscribe_in_one_chunk_are_both_handled(broker, version):
     client = broker.client()
     client.send(P.Connect(client_id="c"), P.Subscribe(1, [("a", 1)]))
     assert client.received() == [P.Connack(0), P.Suback(1, [1])]
 
 
-@both_versions
+@every_version
 def test_user_name_and_password_are_accepted_without_authentication(broker, version):
-    client = broker.client(client_id="c", username="u", password=b"p", **version)
-    assert client.received() == [P.Connack(0)]
+    client = connected(broker, "c", version, username="u", password=b"p")
+    assert not client.connack.session_present
 
 
 def test_session_present_is_set_for_a_resumed_v311_session(broker):
@@ -235,16 +239,19 @@ def test_clean_session_discards_the_previous_session(broker):
     assert "s" not in broker.router.sessions
 
 
-def test_clean_session_state_is_dropped_when_the_connection_ends(broker):
-    sub = subscribed(broker, "s", ("a", 0))
+@every_version
+def test_clean_session_state_is_dropped_when_the_connection_ends(broker, version):
+    sub = subscribed(broker, "s", ("a", 0), version=version)
     sub.lose_connection()
     assert "s" not in broker.router.sessions
     assert broker.router.subscriptions.count == 0
 
 
-@both_versions
+@every_version
 def test_persistent_session_keeps_subscriptions_and_queues_qos12_while_offline(broker, version):
-    sub = subscribed(broker, "s", ("a/#", 2), clean_session=False, version=version)
+    # A 5.0 session outlives its connection for its expiry interval.
+    kept = {"session_expiry_interval": 60} if version is V5 else None
+    sub = subscribed(broker, "s", ("a/#", 2), clean_session=False, version=version, properties=kept)
     sub.lose_connection()
     pub = connected(broker, "pub")
     pub.send(
@@ -252,9 +259,9 @@ def test_persistent_session_keeps_subscriptions_and_queues_qos12_while_offline(b
         P.Publish("a/1", b"one", 1, message_id=1),
         P.Publish("a/2", b"two", 2, message_id=2),
     )
-    back = broker.client(client_id="s", clean_session=False, **version)
+    back = broker.client(connect("s", version, clean_session=False, properties=kept))
     packets = back.received()
-    assert packets[0].return_code == 0
+    assert (packets[0].return_code, packets[0].session_present) == (0, version is not V31)
     # QoS 0 is not queued for an offline session.
     assert deliveries(packets) == [("a/1", b"one", 1), ("a/2", b"two", 2)]
 
@@ -279,9 +286,10 @@ def test_unacknowledged_deliveries_are_resent_with_dup_on_resume(broker):
     assert broker.router.sessions["s"].inflight == {}
 
 
-def test_takeover_closes_the_old_connection_before_the_new_connack(broker):
-    old = connected(broker, "c", will_topic="will/c", will_message=b"gone")
-    watcher = subscribed(broker, "w", ("will/#", 0))
+@both_versions
+def test_takeover_closes_the_old_connection_before_the_new_connack(broker, version):
+    old = connected(broker, "c", will_topic="will/c", will_message=b"gone", version=version)
+    watcher = subscribed(broker, "w", ("will/#", 0), version=version)
     order = []
     old.transport.abortConnection = lambda: order.append("old closed")
     new = broker.client()
@@ -302,14 +310,15 @@ def test_takeover_of_persistent_session_keeps_its_subscriptions(broker):
     assert deliveries(new.received()) == [("a", b"x", 1)]
 
 
-def test_old_connection_lost_after_takeover_does_not_disturb_the_new_one(broker):
-    old = connected(broker, "c")
-    new = connected(broker, "c")
+@every_version
+def test_old_connection_lost_after_takeover_does_not_disturb_the_new_one(broker, version):
+    old = connected(broker, "c", version=version)
+    new = connected(broker, "c", version=version)
     old.lose_connection()
     assert broker.router.sessions["c"].connection is new.protocol
 
 
-@both_versions
+@every_version
 def test_keepalive_expires_after_one_and_a_half_times_the_interval(broker, version):
     client = connected(broker, "c", keepalive=10, version=version)
     broker.clock.advance(14.9)
@@ -318,8 +327,9 @@ def test_keepalive_expires_after_one_and_a_half_times_the_interval(broker, versi
     assert client.closed
 
 
-def test_any_packet_resets_the_keepalive(broker):
-    client = connected(broker, "c", keepalive=10)
+@every_version
+def test_any_packet_resets_the_keepalive(broker, version):
+    client = connected(broker, "c", keepalive=10, version=version)
     for _ in range(5):
         broker.clock.advance(10)
         client.send(P.Pingreq())
@@ -330,8 +340,9 @@ def test_any_packet_resets_the_keepalive(broker):
     assert client.closed
 
 
-def test_bytes_of_an_unfinished_packet_do_not_reset_the_keepalive(broker):
-    client = connected(broker, "c", keepalive=10)
+@every_version
+def test_bytes_of_an_unfinished_packet_do_not_reset_the_keepalive(broker, version):
+    client = connected(broker, "c", keepalive=10, version=version)
     data = P.Publish("t", b"x" * 100).encode()
     for i in range(14):
         broker.clock.advance(1)
@@ -340,8 +351,9 @@ def test_bytes_of_an_unfinished_packet_do_not_reset_the_keepalive(broker):
     assert client.closed
 
 
-def test_keepalive_zero_means_no_timeout(broker):
-    client = connected(broker, "c", keepalive=0)
+@every_version
+def test_keepalive_zero_means_no_timeout(broker, version):
+    client = connected(broker, "c", keepalive=0, version=version)
     broker.clock.advance(100000)
     assert not client.closed
 
@@ -426,8 +438,9 @@ def test_keepalive_expiry_keeps_a_persistent_sessions_subscriptions(broker):
     assert broker.router.sessions["e"].subscriptions == {"a": 1}
 
 
-def test_disconnect_of_a_clean_session_discards_its_state(broker):
-    client = subscribed(broker, "c", ("a", 1))
+@every_version
+def test_disconnect_of_a_clean_session_discards_its_state(broker, version):
+    client = subscribed(broker, "c", ("a", 1), version=version)
     client.send(P.Disconnect())
     assert client.closed
     assert "c" not in broker.router.sessions

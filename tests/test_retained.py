@@ -14,13 +14,14 @@ statements to the tests.
 import pytest
 
 from mqttgw.testing import (
-    V5,
     V31,
     V311,
+    V5,
     FakeBroker,
     connected,
     deliveries,
     disconnect_of,
+    in_version,
     options,
     payloads,
     publish,
@@ -35,16 +36,17 @@ both_versions = pytest.mark.parametrize("version", [V31, V311], ids=["3.1", "3.1
 every_version = pytest.mark.parametrize("version", [V31, V311, V5], ids=["3.1", "3.1.1", "5.0"])
 
 
-# MQTT 3.1 and 3.1.1
+# Every version, and 3.1 and 3.1.1
 
 
-def test_retained_message_is_sent_on_subscribe_with_retain_set(broker):
-    pub = connected(broker, "p")
+@every_version
+def test_retained_message_is_sent_on_subscribe_with_retain_set(broker, version):
+    pub = connected(broker, "p", version=version)
     pub.send(P.Publish("r/1", b"last", 1, retain=True, message_id=1))
-    sub = connected(broker, "s")
+    sub = connected(broker, "s", version=version)
     sub.send(P.Subscribe(1, [("r/+", 2)]))
     suback, retained = sub.received()
-    assert suback == P.Suback(1, [2])
+    assert suback == in_version(version, P.Suback(1, [2]))
     assert (retained.topic, retained.payload, retained.qos, retained.retain) == (
         "r/1",
         b"last",
@@ -53,55 +55,55 @@ def test_retained_message_is_sent_on_subscribe_with_retain_set(broker):
     )
 
 
-def test_live_delivery_never_carries_retain(broker):
-    sub = subscribed(broker, "s", ("r", 0))
-    pub = connected(broker, "p")
+@every_version
+def test_live_delivery_never_carries_retain(broker, version):
+    sub = subscribed(broker, "s", ("r", 0), version=version)
+    pub = connected(broker, "p", version=version)
     pub.send(P.Publish("r", b"v", 0, retain=True))
     [delivered] = sub.received()
     assert not delivered.retain
 
 
-def test_only_the_last_retained_message_per_topic_is_kept(broker):
-    pub = connected(broker, "p")
-    pub.send(P.Publish("r", b"1", retain=True), P.Publish("r", b"2", retain=True))
-    sub = connected(broker, "s")
-    sub.send(P.Subscribe(1, [("r", 0)]))
-    assert deliveries(sub.received()) == [("r", b"2", 0)]
+@every_version
+def test_MQTT_3_3_1_5_retained_message_replaces_the_previous_one(broker, version):
+    """MQTT-3.3.1-5, MQTT-3.3.1-8: only the last retained message per topic
+    is kept; a message that is not retained does not replace it."""
+    client = connected(broker, "c", version)
+    client.send(P.Publish("r", b"one", retain=True), P.Publish("r", b"two", retain=True))
+    client.send(P.Publish("r", b"not retained"))
+    watcher = subscribed(broker, "w", ("r", 0), version=version)
+    [retained] = publishes(watcher.received())
+    assert (retained.topic, retained.payload, retained.qos, retained.retain) == ("r", b"two", 0, True)
 
 
-def test_zero_length_retained_publish_clears_the_topic(broker):
-    live = subscribed(broker, "live", ("r", 0))
-    pub = connected(broker, "p")
-    pub.send(P.Publish("r", b"v", retain=True), P.Publish("r", b"", retain=True))
+@every_version
+def test_MQTT_3_3_1_6_empty_retained_message_clears_the_topic(broker, version):
+    """MQTT-3.3.1-6, MQTT-3.3.1-7."""
+    live = subscribed(broker, "live", ("r", 0), version=version)
+    client = connected(broker, "c", version)
+    client.send(P.Publish("r", b"value", retain=True), P.Publish("r", b"", retain=True))
     # Subscribers at the time still receive the empty message.
-    assert deliveries(live.received()) == [("r", b"v", 0), ("r", b"", 0)]
-    sub = connected(broker, "s")
-    sub.send(P.Subscribe(1, [("r", 0)]))
-    assert deliveries(sub.received()) == []
+    assert deliveries(live.received()) == [("r", b"value", 0), ("r", b"", 0)]
+    watcher = subscribed(broker, "w", ("r", 0), version=version)
+    assert publishes(watcher.received()) == []
     assert "r" not in broker.router.retained
 
 
-def test_non_retained_publish_does_not_replace_the_retained_message(broker):
-    pub = connected(broker, "p")
-    pub.send(P.Publish("r", b"kept", retain=True), P.Publish("r", b"passing"))
-    sub = connected(broker, "s")
-    sub.send(P.Subscribe(1, [("r", 0)]))
-    assert deliveries(sub.received()) == [("r", b"kept", 0)]
-
-
-def test_retained_messages_match_wildcards_and_respect_dollar_rule(broker):
-    pub = connected(broker, "p")
+@every_version
+def test_retained_messages_match_wildcards_and_respect_dollar_rule(broker, version):
+    pub = connected(broker, "p", version=version)
     for topic in ["a/1", "a/2", "b/1", "$dev/x"]:
         pub.send(P.Publish(topic, topic.encode(), retain=True))
-    sub = connected(broker, "s")
+    sub = connected(broker, "s", version=version)
     sub.send(P.Subscribe(1, [("#", 0)]))
     assert sorted(t for t, _, _ in deliveries(sub.received())) == ["a/1", "a/2", "b/1"]
 
 
-def test_resubscribing_sends_the_retained_message_again(broker):
-    pub = connected(broker, "p")
+@every_version
+def test_resubscribing_sends_the_retained_message_again(broker, version):
+    pub = connected(broker, "p", version=version)
     pub.send(P.Publish("r", b"v", retain=True))
-    sub = subscribed(broker, "s", ("r", 0))
+    sub = subscribed(broker, "s", ("r", 0), version=version)
     assert deliveries(sub.received()) == [("r", b"v", 0)]
     sub.send(P.Subscribe(2, [("r", 1)]))
     assert deliveries(sub.received()) == [("r", b"v", 0)]
@@ -130,26 +132,6 @@ def test_MQTT_3_3_2_5_expired_retained_message_is_not_sent(broker):
     broker.clock.advance(3)
     late = subscribed(broker, "late", ("r", 0), version=V5)
     assert publishes(late.received()) == []
-
-
-def test_MQTT_3_3_1_5_retained_message_replaces_the_previous_one(broker):
-    """MQTT-3.3.1-5, MQTT-3.3.1-8."""
-    client = connected(broker, "c", version=V5)
-    client.send(publish("r", b"one", retain=True), publish("r", b"two", retain=True))
-    client.send(publish("r", b"not retained"))
-    watcher = subscribed(broker, "w", ("r", 0), version=V5)
-    [retained] = publishes(watcher.received())
-    assert retained.payload == b"two" and retained.retain is True
-
-
-def test_MQTT_3_3_1_6_empty_retained_message_clears_the_topic(broker):
-    """MQTT-3.3.1-6, MQTT-3.3.1-7."""
-    live = subscribed(broker, "live", ("r", 0), version=V5)
-    client = connected(broker, "c", version=V5)
-    client.send(publish("r", b"value", retain=True), publish("r", b"", retain=True))
-    assert payloads(live.received()) == [b"value", b""]
-    watcher = subscribed(broker, "w", ("r", 0), version=V5)
-    assert publishes(watcher.received()) == []
 
 
 def test_MQTT_3_3_1_9_retain_handling_0_sends_retained_on_every_subscribe(broker):

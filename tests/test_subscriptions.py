@@ -15,14 +15,15 @@ import pytest
 
 from mqttgw.broker.session import SessionLimits
 from mqttgw.testing import (
-    V5,
     V31,
     V311,
+    V5,
     FakeBroker,
     connect5,
     connected,
     deliveries,
     disconnect_of,
+    in_version,
     options,
     payloads,
     publish,
@@ -41,25 +42,28 @@ every_version = pytest.mark.parametrize("version", [V31, V311, V5], ids=["3.1", 
 # MQTT 3.1 and 3.1.1
 
 
-def test_publish_on_dollar_topic_is_not_matched_by_leading_wildcard(broker):
-    everything = subscribed(broker, "all", ("#", 0), ("+/x", 0))
-    sys = subscribed(broker, "sys", ("$dev/#", 0))
-    pub = connected(broker, "p")
+@every_version
+def test_publish_on_dollar_topic_is_not_matched_by_leading_wildcard(broker, version):
+    everything = subscribed(broker, "all", ("#", 0), ("+/x", 0), version=version)
+    sys = subscribed(broker, "sys", ("$dev/#", 0), version=version)
+    pub = connected(broker, "p", version=version)
     pub.send(P.Publish("$dev/x", b"1"))
     assert deliveries(everything.received()) == []
     assert deliveries(sys.received()) == [("$dev/x", b"1", 0)]
 
 
-def test_publisher_receives_its_own_message_when_subscribed(broker):
-    client = subscribed(broker, "c", ("a", 0))
+@every_version
+def test_publisher_receives_its_own_message_when_subscribed(broker, version):
+    client = subscribed(broker, "c", ("a", 0), version=version)
     client.send(P.Publish("a", b"echo"))
     assert deliveries(client.received()) == [("a", b"echo", 0)]
 
 
-def test_subscribe_to_several_topics_grants_each(broker):
-    client = connected(broker, "c")
+@every_version
+def test_subscribe_to_several_topics_grants_each(broker, version):
+    client = connected(broker, "c", version=version)
     client.send(P.Subscribe(5, [("a", 0), ("b/+", 1), ("c/#", 2)]))
-    assert client.received() == [P.Suback(5, [0, 1, 2])]
+    assert client.received() == [in_version(version, P.Suback(5, [0, 1, 2]))]
 
 
 def test_granted_qos_is_capped_by_max_qos():
@@ -70,9 +74,10 @@ def test_granted_qos_is_capped_by_max_qos():
     assert client.received() == [P.Suback(5, [1, 0])]
 
 
-def test_overlapping_subscriptions_deliver_once_at_the_highest_qos(broker):
-    sub = subscribed(broker, "s", ("a/#", 0), ("a/+", 2), ("a/b", 1))
-    pub = connected(broker, "p")
+@every_version
+def test_overlapping_subscriptions_deliver_once_at_the_highest_qos(broker, version):
+    sub = subscribed(broker, "s", ("a/#", 0), ("a/+", 2), ("a/b", 1), version=version)
+    pub = connected(broker, "p", version=version)
     pub.send(P.Publish("a/b", b"x", 2, message_id=1))
     assert deliveries(sub.received()) == [("a/b", b"x", 2)]
 
@@ -91,25 +96,28 @@ def test_v31_invalid_filter_closes(broker):
     assert client.closed
 
 
-def test_unsubscribe_several_topics_stops_their_delivery(broker):
-    sub = subscribed(broker, "s", ("a", 0), ("b", 0), ("c", 0))
+@both_versions
+def test_unsubscribe_several_topics_stops_their_delivery(broker, version):
+    sub = subscribed(broker, "s", ("a", 0), ("b", 0), ("c", 0), version=version)
     sub.send(P.Unsubscribe(4, ["a", "b", "not-subscribed"]))
     assert sub.received() == [P.Unsuback(4)]
-    pub = connected(broker, "p")
+    pub = connected(broker, "p", version=version)
     for t in "abc":
         pub.send(P.Publish(t, b"x"))
     assert deliveries(sub.received()) == [("c", b"x", 0)]
 
 
-def test_wildcard_delivery_carries_the_publishers_topic_name(broker):
-    sub = subscribed(broker, "s", ("sensors/+/temp", 0))
-    pub = connected(broker, "p")
+@every_version
+def test_wildcard_delivery_carries_the_publishers_topic_name(broker, version):
+    sub = subscribed(broker, "s", ("sensors/+/temp", 0), version=version)
+    pub = connected(broker, "p", version=version)
     pub.send(P.Publish("sensors/7/temp", b"21"))
     assert deliveries(sub.received()) == [("sensors/7/temp", b"21", 0)]
 
 
-def test_unsubscribe_of_an_invalid_filter_is_acknowledged(broker):
-    client = connected(broker, "c")
+@both_versions
+def test_unsubscribe_of_an_invalid_filter_is_acknowledged(broker, version):
+    client = connected(broker, "c", version=version)
     client.send(P.Unsubscribe(2, ["a/#/b"]))
     assert client.received() == [P.Unsuback(2)]
 

@@ -13,10 +13,12 @@ statements to the tests.
 import pytest
 
 from mqttgw.testing import (
-    V5,
     V31,
     V311,
+    V5,
     FakeBroker,
+    close_reason,
+    connect,
     connect5,
     connected,
     decode5,
@@ -64,10 +66,11 @@ def will_client(broker, client_id="c", delay=0, expiry=0, retain=False, **will_p
     "ending",
     ["connection lost", "keepalive", "protocol violation"],
 )
-def test_will_is_published_when_the_connection_ends_without_disconnect(broker, ending):
+@every_version
+def test_will_is_published_when_the_connection_ends_without_disconnect(broker, version, ending):
     watcher = will_watcher(broker)
     client = connected(
-        broker, "c", keepalive=5, will_topic="will/c", will_message=b"bye", will_qos=1
+        broker, "c", keepalive=5, will_topic="will/c", will_message=b"bye", will_qos=1, version=version
     )
     if ending == "connection lost":
         client.lose_connection()
@@ -78,36 +81,46 @@ def test_will_is_published_when_the_connection_ends_without_disconnect(broker, e
     assert deliveries(watcher.received()) == [("will/c", b"bye", 1)]
 
 
-def test_will_is_discarded_on_disconnect(broker):
+@every_version
+def test_will_is_discarded_on_disconnect(broker, version):
     watcher = will_watcher(broker)
-    client = connected(broker, "c", will_topic="will/c", will_message=b"bye")
+    client = connected(broker, "c", will_topic="will/c", will_message=b"bye", version=version)
     client.send(P.Disconnect())
     client.finish_close()
     assert deliveries(watcher.received()) == []
 
 
-def test_will_is_published_only_once(broker):
+@every_version
+def test_will_is_published_only_once(broker, version):
     watcher = will_watcher(broker)
-    client = connected(broker, "c", will_topic="will/c", will_message=b"bye")
+    client = connected(broker, "c", will_topic="will/c", will_message=b"bye", version=version)
     client.send_bytes(b"\xf0\x00")
     client.finish_close()
     assert len(deliveries(watcher.received())) == 1
 
 
-def test_retained_will_is_kept_as_the_retained_message(broker):
-    client = connected(broker, "c", will_topic="will/c", will_message=b"offline", will_retain=True)
+@every_version
+def test_retained_will_is_kept_as_the_retained_message(broker, version):
+    client = connected(broker, "c", will_topic="will/c", will_message=b"offline", will_retain=True, version=version)
     client.lose_connection()
-    later = connected(broker, "later")
+    later = connected(broker, "later", version=version)
     later.send(P.Subscribe(1, [("will/c", 0)]))
     suback, retained = later.received()
     assert (retained.topic, retained.payload, retained.retain) == ("will/c", b"offline", True)
 
 
+@every_version
 @pytest.mark.parametrize("will_topic", ["will/+", "will/#", ""])
-def test_will_topic_with_wildcard_or_empty_closes(broker, will_topic):
-    client = broker.client(client_id="c", will_topic=will_topic, will_message=b"x")
-    assert client.closed
-    assert client.received() == []
+def test_will_topic_with_wildcard_or_empty_closes(broker, logged, version, will_topic):
+    client = broker.client(connect("c", version, will_topic=will_topic, will_message=b"x"))
+    if version is V5:
+        # 5.0 has a code for it: CONNACK 0x90, Topic Name invalid.
+        [connack] = client.received()
+        assert connack.return_code == R.TOPIC_NAME_INVALID
+    else:
+        assert client.received() == []
+    problem = f"topic name {will_topic!r} contains a wildcard" if will_topic else "topic name is empty"
+    assert close_reason(client, logged()) == f"invalid will topic: {problem}"
 
 
 # MQTT 5.0
