@@ -154,8 +154,9 @@ class FakeClient:
         self._framer = Framer(P.MAX_REMAINING_LENGTH + 5)
         self._framer.from_client = False
         self._lost = False
-        # The version of the last CONNECT sent (3.1.1 until one is).
-        self.protocol_level = P.MQTT_311
+        # The version of the first CONNECT sent (3.1.1 until one is): a
+        # second is a protocol error, not a change of version.
+        self.protocol_level = None
 
     def send(self, *packets):
         """
@@ -164,12 +165,12 @@ class FakeClient:
         """
         wire = []
         for p in packets:
-            if isinstance(p, P.Connect):
+            if isinstance(p, P.Connect) and self.protocol_level is None:
                 self.protocol_level = p.protocol_level
                 # What the broker sends back is in 5.0's form.
                 self._framer.v5 = p.protocol_level == P.MQTT_5
-            else:
-                p = in_version({"protocol_level": self.protocol_level}, p)
+            elif self.protocol_level == P.MQTT_5:
+                p = in_version(V5, p)
             wire.append(p.encode())
         self.send_bytes(b"".join(wire))
 

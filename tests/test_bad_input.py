@@ -14,10 +14,11 @@ statements to the tests.
 import pytest
 
 from mqttgw.testing import (
-    V5,
     V31,
     V311,
+    V5,
     FakeBroker,
+    close_reason,
     connected,
     deliveries,
     disconnect_of,
@@ -65,11 +66,11 @@ def test_bad_input_closes_only_that_connection_and_is_logged(broker, logged, gar
     assert deliveries(bystander.received()) == [("a", b"still works", 0)]
 
 
-def test_packet_over_the_size_limit_closes():
+def test_packet_over_the_size_limit_closes(logged):
     broker = FakeBroker(max_packet_size=100)
     client = connected(broker, "c")
     client.send(P.Publish("a", b"x" * 200))
-    assert client.closed
+    assert close_reason(client, logged()) == "packet of 206 bytes exceeds maximum packet size 100"
 
 
 def test_bytes_after_a_violation_in_the_same_chunk_are_ignored(broker):
@@ -123,13 +124,12 @@ def test_MQTT_3_14_1_1_disconnect_with_reserved_flags_gets_disconnect_0x81(broke
     assert payloads(watcher.received()) == [b"gone"]
 
 
-def test_MQTT_3_15_1_1_auth_with_reserved_flags_is_malformed(broker):
+def test_MQTT_3_15_1_1_auth_with_reserved_flags_is_malformed(broker, logged):
     """MQTT-3.15.1-1."""
     client = connected(broker, "c", version=V5)
     client.send_bytes(b"\xf1\x00")
-    assert client.closed
-    packets = client.received()
-    assert all(isinstance(p, P.Disconnect) and p.reason_code >= 0x80 for p in packets)
+    assert disconnect_of(client).reason_code == R.MALFORMED_PACKET
+    assert close_reason(client, logged()) == "AUTH fixed header flags 0x1 are reserved"
 
 
 def test_MQTT_4_13_2_1_packet_too_large_gets_disconnect_0x95_and_close():

@@ -19,6 +19,7 @@ from mqttgw.testing import (
     V311,
     V5,
     FakeBroker,
+    close_reason,
     connect,
     connect5,
     connected,
@@ -82,6 +83,24 @@ _BAD_CONNECTS = {
     # A Property Length not minimally encoded.
     "1.5.5-1": b"\x10\x0f\x00\x04MQTT\x05\x02\x00\x00\x80\x00\x00\x01c",
 }
+# What the gateway logs for each (a flag that promises a field that is not
+# there leaves the packet short; one that leaves out a field that is there,
+# bytes over).
+_BAD_CONNECT_REASONS = {
+    "3.1.2-9": "variable byte integer runs past end of packet",
+    "3.1.2-11": "will QoS or retain set without will flag",
+    "3.1.2-13": "will QoS or retain set without will flag",
+    "3.1.2-16": "CONNECT has bytes after its payload",
+    "3.1.2-17": "packet truncated",
+    "3.1.2-18": "CONNECT has bytes after its payload",
+    "3.1.2-19": "packet truncated",
+    "3.1.3-4": "string is not valid UTF-8",
+    "3.1.3-11": "string is not valid UTF-8",
+    "3.1.3-12": "string is not valid UTF-8",
+    "3.1.3-3": "packet truncated",
+    "1.5.4-2": "string contains U+0000",
+    "1.5.5-1": "variable byte integer is not minimally encoded",
+}
 
 
 # MQTT 3.1 and 3.1.1
@@ -135,33 +154,44 @@ def test_v311_long_client_id_is_accepted(broker):
 
 
 @pytest.mark.parametrize("first", [P.Publish("a", b"x"), P.Pingreq(), P.Subscribe(1, [("a", 0)])])
-def test_first_packet_other_than_connect_closes(broker, first):
+def test_first_packet_other_than_connect_closes(broker, logged, first):
     client = broker.client()
     client.send(first)
-    assert client.closed
     assert client.received() == []
+    first_byte = first.encode()[0]
+    assert close_reason(client, logged()) == f"first packet is not CONNECT (byte {first_byte:#04x})"
 
 
 @every_version
-def test_second_connect_closes_the_connection(broker, version):
+def test_second_connect_closes_the_connection(broker, logged, version):
     client = connected(broker, "c", version=version)
     client.send(P.Connect(client_id="c"))
-    assert client.closed
+    if version is V5:
+        assert disconnect_of(client).reason_code == R.PROTOCOL_ERROR
+    assert close_reason(client, logged()) == "second CONNECT"
 
 
-def test_no_connect_within_timeout_closes(broker):
+def no_connect_in_time(client, lines):
+    """Whether the broker closed ``client`` for want of a CONNECT, and logged it."""
+    peer = client.transport.getPeer()
+    return client.closed and f"no CONNECT from {peer.host}:{peer.port} in time: closing" in lines
+
+
+def test_no_connect_within_timeout_closes(broker, logged):
     client = broker.client()
     broker.clock.advance(9.9)
     assert not client.closed
     broker.clock.advance(0.2)
-    assert client.closed
+    assert no_connect_in_time(client, logged())
 
 
-def test_connect_timeout_is_configurable():
+def test_connect_timeout_is_configurable(logged):
     broker = FakeBroker(connect_timeout=2)
     client = broker.client()
-    broker.clock.advance(2.1)
-    assert client.closed
+    broker.clock.advance(1.9)
+    assert not client.closed
+    broker.clock.advance(0.2)
+    assert no_connect_in_time(client, logged())
 
 
 @every_version
@@ -185,7 +215,7 @@ def test_connect_deadline_passing_while_connect_is_answered_does_not_close():
     assert late.received() == [P.Connack(4)] and late.closed
 
 
-def test_connections_closed_before_connect_are_not_held_until_their_deadline(broker):
+def test_connections_closed_before_connect_are_not_held_until_their_deadline(broker, logged):
     deadlines = broker.factory.flusher.connects
     for _ in range(1000):
         broker.client().lose_connection()
@@ -193,7 +223,7 @@ def test_connections_closed_before_connect_are_not_held_until_their_deadline(bro
     assert deadlines._held < 200
     waiting = broker.client()
     broker.clock.advance(10.1)
-    assert waiting.closed
+    assert no_connect_in_time(waiting, logged())
 
 
 @every_version
@@ -318,17 +348,27 @@ def test_old_connection_lost_after_takeover_does_not_disturb_the_new_one(broker,
     assert broker.router.sessions["c"].connection is new.protocol
 
 
+def keepalive_expired(client, version, lines):
+    """The log line of ``client``'s keep alive expiring (5.0: after a DISCONNECT 0x8D)."""
+    if version is V5:
+        assert disconnect_of(client).reason_code == R.KEEP_ALIVE_TIMEOUT
+    else:
+        assert client.closed and client.received() == []
+    [line] = [line for line in lines if "keepalive expired" in line]
+    return line
+
+
 @every_version
-def test_keepalive_expires_after_one_and_a_half_times_the_interval(broker, version):
+def test_keepalive_expires_after_one_and_a_half_times_the_interval(broker, logged, version):
     client = connected(broker, "c", keepalive=10, version=version)
     broker.clock.advance(14.9)
     assert not client.closed
     broker.clock.advance(0.2)
-    assert client.closed
+    assert keepalive_expired(client, version, logged()) == "client c keepalive expired (15.0s silent)"
 
 
 @every_version
-def test_any_packet_resets_the_keepalive(broker, version):
+def test_any_packet_resets_the_keepalive(broker, logged, version):
     client = connected(broker, "c", keepalive=10, version=version)
     for _ in range(5):
         broker.clock.advance(10)
@@ -337,18 +377,18 @@ def test_any_packet_resets_the_keepalive(broker, version):
     broker.clock.advance(14)
     assert not client.closed
     broker.clock.advance(1.1)
-    assert client.closed
+    assert keepalive_expired(client, version, logged()) == "client c keepalive expired (15.0s silent)"
 
 
 @every_version
-def test_bytes_of_an_unfinished_packet_do_not_reset_the_keepalive(broker, version):
+def test_bytes_of_an_unfinished_packet_do_not_reset_the_keepalive(broker, logged, version):
     client = connected(broker, "c", keepalive=10, version=version)
     data = P.Publish("t", b"x" * 100).encode()
     for i in range(14):
         broker.clock.advance(1)
         client.send_bytes(data[i : i + 1])
     broker.clock.advance(1.1)
-    assert client.closed
+    assert keepalive_expired(client, version, logged()) == "client c keepalive expired (15.0s silent)"
 
 
 @every_version
@@ -428,13 +468,14 @@ def test_max_connections_refuses_beyond_the_limit():
     assert broker.router.stats.connections_refused == 1
 
 
-def test_keepalive_expiry_keeps_a_persistent_sessions_subscriptions(broker):
+def test_keepalive_expiry_keeps_a_persistent_sessions_subscriptions(broker, logged):
     sub = subscribed(broker, "s", ("a", 1), clean_session=False)
     sub.protocol.keepalive = 0
     expiring = connected(broker, "e", clean_session=False, keepalive=2)
     expiring.send(P.Subscribe(1, [("a", 1)]))
+    assert isinstance(expiring.received()[0], P.Suback)
     broker.clock.advance(3.1)
-    assert expiring.closed
+    assert keepalive_expired(expiring, V311, logged()) == "client e keepalive expired (3.0s silent)"
     assert broker.router.sessions["e"].subscriptions == {"a": 1}
 
 
@@ -490,24 +531,24 @@ def test_MQTT_3_2_0_2_one_connack_per_connection(broker):
     assert client.closed
 
 
-def test_MQTT_3_1_0_1_first_packet_must_be_connect(broker):
+def test_MQTT_3_1_0_1_first_packet_must_be_connect(broker, logged):
     """MQTT-3.1.0-1, MQTT-3.14.0-1: no DISCONNECT before a CONNACK."""
     client = broker.client()
     client.send(P.Pingreq())
-    assert client.closed
     assert client.received() == []
+    assert close_reason(client, logged()) == "first packet is not CONNECT (byte 0xc0)"
 
 
-def test_MQTT_3_1_2_2_unsupported_protocol_version_is_refused(broker):
+def test_MQTT_3_1_2_2_unsupported_protocol_version_is_refused(broker, logged):
     """MQTT-3.1.2-2, MQTT-3.1.2-1: CONNACK (if any) reports failure, then the
-    connection is closed."""
+    connection is closed. The version unknown, the CONNACK is 3.1.1's 0x01
+    (0x84 in 5.0's table)."""
     client = broker.client(P.Connect("c", protocol_name="MQTT", protocol_level=6))
-    packets = client.received()
-    assert all(isinstance(p, P.Connack) and p.return_code != 0 for p in packets)
-    assert client.closed
+    assert client.received() == [P.Connack(1)]
+    assert close_reason(client, logged()) == "unsupported protocol 'MQTT' level 6"
 
 
-def test_MQTT_3_1_2_3_reserved_connect_flag_closes_without_accepting(broker):
+def test_MQTT_3_1_2_3_reserved_connect_flag_closes_without_accepting(broker, logged):
     """MQTT-3.1.2-3, MQTT-3.1.4-1, MQTT-3.14.0-1."""
     wire = bytearray(connect5("c").encode())
     # 2-byte fixed header, "\x00\x04MQTT", the level: then the flags.
@@ -515,9 +556,9 @@ def test_MQTT_3_1_2_3_reserved_connect_flag_closes_without_accepting(broker):
     wire[9] |= 0x01
     client = broker.client()
     client.send_bytes(bytes(wire))
-    assert client.closed
-    packets = decode5(raw(client))
-    assert all(isinstance(p, P.Connack) and p.return_code >= 0x80 for p in packets)
+    # Malformed: closed without a CONNACK.
+    assert decode5(raw(client)) == []
+    assert close_reason(client, logged()) == "CONNECT reserved flag is set"
 
 
 def test_MQTT_3_1_2_4_clean_start_discards_the_session(broker):
@@ -919,7 +960,7 @@ def test_MQTT_3_1_2_24_connack_leaves_out_optional_properties_to_fit():
     [("c", SMALLEST_CONNACK - 1), ("c", 2), ("", SMALLEST_CONNACK + 2)],
     ids=["one-byte-short", "two-bytes", "assigned-id-does-not-fit"],
 )
-def test_MQTT_3_1_2_24_no_connack_when_the_smallest_does_not_fit(broker, client_id, limit):
+def test_MQTT_3_1_2_24_no_connack_when_the_smallest_does_not_fit(broker, logged, client_id, limit):
     """MQTT-3.1.2-24: a client whose Maximum Packet Size is below the
     smallest CONNACK (an Assigned Client Identifier cannot be left out,
     MQTT-3.2.2-16) is closed without one, and nothing changes for the
@@ -930,7 +971,8 @@ def test_MQTT_3_1_2_24_no_connack_when_the_smallest_does_not_fit(broker, client_
         holder = will_client(broker, client_id, expiry=60)
     client = broker.client(connect5(client_id, properties={"maximum_packet_size": limit}))
     assert raw(client) == b""
-    assert client.closed
+    reason = close_reason(client, logged())
+    assert reason == f"its maximum packet size {limit} is below the smallest CONNACK"
     client.lose_connection()
     assert broker.router.stats.connections_refused == 1
     if holder is not None:
@@ -939,7 +981,7 @@ def test_MQTT_3_1_2_24_no_connack_when_the_smallest_does_not_fit(broker, client_
     assert watcher.received() == []
 
 
-def test_MQTT_3_1_2_24_no_refusal_connack_when_it_does_not_fit(broker):
+def test_MQTT_3_1_2_24_no_refusal_connack_when_it_does_not_fit(broker, logged):
     """MQTT-3.1.2-24, MQTT-3.2.2-19: a refusal's Reason String is left out;
     if even its CONNACK without properties (5 bytes) is too large, the
     connection closes without one."""
@@ -950,6 +992,10 @@ def test_MQTT_3_1_2_24_no_refusal_connack_when_it_does_not_fit(broker):
     too_small = broker.client(connect5("b", properties={**refused, "maximum_packet_size": 4}))
     assert raw(too_small) == b""
     assert too_small.closed
+    # Refused for the same reason; refusals from one address are logged
+    # once an interval, so the first one's line stands for both.
+    assert broker.router.stats.connections_refused == 2
+    assert close_reason(fits, logged()) == "authentication method 'nope' is not offered"
 
 
 def test_MQTT_3_1_4_3_session_taken_over_gets_disconnect_0x8E(broker):
@@ -1084,26 +1130,26 @@ def test_disconnect_may_change_a_nonzero_session_expiry(broker):
     assert again.connack.session_present is True
 
 
-def test_MQTT_3_14_0_1_no_disconnect_before_connack(broker):
+def test_MQTT_3_14_0_1_no_disconnect_before_connack(broker, logged):
     """MQTT-3.14.0-1: a malformed CONNECT is closed without a DISCONNECT."""
     client = broker.client()
     client.send_bytes(b"\x10\x05\x00\x04MQ")
     client.send_bytes(b"TT\x05")
-    assert client.closed
-    assert not any(isinstance(p, P.Disconnect) for p in decode5(raw(client)))
+    assert decode5(raw(client)) == []
+    assert close_reason(client, logged()) == "string runs past end of packet"
 
 
 @pytest.mark.parametrize("statement", sorted(_BAD_CONNECTS))
-def test_MQTT_3_1_4_1_connect_breaking_section_3_1_is_closed(broker, statement):
+def test_MQTT_3_1_4_1_connect_breaking_section_3_1_is_closed(broker, logged, statement):
     """MQTT-3.1.4-1 and the CONNECT rules named by each case: MQTT-3.1.2-9,
     MQTT-3.1.2-11, MQTT-3.1.2-13, MQTT-3.1.2-16 to 19, MQTT-3.1.3-3, MQTT-3.1.3-4,
     MQTT-3.1.3-11, MQTT-3.1.3-12, MQTT-1.5.4-1, MQTT-1.5.4-2, MQTT-1.5.5-1."""
     wire = _BAD_CONNECTS[statement]
     client = broker.client()
     client.send_bytes(wire)
-    assert client.closed
-    packets = decode5(raw(client))
-    assert all(isinstance(p, P.Connack) and p.return_code >= 0x80 for p in packets), packets
+    # Malformed: closed without a CONNACK.
+    assert decode5(raw(client)) == []
+    assert close_reason(client, logged()) == _BAD_CONNECT_REASONS[statement]
     assert "c" not in broker.router.sessions
 
 
@@ -1123,13 +1169,13 @@ def test_MQTT_3_1_4_1_well_formed_variants_are_accepted(broker):
     connected(broker, "p", password=b"p", version=V5)
 
 
-def test_MQTT_3_1_3_8_a_client_identifier_refused_is_connack_0x85_then_the_close(broker):
+def test_MQTT_3_1_3_8_a_client_identifier_refused_is_connack_0x85_then_the_close(broker, logged):
     # The one client identifier refused over 5.0 holds U+0000, which no
     # UTF-8 string of MQTT may ([MQTT-1.5.4-2]): the CONNECT is malformed,
     # and the connection closes without a CONNACK (which is optional).
     client = broker.client(connect5("bad\x00id"))
     assert client.received() == []
-    assert client.closed
+    assert close_reason(client, logged()) == "string contains U+0000"
     assert "bad\x00id" not in broker.router.sessions
 
 

@@ -19,6 +19,7 @@ from mqttgw.testing import (
     V311,
     V5,
     FakeBroker,
+    close_reason,
     connect5,
     connected,
     deliveries,
@@ -90,10 +91,13 @@ def test_v311_invalid_filter_gets_0x80_and_the_others_are_granted(broker):
     assert not client.closed
 
 
-def test_v31_invalid_filter_closes(broker):
+def test_v31_invalid_filter_closes(broker, logged):
     client = connected(broker, "c", version=V31)
     client.send(P.Subscribe(3, [("a", 1), ("a/#/b", 1)]))
-    assert client.closed
+    # 3.1 has no failure code in a SUBACK.
+    assert client.received() == []
+    reason = close_reason(client, logged())
+    assert reason == "SUBSCRIBE: filter 'a/#/b': '#' must be the whole last level"
 
 
 @both_versions
