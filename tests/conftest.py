@@ -53,6 +53,26 @@ def require_program(name):
 
 
 @pytest.fixture
+def start_mosquitto():
+    """
+    Start a real mosquitto (tests/mosquitto_broker.py's arguments); each
+    one started is stopped after the test, whatever happens in it.
+    """
+    from tests.mosquitto_broker import Mosquitto
+
+    started = []
+
+    def start(workdir, **kwargs):
+        broker = Mosquitto(workdir, **kwargs)
+        started.append(broker)
+        return broker.start()
+
+    yield start
+    for broker in started:
+        broker.stop()
+
+
+@pytest.fixture
 def gateway(tmp_path):
     """The gateway running under twistd on a free loopback port."""
     from tests.gateway import Gateway
