@@ -100,8 +100,9 @@ def test_will_is_published_only_once(broker, version):
 
 
 @every_version
-def test_retained_will_is_kept_as_the_retained_message(broker, version):
-    client = connected(broker, "c", will_topic="will/c", will_message=b"offline", will_retain=True, version=version)
+def test_MQTT_3_1_2_15_will_retain_1_is_retained(broker, version):
+    """MQTT-3.1.2-15."""
+    client = connected(broker, "c", version, will_topic="will/c", will_message=b"offline", will_retain=True)
     client.lose_connection()
     later = connected(broker, "later", version=version)
     later.send(P.Subscribe(1, [("will/c", 0)]))
@@ -351,12 +352,3 @@ def test_MQTT_3_1_2_14_will_retain_0_is_not_retained(broker):
     client.lose_connection()
     watcher = subscribed(broker, "w", ("will", 0), version=V5)
     assert publishes(watcher.received()) == []
-
-
-def test_MQTT_3_1_2_15_will_retain_1_is_retained(broker):
-    """MQTT-3.1.2-15."""
-    client = will_client(broker, retain=True)
-    client.lose_connection()
-    watcher = subscribed(broker, "w", ("will", 0), version=V5)
-    [will] = publishes(watcher.received())
-    assert will.payload == b"gone" and will.retain is True
