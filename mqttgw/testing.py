@@ -154,8 +154,8 @@ class FakeClient:
         self._framer = Framer(P.MAX_REMAINING_LENGTH + 5)
         self._framer.from_client = False
         self._lost = False
-        # The version of the first CONNECT sent (3.1.1 until one is): a
-        # second is a protocol error, not a change of version.
+        # The version of the first CONNECT sent (None until one is): a
+        # second is a protocol error to test, not a change of version.
         self.protocol_level = None
 
     def send(self, *packets):
