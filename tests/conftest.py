@@ -10,7 +10,8 @@ from mqttgw.testing import FakeBroker
 # last two: ``pytest -m unit``, which the README's test command runs again
 # on the plain Python build (MQTTGW_NO_EXTENSIONS=1).
 UNIT_MODULES = {
-    "test_build", "test_framing", "test_framing5", "test_topics", "test_protocol", "test_mqtt5",
+    "test_build", "test_framing", "test_framing5", "test_topics", "test_connect", "test_publish_qos",
+    "test_wills", "test_retained", "test_subscriptions", "test_flow_control", "test_bad_input",
     "test_mqtt5_bounds", "test_bridge_backoff", "test_bridge_mqtt5", "test_bridge_counters",
     "test_bridge_relay", "test_total_queue_bound", "test_enhanced_auth", "test_websocket_frames",
     "test_store", "test_session_flags", "test_session_owner",
@@ -49,6 +50,26 @@ def require_program(name):
             pytest.fail(message + " (required under CI)")
         pytest.skip(message)
     return path
+
+
+@pytest.fixture
+def start_mosquitto():
+    """
+    Start a real mosquitto (tests/mosquitto_broker.py's arguments); each
+    one started is stopped after the test, whatever happens in it.
+    """
+    from tests.mosquitto_broker import Mosquitto
+
+    started = []
+
+    def start(workdir, **kwargs):
+        broker = Mosquitto(workdir, **kwargs)
+        started.append(broker)
+        return broker.start()
+
+    yield start
+    for broker in started:
+        broker.stop()
 
 
 @pytest.fixture

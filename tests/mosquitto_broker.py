@@ -19,6 +19,12 @@ def free_port():
 
 
 class Mosquitto:
+    """
+    A mosquitto of its own on free ports. Stop it whatever the test does:
+    with the ``start_mosquitto`` fixture (tests/conftest.py), ``with
+    Mosquitto(...).start() as broker:``, or try/finally.
+    """
+
     def __init__(self, workdir, tls=None, extra=()):
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -64,7 +70,15 @@ class Mosquitto:
                 return self
             except OSError:
                 time.sleep(0.05)
+        # Not left running for want of a listener.
+        self.stop()
         raise RuntimeError(f"mosquitto did not start: {self.log()}")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.stop()
 
     def log(self):
         path = self.workdir / "mosquitto.log"

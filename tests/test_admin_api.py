@@ -15,7 +15,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from mqttgw.security.passwords import PasswordChecker
 from mqttgw.security.portal import credentials_checker, make_portal
 from mqttgw.service.gateway import Gateway
-from mqttgw.testing import FakeBroker, ImmediateThreadPool
+from mqttgw.testing import V31, FakeBroker, ImmediateThreadPool, connected
 from mqttgw.web.admin import Roles, admin_site
 from mqttgw.web.metrics import Metrics
 from mqttgw.wire import packets as P
@@ -52,12 +52,6 @@ class API:
         return status, json.loads(body)
 
 
-def connected(broker, client_id, **fields):
-    client = broker.client(client_id=client_id, **fields)
-    assert client.received() == [P.Connack(0)]
-    return client
-
-
 @pytest.fixture
 def broker():
     return FakeBroker()
@@ -76,7 +70,7 @@ def test_clients_lists_those_connected_with_their_protocol_and_subscriptions(bro
     device = connected(broker, "dev/1", clean_session=False)
     device.send(P.Subscribe(1, [("x/#", 1)]))
     device.received()
-    connected(broker, "pub", protocol_level=P.MQTT_31, username="someone")
+    connected(broker, "pub", V31, username="someone")
     away = connected(broker, "away", clean_session=False)
     away.lose_connection()
     # A bridge's own session is not a client.

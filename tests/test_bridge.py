@@ -28,10 +28,8 @@ RULES = [
 
 
 @pytest.fixture
-def upstream(tmp_path):
-    broker = Mosquitto(tmp_path / "mosquitto").start()
-    yield broker
-    broker.stop()
+def upstream(tmp_path, start_mosquitto):
+    return start_mosquitto(tmp_path / "mosquitto")
 
 
 def bridge_config(path, addresses, rules=RULES, **extra):
@@ -395,11 +393,11 @@ def _v5(port, client_id, **kwargs):
     return c
 
 
-def test_a_5_0_bridge_reads_the_upstreams_receive_maximum_and_loses_nothing(tmp_path):
+def test_a_5_0_bridge_reads_the_upstreams_receive_maximum_and_loses_nothing(tmp_path, start_mosquitto):
     # mosquitto gives max_inflight_messages as its CONNACK's receive
     # maximum, and answers a QoS 2 PUBLISH past it with PUBREC 0x97 (quota
     # exceeded): the message is refused.  The bridge's own window is 20.
-    upstream = Mosquitto(tmp_path / "mosquitto", extra=["max_inflight_messages 2"]).start()
+    upstream = start_mosquitto(tmp_path / "mosquitto", extra=["max_inflight_messages 2"])
     gw = start_gateway(tmp_path, [f"127.0.0.1:{upstream.port}"], protocol="mqttv5",
                        rules=["local/out/# out 2"], max_inflight_messages=20)
     try:
@@ -427,7 +425,6 @@ def test_a_5_0_bridge_reads_the_upstreams_receive_maximum_and_loses_nothing(tmp_
         assert f"Sending PUBREC to {socket.gethostname()}.up" in upstream.log()
     finally:
         gw.stop()
-        upstream.stop()
 
 
 def test_a_5_0_bridge_carries_properties_both_ways_without_loops(tmp_path, upstream):

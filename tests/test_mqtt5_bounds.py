@@ -7,11 +7,10 @@ groups across the gateway and members of one group.
 
 import pytest
 
-from mqttgw.testing import FakeBroker
+from mqttgw.testing import V5, FakeBroker, close_reason, connect5, connected
 from mqttgw.wire import packets as P
 from mqttgw.wire import reasons as R
 from mqttgw.wire.properties import MAX_USER_PROPERTIES
-from tests.test_mqtt5 import connect5, connected, connected311
 
 
 @pytest.fixture
@@ -32,9 +31,9 @@ def suback_codes(client, mid, *filters, v5=True):
 
 
 def test_user_properties_up_to_the_count_bound_travel_in_order(broker):
-    sub = connected(broker, "sub")
+    sub = connected(broker, "sub", version=V5)
     assert suback_codes(sub, 1, "t") == [1]
-    pub = connected(broker, "pub")
+    pub = connected(broker, "pub", version=V5)
     pairs = [(f"k{i}", "v") for i in range(MAX_USER_PROPERTIES)]
     pub.send(P.Publish("t", b"x", 0, properties={"user_property": pairs}))
     [message] = [p for p in sub.received() if isinstance(p, P.Publish)]
@@ -42,7 +41,7 @@ def test_user_properties_up_to_the_count_bound_travel_in_order(broker):
 
 
 def test_one_user_property_past_the_count_bound_is_an_implementation_specific_error(broker):
-    pub = connected(broker, "pub")
+    pub = connected(broker, "pub", version=V5)
     pairs = [(f"k{i}", "v") for i in range(MAX_USER_PROPERTIES + 1)]
     pub.send(P.Publish("t", b"x", 0, properties={"user_property": pairs}))
     [disconnect] = pub.received()
@@ -54,7 +53,7 @@ def test_one_user_property_past_the_count_bound_is_an_implementation_specific_er
 
 def test_user_property_bytes_are_bounded_by_the_maximum_packet_size():
     broker = FakeBroker(max_packet_size=4096)
-    pub = connected(broker, "pub")
+    pub = connected(broker, "pub", version=V5)
     # 16 properties of 300 bytes: each allowed, together too large.
     pairs = [(f"k{i}", "v" * 300) for i in range(16)]
     pub.send(P.Publish("t", b"x", 0, properties={"user_property": pairs}))
@@ -63,12 +62,12 @@ def test_user_property_bytes_are_bounded_by_the_maximum_packet_size():
     assert pub.closed
 
 
-def test_a_connects_user_properties_are_bounded_by_max_connect_size():
+def test_a_connects_user_properties_are_bounded_by_max_connect_size(logged):
     broker = FakeBroker(max_connect_size=1024)
     client = broker.client(connect5("big", properties={"user_property": [("k", "v" * 2000)]}))
     # Refused before it is read whole: nothing held for it.
-    client.received()
-    assert client.closed
+    assert client.received() == []
+    assert close_reason(client, logged()) == "packet of 2026 bytes exceeds maximum CONNECT size 1024"
     assert "big" not in broker.router.sessions
 
 
@@ -77,7 +76,7 @@ def test_a_connects_user_properties_are_bounded_by_max_connect_size():
 
 def test_inbound_topic_aliases_are_bounded_by_max_topic_alias():
     broker = FakeBroker(max_topic_alias=3)
-    pub = connected(broker, "pub")
+    pub = connected(broker, "pub", version=V5)
     assert pub.connack.properties["topic_alias_maximum"] == 3
     for alias in (1, 2, 3):
         pub.send(P.Publish(f"t/{alias}", b"x", 0, properties={"topic_alias": alias}))
@@ -89,9 +88,9 @@ def test_inbound_topic_aliases_are_bounded_by_max_topic_alias():
 
 def test_outbound_aliases_are_bounded_by_the_servers_maximum_whatever_the_client_allows():
     broker = FakeBroker(max_topic_alias=2)
-    sub = connected(broker, "sub", properties={"topic_alias_maximum": 65535})
+    sub = connected(broker, "sub", properties={"topic_alias_maximum": 65535}, version=V5)
     assert suback_codes(sub, 1, "t/#") == [1]
-    pub = connected311(broker, "pub")
+    pub = connected(broker, "pub")
     for i in range(5):
         pub.send(P.Publish(f"t/{i}", b"x", 0))
     aliases = [p.properties.get("topic_alias") for p in sub.received() if isinstance(p, P.Publish)]
@@ -100,7 +99,7 @@ def test_outbound_aliases_are_bounded_by_the_servers_maximum_whatever_the_client
 
 
 def test_a_subscription_identifier_past_its_range_is_malformed(broker):
-    sub = connected(broker, "sub")
+    sub = connected(broker, "sub", version=V5)
     # The largest a variable byte integer holds, 268,435,455, is accepted.
     sub.send(P.Subscribe(1, [("a", 1)], {"subscription_identifier": 268_435_455}))
     [suback] = sub.received()
@@ -116,13 +115,13 @@ def test_a_subscription_identifier_past_its_range_is_malformed(broker):
 
 def test_shared_groups_across_the_gateway_are_bounded(broker):
     broker.router.max_shared_groups = 2
-    a = connected(broker, "a")
+    a = connected(broker, "a", version=V5)
     # The third group of one SUBSCRIBE is past the bound.
     assert suback_codes(a, 1, "$share/g1/x", "$share/g2/x", "$share/g3/x") == [1, 1, R.QUOTA_EXCEEDED]
     # Another client too, and a 3.1.1 one is told with 0x80.
-    b = connected(broker, "b")
+    b = connected(broker, "b", version=V5)
     assert suback_codes(b, 1, "$share/g4/x") == [R.QUOTA_EXCEEDED]
-    c = connected311(broker, "c")
+    c = connected(broker, "c")
     assert suback_codes(c, 1, "$share/g4/x", v5=False) == [P.SUBACK_FAILURE]
     # Joining a group that exists is not making one.
     assert suback_codes(b, 2, "$share/g1/x") == [1]
@@ -135,7 +134,7 @@ def test_shared_groups_across_the_gateway_are_bounded(broker):
 
 def test_members_of_one_group_are_bounded(broker):
     broker.router.max_shared_group_members = 2
-    members = [connected(broker, f"m{i}") for i in range(3)]
+    members = [connected(broker, f"m{i}", version=V5) for i in range(3)]
     assert suback_codes(members[0], 1, "$share/g/x") == [1]
     assert suback_codes(members[1], 1, "$share/g/x") == [1]
     assert suback_codes(members[2], 1, "$share/g/x") == [R.QUOTA_EXCEEDED]

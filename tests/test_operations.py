@@ -83,8 +83,8 @@ def closed_by_peer(sock, timeout=10.0):
 # Reload
 
 
-def test_sighup_adds_a_bridge_and_changes_limits_keeping_clients(gateway_with, tmp_path):
-    upstream = Mosquitto(tmp_path / "upstream").start()
+def test_sighup_adds_a_bridge_and_changes_limits_keeping_clients(gateway_with, start_mosquitto, tmp_path):
+    upstream = start_mosquitto(tmp_path / "upstream")
     config = tmp_path / "mqttgw.toml"
     config.write_text("[limits]\nmax_packet_size = 100000\n")
     gw = gateway_with("--config", str(config))

@@ -1,6 +1,10 @@
 """The project's own promises: README commands, CI script, deploy files."""
 
 import re
+import subprocess
+import sys
+
+import pytest
 
 from mqttgw.service import config
 from tests.gateway import REPO
@@ -60,24 +64,54 @@ def test_no_package_init_hides_twisted_plugins():
     assert not (REPO / "twisted" / "plugins" / "__init__.py").exists()
 
 
-CONFORMANCE_FILES = {
-    "tf": "test_framing.py",
-    "tp": "test_protocol.py",
-    "tt": "test_topics.py",
-    "paho": "test_interop_paho.py",
-    "mc": "test_interop_mosquitto_clients.py",
-    "ts": "test_store.py",
-    "td": "test_durability.py",
-    "te": "test_protocol_edges.py",
-    "ta": "test_auth.py",
-    "ti": "test_auth_interop.py",
-}
+CONFORMANCE_MAPS = ("CONFORMANCE.md", "CONFORMANCE5.md", "CONFORMANCE_SPARKPLUG.md")
 
 
-def test_conformance_map_names_only_tests_that_exist():
-    text = (REPO / "tests" / "CONFORMANCE.md").read_text()
-    references = re.findall(r"\b(tf|tp|tt|paho|mc|ts|td|te|ta|ti)::(test_\w+)", text)
-    assert len(references) > 100
-    for prefix, name in references:
-        source = (REPO / "tests" / CONFORMANCE_FILES[prefix]).read_text()
-        assert f"def {name}(" in source, f"{prefix}::{name}"
+def cited_tests(text):
+    """
+    The tests a conformance map cites as ``file::test`` (or one case,
+    ``file::test[id]``), each file an alias its introduction names
+    (`` `tp` is `tests/test_protocol.py` ``) or a path.
+    """
+    aliases = dict(re.findall(r"`(\w+)`\s+is\s+`(tests/\w+\.py)`", text))
+    return [
+        (aliases.get(file, file), name)
+        for file, name in re.findall(r"([\w/.]+)::(test_\w+(?:\[[^\]|]*\])?)", text)
+    ]
+
+
+@pytest.fixture(scope="module")
+def collected():
+    """The ids of the tests pytest collects from the files the maps cite."""
+    files = sorted(
+        {f for m in CONFORMANCE_MAPS for f, _ in cited_tests((REPO / "tests" / m).read_text())}
+    )
+    assert all(f.startswith("tests/") for f in files), files
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *files],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return {line for line in result.stdout.splitlines() if "::" in line}
+
+
+@pytest.mark.parametrize("name", CONFORMANCE_MAPS)
+def test_conformance_map_names_only_tests_that_exist(collected, name):
+    """
+    Every test a conformance map cites is one pytest collects: a test
+    function names all its cases (and a state machine's class its run),
+    ``test[0]`` the cases whose ids begin with ``0-``.
+    """
+    cited = cited_tests((REPO / "tests" / name).read_text())
+    assert len(cited) > (100 if name != "CONFORMANCE_SPARKPLUG.md" else 5)
+    names = set()
+    for node in collected:
+        test, case = re.match(r"([^\[]*?)(?:::runTest)?(?:\[(.*)\])?$", node).groups()
+        names.add(test)
+        parts = (case or "").split("-")
+        names.update(f"{test}[{'-'.join(parts[:n])}]" for n in range(1, len(parts) + 1) if case)
+    missing = [f"{file}::{test}" for file, test in cited if f"{file}::{test}" not in names]
+    assert not missing, missing

@@ -7,7 +7,7 @@ disconnected; a client that follows it never is.
 
 import pytest
 
-from mqttgw.testing import FakeBroker
+from mqttgw.testing import FakeBroker, close_reason
 from mqttgw.wire import packets as P
 
 V31, V311 = P.MQTT_31, P.MQTT_311
@@ -53,10 +53,10 @@ def opened(broker, version, split, **fields):
 
 
 @fed
-def test_v311_connect_with_fixed_header_flags_is_closed_without_connack(broker, split):
+def test_v311_connect_with_fixed_header_flags_is_closed_without_connack(broker, logged, split):
     client = broker.client()
     assert send(client, connect_bytes(V311, fixed=0x12), split) == []
-    assert client.closed
+    assert close_reason(client, logged()) == "CONNECT fixed header flags 0x2 are reserved"
 
 
 @fed
@@ -67,36 +67,37 @@ def test_v31_connect_fixed_header_flags_are_not_checked(broker, split):
 
 @fed
 @pytest.mark.parametrize("name", [b"MQTX", b"mqtt", b"HTTP/1.1"])
-def test_unknown_protocol_name_is_closed_without_connack(broker, split, name):
+def test_unknown_protocol_name_is_closed_without_connack(broker, logged, split, name):
     client = broker.client()
     body = string(name) + b"\x04\x02\x00\x00" + string("c")
     assert send(client, frame(0x10, body), split) == []
-    assert client.closed
+    assert close_reason(client, logged()) == f"unknown protocol name {name.decode()!r}"
 
 
 @fed
 @pytest.mark.parametrize("name,level", [(b"MQTT", 3), (b"MQTT", 6), (b"MQIsdp", 4)])
-def test_known_name_with_unsupported_level_gets_connack_1(broker, split, name, level):
+def test_known_name_with_unsupported_level_gets_connack_1(broker, logged, split, name, level):
     client = broker.client()
     body = string(name) + bytes((level,)) + b"\x02\x00\x00" + string("c")
     assert send(client, frame(0x10, body), split) == [P.Connack(1)]
-    assert client.closed
+    reason = close_reason(client, logged())
+    assert reason == f"unsupported protocol {name.decode()!r} level {level}"
 
 
 @fed
 @pytest.mark.parametrize(
     "flags,payload,what",
     [
-        (0x03, string("c"), "reserved connect flag"),
-        (0x02 | 0x08, string("c"), "will QoS without will flag"),
-        (0x02 | 0x20, string("c"), "will retain without will flag"),
-        (0x02 | 0x40, string("c") + string(b"pw"), "password without user name"),
+        (0x03, string("c"), "CONNECT reserved flag is set"),
+        (0x02 | 0x08, string("c"), "will QoS or retain set without will flag"),
+        (0x02 | 0x20, string("c"), "will QoS or retain set without will flag"),
+        (0x02 | 0x40, string("c") + string(b"pw"), "password flag set without user name flag"),
     ],
 )
-def test_v311_connect_flag_rules_close_without_connack(broker, split, flags, payload, what):
+def test_v311_connect_flag_rules_close_without_connack(broker, logged, split, flags, payload, what):
     client = broker.client()
     assert send(client, connect_bytes(V311, flags, payload), split) == [], what
-    assert client.closed
+    assert close_reason(client, logged()) == what
 
 
 @fed
@@ -116,11 +117,11 @@ def test_v31_has_no_such_connect_flag_rules(broker, split, flags, payload):
 
 @fed
 @both_versions
-def test_will_qos_3_is_closed_without_connack(broker, split, version):
+def test_will_qos_3_is_closed_without_connack(broker, logged, split, version):
     client = broker.client()
     payload = string("c") + string("will") + string(b"bye")
     assert send(client, connect_bytes(version, 0x02 | 0x04 | 0x18, payload), split) == []
-    assert client.closed
+    assert close_reason(client, logged()) == "will QoS 3 is reserved"
 
 
 # Strings in MQTT 3.1.1: control characters and non-characters.
@@ -131,7 +132,7 @@ BAD_TEXT = ["a\x01b", "a\x1fb", "a\x7fb", "a\x85b", "a\ufdd0b", "a\ufffeb", "a\U
 @fed
 @pytest.mark.parametrize("bad", BAD_TEXT)
 @pytest.mark.parametrize("where", ["client id", "user name", "will topic"])
-def test_v311_connect_strings_with_control_characters_are_closed(broker, split, bad, where):
+def test_v311_connect_strings_with_control_characters_are_closed(broker, logged, split, bad, where):
     fields = {"client_id": "c"}
     if where == "client id":
         fields["client_id"] = bad
@@ -141,16 +142,16 @@ def test_v311_connect_strings_with_control_characters_are_closed(broker, split, 
         fields.update(will_topic=bad, will_message=b"x")
     client = broker.client()
     assert send(client, P.Connect(**fields).encode(), split) == []
-    assert client.closed
+    assert close_reason(client, logged()) == f"string contains U+{ord(bad[1]):04X}"
 
 
 @fed
 @pytest.mark.parametrize("bad", BAD_TEXT)
-def test_v311_topic_names_and_filters_with_control_characters_are_closed(broker, split, bad):
+def test_v311_topic_names_and_filters_with_control_characters_are_closed(broker, logged, split, bad):
     for packet in (P.Publish(bad, b"x"), P.Subscribe(1, [(bad, 0)]), P.Unsubscribe(1, [bad])):
         client = opened(broker, V311, False)
         assert send(client, packet.encode(), split) == []
-        assert client.closed
+        assert close_reason(client, logged()) == f"string contains U+{ord(bad[1]):04X}"
 
 
 @fed
@@ -165,7 +166,7 @@ def test_v31_strings_may_hold_control_characters(broker, split, bad):
 
 
 @fed
-def test_control_characters_can_be_allowed_for_legacy_fleets(split):
+def test_control_characters_can_be_allowed_for_legacy_fleets(logged, split):
     broker = FakeBroker(reject_control_characters=False)
     client = broker.client()
     assert send(client, P.Connect(client_id="dev\x01").encode(), split) == [P.Connack(0)]
@@ -173,7 +174,7 @@ def test_control_characters_can_be_allowed_for_legacy_fleets(split):
     assert client.received() == [P.Suback(1, [0]), P.Publish("t\x7f", b"x")]
     # U+0000 is refused either way (a MUST in 3.1.1).
     client.send(P.Publish("t\x00", b"x"))
-    assert client.closed
+    assert close_reason(client, logged()) == "string contains U+0000"
 
 
 # SUBSCRIBE and UNSUBSCRIBE.
@@ -186,10 +187,14 @@ def test_control_characters_can_be_allowed_for_legacy_fleets(split):
     [b"\x82\x02\x00\x01", b"\xa2\x02\x00\x01", b"\x82\x05\x00\x01\x00\x00\x00", b"\xa2\x04\x00\x01\x00\x00"],
     ids=["subscribe-none", "unsubscribe-none", "subscribe-empty-filter", "unsubscribe-empty-filter"],
 )
-def test_subscribe_or_unsubscribe_without_a_filter_or_with_an_empty_one_closes(broker, split, version, body):
+def test_subscribe_or_unsubscribe_without_a_filter_or_with_an_empty_one_closes(
+    broker, logged, split, version, body
+):
     client = opened(broker, version, False)
     assert send(client, body, split) == []
-    assert client.closed
+    packet = "SUBSCRIBE" if body[0] == 0x82 else "UNSUBSCRIBE"
+    problem = "no topics" if len(body) == 4 else "a zero-length topic filter"
+    assert close_reason(client, logged()) == f"{packet} with {problem}"
 
 
 @fed
@@ -202,10 +207,11 @@ def test_v311_unacceptable_filter_gets_0x80_and_keeps_the_connection(broker, spl
 
 
 @fed
-def test_v31_unacceptable_filter_closes(broker, split):
+def test_v31_unacceptable_filter_closes(broker, logged, split):
     client = opened(broker, V31, False)
     assert send(client, P.Subscribe(1, [("a/#/b", 0)]).encode(), split) == []
-    assert client.closed
+    reason = close_reason(client, logged())
+    assert reason == "SUBSCRIBE: filter 'a/#/b': '#' must be the whole last level"
 
 
 # The acknowledgement state machine.
@@ -228,14 +234,19 @@ def with_inflight(broker, version, qos):
 @fed
 @both_versions
 @pytest.mark.parametrize(
-    "qos,ack",
-    [(1, P.Pubrec), (1, P.Pubcomp), (2, P.Puback), (2, P.Pubcomp)],
+    "qos,ack,why",
+    [
+        (1, P.Pubrec, "PUBREC for message {}, in flight at QoS 1"),
+        (1, P.Pubcomp, "PUBCOMP for message {}, in flight at QoS 1"),
+        (2, P.Puback, "PUBACK for message {}, in flight at QoS 2"),
+        (2, P.Pubcomp, "PUBCOMP for message {} before its PUBREC"),
+    ],
     ids=["pubrec-for-qos1", "pubcomp-for-qos1", "puback-for-qos2", "pubcomp-before-pubrec"],
 )
-def test_acknowledgement_that_does_not_fit_the_flow_closes(broker, split, version, qos, ack):
+def test_acknowledgement_that_does_not_fit_the_flow_closes(broker, logged, split, version, qos, ack, why):
     sub, mid = with_inflight(broker, version, qos)
     assert send(sub, ack(mid).encode(), split) == []
-    assert sub.closed
+    assert close_reason(sub, logged()) == why.format(mid)
 
 
 @fed

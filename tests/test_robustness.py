@@ -273,6 +273,7 @@ def test_connect_size_limit_is_configurable(gateway_with, tmp_path):
     sock = hostile.connection(gw.port)
     sock.sendall(P.Connect(client_id="x" * 200).encode())
     assert hostile.closed_by_peer(sock, 5)
+    gw.wait_for_log("packet of 215 bytes exceeds maximum CONNECT size 100")
     sock, _ = hostile.mqtt_connect(gw.port, "small")
     sock.close()
 

@@ -14,11 +14,10 @@ from mqttgw.broker import store as store_module
 from mqttgw.broker import writes
 from mqttgw.broker.session import INTERNAL_PREFIX, SessionLimits
 from mqttgw.broker.store import Store, StoreDamaged, StoreError
-from mqttgw.testing import FakeBroker
+from mqttgw.testing import FakeBroker, connected, deliveries, publishes
 from mqttgw.transports.protocol import MQTTServerFactory
 from mqttgw.wire import packets as P
 from tests.fake_network import accept
-from tests.test_protocol import connected, publishes
 
 
 @pytest.fixture
@@ -44,7 +43,7 @@ def test_qos1_to_a_persistent_session_is_acknowledged_after_commit(broker):
     assert pub.received() == []
     # At least once: the subscriber may have it before the commit (after a
     # crash it would come again, never not at all) ...
-    assert publishes(sub.received()) == [("a", b"x", 1)]
+    assert deliveries(sub.received()) == [("a", b"x", 1)]
     # ... but the publisher may forget it only once it is on disk.
     broker.commit()
     assert pub.received() == [P.Puback(1)]
@@ -58,10 +57,10 @@ def test_qos2_to_a_persistent_session_goes_out_after_commit_and_qos1_behind_it_w
     # and the QoS 1 message keeps its place behind.
     assert sub.received() == []
     broker.commit()
-    assert publishes(sub.received()) == [("a", b"two", 2), ("a", b"one", 1)]
+    assert deliveries(sub.received()) == [("a", b"two", 2), ("a", b"one", 1)]
     # With nothing waiting, QoS 1 goes at once again.
     pub.send(P.Publish("a", b"next", 1, message_id=3))
-    assert publishes(sub.received()) == [("a", b"next", 1)]
+    assert deliveries(sub.received()) == [("a", b"next", 1)]
 
 
 def test_traffic_between_clean_sessions_never_waits_for_the_disk(broker):
@@ -71,7 +70,7 @@ def test_traffic_between_clean_sessions_never_waits_for_the_disk(broker):
     pub = connected(broker, "p")
     pub.send(P.Publish("a", b"1", 1, message_id=1), P.Publish("a", b"2", 2, message_id=2))
     assert pub.received() == [P.Puback(1), P.Pubrec(2)]
-    assert len(publishes(sub.received())) == 2
+    assert len(deliveries(sub.received())) == 2
 
 
 def test_retained_publish_is_acknowledged_after_commit(broker):
@@ -111,15 +110,11 @@ def test_pubrel_to_a_persistent_subscriber_waits_for_the_recorded_pubrec(broker)
     pub = connected(broker, "p")
     pub.send(P.Publish("a", b"x", 2, message_id=1))
     broker.commit()
-    [delivered] = publishes_packets(sub.received())
+    [delivered] = publishes(sub.received())
     sub.send(P.Pubrec(delivered.message_id))
     assert sub.received() == []
     broker.commit()
     assert sub.received() == [P.Pubrel(delivered.message_id)]
-
-
-def publishes_packets(packets):
-    return [p for p in packets if isinstance(p, P.Publish)]
 
 
 # What a restart keeps
@@ -145,7 +140,7 @@ def test_retained_messages_survive_a_restart(broker):
     after = broker.restart()
     sub = connected(after, "s")
     sub.send(P.Subscribe(1, [("r/#", 1)]))
-    got = sorted((m.topic, m.payload, m.qos, m.retain) for m in publishes_packets(sub.received()))
+    got = sorted((m.topic, m.payload, m.qos, m.retain) for m in publishes(sub.received()))
     assert got == [("r/1", b"one", 1, True), ("r/2", b"two", 0, True)]
 
 
@@ -163,13 +158,13 @@ def test_persistent_session_subscriptions_and_queue_survive_a_restart(broker):
     assert packets[0] == P.Connack(0, session_present=True)
     after.commit()
     # The first (QoS 1) needs no commit to go out; the rest follow in order.
-    got = [(m.topic, m.qos) for m in publishes_packets(packets[1:] + back.received())]
+    got = [(m.topic, m.qos) for m in publishes(packets[1:] + back.received())]
     assert got == [(f"a/{i}", 1 + i % 2) for i in range(5)]
     # Still subscribed after the restart.
     pub = connected(after, "p2")
     pub.send(P.Publish("b", b"live", 1, message_id=9))
     after.commit()
-    assert publishes(back.received()) == [("b", b"live", 1)]
+    assert deliveries(back.received()) == [("b", b"live", 1)]
 
 
 def test_unacknowledged_deliveries_come_back_with_dup_and_the_same_id(broker):
@@ -177,13 +172,13 @@ def test_unacknowledged_deliveries_come_back_with_dup_and_the_same_id(broker):
     pub = connected(broker, "p")
     pub.send(P.Publish("a", b"1", 1, message_id=1), P.Publish("a", b"2", 2, message_id=2))
     broker.commit()
-    first = publishes_packets(sub.received())
+    first = publishes(sub.received())
     sub.send(P.Pubrec(first[1].message_id))
     broker.commit()
     after = broker.restart()
     back = after.client(client_id="s", clean_session=False)
     packets = back.received()
-    resent = publishes_packets(packets)
+    resent = publishes(packets)
     assert [(p.message_id, p.payload, p.dup) for p in resent] == [(first[0].message_id, b"1", True)]
     assert P.Pubrel(first[1].message_id) in packets
     back.send(P.Puback(first[0].message_id), P.Pubcomp(first[1].message_id))
@@ -214,7 +209,7 @@ def test_queued_qos1_sent_before_a_restart_comes_back_dup_and_one_never_sent_doe
     pub = queued_while_away(broker, 3)
     # Sent from the queue, not acknowledged; two more queue behind them.
     back = broker.client(client_id="s", clean_session=False)
-    assert [(p.payload, p.dup) for p in publishes_packets(back.received())] == [
+    assert [(p.payload, p.dup) for p in publishes(back.received())] == [
         (b"0", False), (b"1", False), (b"2", False)
     ]
     back.lose_connection()
@@ -224,7 +219,7 @@ def test_queued_qos1_sent_before_a_restart_comes_back_dup_and_one_never_sent_doe
     after = broker.restart()
     again = after.client(client_id="s", clean_session=False)
     after.commit()
-    got = publishes_packets(again.received() + again.received())
+    got = publishes(again.received() + again.received())
     assert [(p.payload, p.dup) for p in got] == [
         (b"0", True), (b"1", True), (b"2", True), (b"3", False), (b"4", False)
     ]
@@ -240,7 +235,7 @@ def test_a_backlog_drains_without_an_update_per_qos1_delivery_or_a_delete_per_ac
     # The client acknowledges each window as it arrives; one commit at the end.
     got = []
     for _ in range(10):
-        window = publishes_packets(back.received())
+        window = publishes(back.received())
         if not window:
             break
         got += window
@@ -260,7 +255,7 @@ def test_a_turns_queued_deliveries_sent_make_one_sent_op_for_their_session(broke
     add = writes.Compaction.add
     monkeypatch.setattr(writes.Compaction, "add", lambda self, ops: (handed.extend(ops), add(self, ops)))
     back = broker.client(client_id="s", clean_session=False)
-    assert len(publishes_packets(back.received())) == 20
+    assert len(publishes(back.received())) == 20
     broker.commit()
     assert [op for op in handed if op[0] == writes.SENT] == [(writes.SENT, "s", 20)]
     assert broker.store._db.execute("SELECT sent_seq FROM sessions WHERE client_id = 's'").fetchone() == (20,)
@@ -287,7 +282,7 @@ def test_a_delivery_acknowledged_before_its_commit_never_reaches_the_disk(broker
     pub = connected(broker, "p")
     seen = statements_of(broker.store)
     pub.send(P.Publish("a", b"x", 1, message_id=1))
-    [message] = publishes_packets(sub.received())
+    [message] = publishes(sub.received())
     assert pub.received() == []
     # Its only receiver has it: nothing is left that a crash could lose,
     # so the publisher's ack need not wait for the commit.
@@ -303,10 +298,10 @@ def test_an_ack_waits_for_the_commit_while_any_stored_copy_is_unacknowledged(bro
     second = persistent_subscriber(broker, "s2", ("a", 1))
     pub = connected(broker, "p")
     pub.send(P.Publish("a", b"x", 1, message_id=1))
-    [copy] = publishes_packets(first.received())
+    [copy] = publishes(first.received())
     first.send(P.Puback(copy.message_id))
     assert pub.received() == []
-    [copy] = publishes_packets(second.received())
+    [copy] = publishes(second.received())
     second.send(P.Puback(copy.message_id))
     assert pub.received() == [P.Puback(1)]
 
@@ -316,10 +311,10 @@ def test_a_copy_queued_behind_the_window_releases_the_ack_once_sent_and_acknowle
     sub = persistent_subscriber(broker, "s", ("a", 1))
     pub = connected(broker, "p")
     pub.send(P.Publish("a", b"1", 1, message_id=1), P.Publish("a", b"2", 1, message_id=2))
-    [first] = publishes_packets(sub.received())
+    [first] = publishes(sub.received())
     sub.send(P.Puback(first.message_id))
     assert pub.received() == [P.Puback(1)]
-    [second] = publishes_packets(sub.received())
+    [second] = publishes(sub.received())
     sub.send(P.Puback(second.message_id))
     assert pub.received() == [P.Puback(2)]
 
@@ -330,13 +325,13 @@ def test_an_ack_waits_for_the_commit_when_a_copy_was_queued_or_retained(broker):
     away.lose_connection()
     pub = connected(broker, "p")
     pub.send(P.Publish("a", b"x", 1, message_id=1))
-    [copy] = publishes_packets(online.received())
+    [copy] = publishes(online.received())
     online.send(P.Puback(copy.message_id))
     assert pub.received() == []
     broker.commit()
     assert pub.received() == [P.Puback(1)]
     pub.send(P.Publish("a", b"kept", 1, retain=True, message_id=2))
-    [copy] = publishes_packets(online.received())
+    [copy] = publishes(online.received())
     online.send(P.Puback(copy.message_id))
     assert pub.received() == []
     broker.commit()
@@ -348,8 +343,8 @@ def test_an_ack_released_early_still_waits_behind_an_earlier_one(broker):
     quick = persistent_subscriber(broker, "quick", ("b", 1))
     pub = connected(broker, "p")
     pub.send(P.Publish("a", b"1", 1, message_id=1), P.Publish("b", b"2", 1, message_id=2))
-    assert len(publishes_packets(slow.received())) == 1
-    [copy] = publishes_packets(quick.received())
+    assert len(publishes(slow.received())) == 1
+    [copy] = publishes(quick.received())
     quick.send(P.Puback(copy.message_id))
     assert pub.received() == []
     broker.commit()
@@ -370,7 +365,7 @@ def test_inbound_qos2_id_survives_a_restart_so_a_resend_is_not_routed_twice(brok
     assert pub.received() == [P.Pubrec(5)]
     back = after.client(client_id="s", clean_session=False)
     after.commit()
-    assert [p.payload for p in publishes_packets(back.received())] == [b"once"]
+    assert [p.payload for p in publishes(back.received())] == [b"once"]
 
 
 def test_a_clean_session_removes_the_stored_one(broker):
@@ -549,7 +544,7 @@ def test_a_bridge_acknowledges_upstream_once_the_stored_local_copy_is_acknowledg
     upstream.received()
     upstream.send(P.Publish("t/a", b"x", 1, message_id=7))
     assert P.Puback(7) not in upstream.received()
-    [copy] = publishes_packets(sub.received())
+    [copy] = publishes(sub.received())
     sub.send(P.Puback(copy.message_id))
     assert P.Puback(7) in upstream.received()
     bridge.stopService()
@@ -596,7 +591,7 @@ def test_a_store_behind_stops_reading_from_clients_until_half_of_it_is_written(
     assert [p.message_id for p in pub.received()] == list(range(1, 14))
     back = broker.client(client_id="s", clean_session=False)
     broker.commit()
-    got = publishes_packets(back.received() + back.received())
+    got = publishes(back.received() + back.received())
     assert [p.payload for p in got][:13] == [b"%d" % i for i in range(13)]
 
 

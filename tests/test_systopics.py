@@ -9,18 +9,12 @@ import math
 import pytest
 
 from mqttgw import __version__
-from mqttgw.testing import FakeBroker
+from mqttgw.testing import FakeBroker, connected
 from mqttgw.web import systopics
 from mqttgw.web.systopics import SHARED, SysTopics
 from mqttgw.wire import packets as P
 
 INTERVAL = 10.0
-
-
-def connected(broker, client_id, **fields):
-    client = broker.client(client_id=client_id, **fields)
-    assert client.received() == [P.Connack(0)]
-    return client
 
 
 def watching(broker, client_id, *topic_filters):
