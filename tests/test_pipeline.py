@@ -225,6 +225,35 @@ def test_dirty_values_are_counted_and_never_stop_a_run(tmp_path):
         assert (out / name / "_SUCCESS").exists(), name
 
 
+def test_a_driver_started_here_records_sparks_classes_once_and_maps_them_after(tmp_path):
+    archive = tmp_path / "archive"
+    a = Archive(archive, ThreadClock(), "gw", clock=lambda: datetime(2026, 11, 22, 10, tzinfo=timezone.utc).timestamp())
+    a.start()
+    for i in range(3):
+        a.record("in", "dev", P.Publish("room/1", b"%d" % i, 1, False))
+    a.stop()
+    cache = tmp_path / "cache"
+    env = {"XDG_CACHE_HOME": str(cache)}
+
+    def run(out, *extra):
+        pipeline("batch", "--archive", str(archive), "--out", str(tmp_path / out), "--tables", "topic_minute",
+                 *extra, cwd=tmp_path, env=env)
+        [record] = [json.loads(line) for line in (tmp_path / out / "_runs" / "runs.jsonl").read_text().splitlines()]
+        return record, sum(r["messages"] for r in table(tmp_path / out / "topic_minute"))
+
+    first, counted = run("first")
+    # The first run records as its JVM exits, and only a finished archive
+    # is put in place: nothing half-written is left for a later JVM.
+    [recorded] = list((cache / "mqttgw" / "spark").iterdir())
+    assert recorded.suffix == ".jsa" and recorded.stat().st_size > 1_000_000
+    assert (first["class_data"], counted) == ("recording", 3)
+    second, counted = run("second")
+    assert (second["class_data"], counted) == ("shared", 3)
+    assert list((cache / "mqttgw" / "spark").iterdir()) == [recorded]
+    off, counted = run("off", "--no-class-cache")
+    assert ("class_data" not in off, counted) == (True, 3)
+
+
 def test_each_json_field_keeps_its_own_rows(tmp_path):
     archive = tmp_path / "archive"
     now = [datetime(2026, 11, 22, 10, 0, 5, tzinfo=timezone.utc).timestamp()]

@@ -68,6 +68,10 @@ def _parser():
             help="user name for --publish (default mqttgw-pipeline; the password, if any, from $MQTTGW_PASSWORD);"
             " the gateway lets only auth.analytics_writers write $analytics/...",
         )
+        p.add_argument(
+            "--no-class-cache", dest="class_cache", action="store_const", const=False,
+            help="do not keep Spark's classes in ~/.cache/mqttgw/spark (a driver started here starts faster with them)",
+        )
     stream = sub.choices["stream"]
     stream.add_argument("--checkpoint", help="Structured Streaming checkpoint directory")
     stream.add_argument(
@@ -162,14 +166,25 @@ def connected(spark):
 
 
 def _spark(args):
+    """
+    The session, and the class-data archive of a driver JVM started here
+    (None where spark-submit or a Connect server runs the driver).
+    """
     from pyspark.sql import SparkSession
 
     kind, url = where(args)
     builder = SparkSession.builder.appName("mqttgw-pipeline")
+    classes = None
     if kind == "remote":
         builder = builder.remote(url)
     elif kind == "master":
         builder = builder.master(url)
+        if args.class_cache and not _jvm_running():
+            from mqttgw.pipeline.classdata import Archive
+
+            classes = Archive(args.conf)
+            key = "spark.driver.extraJavaOptions"
+            args.conf[key] = classes.java_options(args.conf.get(key, ""))
     builder = (
         builder.config("spark.sql.session.timeZone", "UTC")
         # Where the tables cannot be staged and swapped (hdfs://, s3a://,
@@ -188,7 +203,20 @@ def _spark(args):
     spark = builder.getOrCreate()
     if not connected(spark):
         spark.sparkContext.setLogLevel("WARN")
-    return spark
+    return spark, classes
+
+
+def _jvm_running():
+    """Has this process a JVM already (a session made before this run)?"""
+    from pyspark import SparkContext
+
+    return SparkContext._gateway is not None
+
+
+def _stop(spark, classes):
+    spark.stop()
+    if classes is not None:
+        classes.finish(say)
 
 
 def describe(spark, args):
@@ -456,14 +484,16 @@ def main(argv=None):
         "tables": list(args.tables),
         "json_fields": list(args.json_fields),
     }
-    spark = _spark(args)
+    spark, classes = _spark(args)
     run.update(describe(spark, args))
+    if classes is not None and classes.state:
+        run["class_data"] = classes.state
     say(
         (f"Spark Connect {run['remote']}: " if "remote" in run else "Spark ")
         + f"master {run['master']}, application {run['application']}"
     )
     if args.command == "stream" and connected(spark):
-        spark.stop()
+        _stop(spark, classes)
         print("pipeline: stream needs a Spark driver here (--master or spark-submit), not Spark Connect", file=sys.stderr)
         return 2
     if staged(spark, args.out):
@@ -476,7 +506,7 @@ def main(argv=None):
         except Exception as unrecorded:  # Spark itself failing: the run's own error is what tells
             say(f"the failed run could not be recorded: {type(unrecorded).__name__}")
         finally:
-            spark.stop()
+            _stop(spark, classes)
         raise
     log_run(
         spark,
@@ -493,7 +523,7 @@ def main(argv=None):
 
             written["published"] = publish(spark, args)
     finally:
-        spark.stop()
+        _stop(spark, classes)
     print(f"{args.command} done in {time.monotonic() - started:.1f}s; written to {args.out}:")
     for name, count in written.items():
         print(f"  {name}: {count} {'messages' if name == 'published' else 'rows'}")

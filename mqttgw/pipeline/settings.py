@@ -16,6 +16,7 @@ KEYS = {
     "master": (str, "", "Spark master (spark-submit's wins; empty: local[*])"),
     "remote": (str, "", "Spark Connect server, sc://HOST:PORT ($SPARK_REMOTE wins)"),
     "conf": (dict, {}, "Spark settings, as spark-submit --conf takes them"),
+    "class_cache": (bool, True, "keep Spark's classes in ~/.cache/mqttgw/spark: a driver started here starts faster"),
     "checkpoint": (str, "", "the stream's checkpoint directory"),
     "trigger": (str, "available-now", "'available-now' or an interval in seconds"),
     "publish": (str, "", "HOST:PORT to publish rollups to"),
