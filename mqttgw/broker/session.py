@@ -75,8 +75,8 @@ class Session(Outbox):
     # Slots: ten thousand idle clients hold ten thousand of these.
     __slots__ = (
         "clean_session", "subscriptions", "filter_bytes", "options", "will", "awaiting_pubrel",
-        "last_seen", "connected_since", "budget", "internal", "expiry_interval", "expiry_call",
-        "will_call", "will_delay", "owner",
+        "last_seen", "connected_since", "budget", "internal", "expiry_interval", "_expiry_call",
+        "_will_call", "pending_will", "will_delay", "owner",
     )
 
     def __init__(
@@ -118,9 +118,11 @@ class Session(Outbox):
         # 5.0's session expiry interval (s), or None: 3.1.1's persistent
         # session, kept for persistent_client_expiration.
         self.expiry_interval = None
-        # The session's own expiry, and its will's delay, while pending.
-        self.expiry_call = None
-        self.will_call = None
+        # The session's own expiry, and its will's delay, while pending
+        # (see expire_in and delay_will); the will that waits for its delay.
+        self._expiry_call = None
+        self._will_call = None
+        self.pending_will = None
         # 5.0's will delay interval (s).
         self.will_delay = 0
 
@@ -256,14 +258,33 @@ class Session(Outbox):
             self.leave_store()
         self.clean_session = True
 
+    def expire_in(self, seconds, expired):
+        """Its expiry: ``expired(session)`` in ``seconds``, unless
+        :meth:`cancel_timers` comes first."""
+        self._expiry_call = self.clock.callLater(seconds, self._expiry_due, expired)
+
+    def _expiry_due(self, expired):
+        self._expiry_call = None
+        expired(self)
+
+    def delay_will(self, will, seconds, publish):
+        """Its will waits ``seconds`` (5.0's Will Delay Interval) as
+        ``pending_will``, then goes as ``publish(session, will)``, unless
+        :meth:`cancel_timers` comes first."""
+        self.pending_will = will
+        self._will_call = self.clock.callLater(seconds, self._will_due, publish)
+
+    def _will_due(self, publish):
+        will, self.pending_will, self._will_call = self.pending_will, None, None
+        publish(self, will)
+
     def cancel_timers(self):
-        """Its expiry and its will's delay stop (it is back, or it ends)."""
-        for name in ("expiry_call", "will_call"):
-            call = getattr(self, name)
-            if call is not None:
-                if call.active():
-                    call.cancel()
-                setattr(self, name, None)
+        """Its expiry and its will's delay stop (it is back, or it ends);
+        the will that waited is no longer pending."""
+        for call in (self._expiry_call, self._will_call):
+            if call is not None and call.active():
+                call.cancel()
+        self._expiry_call = self._will_call = self.pending_will = None
 
     # Subscriptions
 
