@@ -11,13 +11,12 @@ from collections import deque
 import attr
 
 from mqttgw.broker.deliveries import EMPTY
-from mqttgw.broker.delivery_policy import CLIENT, DeliveryPolicy, Pacer
 from mqttgw.broker.frames import frames_for
 from mqttgw.broker.outbox import Outbox
 from mqttgw.broker.stats import Stats
 from mqttgw.broker.topics import filter_size
 
-__all__ = ["INTERNAL_PREFIX", "CLIENT", "DeliveryPolicy", "Pacer", "Session", "SessionLimits"]
+__all__ = ["INTERNAL_PREFIX", "Session", "SessionLimits"]
 
 # The first character of the client id of a session the gateway keeps for
 # itself (a bridge's): no MQTT client can have it (CONNECT refuses a client
@@ -51,18 +50,6 @@ class SessionLimits:
 
 def _everything(topic):
     return True
-
-
-def _policy_field(name):
-    """A field of the session's delivery policy, as the bridge sets it."""
-
-    def get(session):
-        return getattr(session.policy, name)
-
-    def set_(session, value):
-        session.policy = attr.evolve(session.policy, **{name: value})
-
-    return property(get, set_, doc=f"The delivery policy's {name} (see DeliveryPolicy).")
 
 
 class Session(Outbox):
@@ -129,15 +116,13 @@ class Session(Outbox):
     def __repr__(self):
         return f"<Session {self.client_id!r}>"
 
-    # What a bridge's policy sets (see DeliveryPolicy); a bridge may set
-    # ``policy`` whole instead.
-    no_local = _policy_field("no_local")
-    retain_as_published = _policy_field("retain_as_published")
-    pacer = _policy_field("pacer")
-    max_qos = _policy_field("max_qos")
-
     def deliver_as(self, policy, limits=None):
-        """A bridge's delivery policy (and limits) in place of a client's."""
+        """
+        A bridge's delivery policy (broker.delivery_policy.DeliveryPolicy:
+        no local, retain as published, the pacer of what waited, the
+        upstream's maximum QoS), and its limits if given, in place of a
+        client's.
+        """
         self.policy = policy
         if limits is not None:
             self.limits = limits
