@@ -180,7 +180,9 @@ class MQTTBridge(Service):
         self.session = session
         self._subscribe_locally()
         self._publish_local_state(b"0")
-        self._factory = MQTTClientFactory(self.version.connect(self._try_private), self, self.reactor)
+        self._factory = MQTTClientFactory(
+            self.version.connect(self._try_private), self, self.reactor, self.version
+        )
         self._service = ClientService(
             FailoverEndpoint(self.reactor, s, self.connect_failed),
             self._factory,
@@ -240,7 +242,7 @@ class MQTTBridge(Service):
             # released are free again there, and must be here too.
             session.forget_inbound_qos2()
         # The upstream's limits, which the session keeps to.
-        encoder, receive_maximum, max_qos = self.version.attach(upstream, self.reactor)
+        frames, receive_maximum, max_qos = self.version.attach(upstream, self.reactor, session)
         session.deliver_as(attr.evolve(self.policy, max_qos=max_qos))
         incoming = [(r.remote_filter, r.qos) for r in s.rules if r.incoming]
         if incoming:
@@ -248,7 +250,7 @@ class MQTTBridge(Service):
         upstream.write(self.version.state(s.remote_state_topic, b"1").encode())
         self._publish_local_state(b"1")
         # What waited while the upstream was away drains now, in order.
-        self.session.attach(Relay(self, upstream), encoder, receive_maximum)
+        self.session.attach(Relay(self, upstream), frames, receive_maximum)
 
     def _store_congestion(self, congested):
         upstream = self.upstream

@@ -11,7 +11,7 @@ from collections import deque
 import attr
 
 from mqttgw.broker.deliveries import EMPTY
-from mqttgw.broker.frames import frames_for
+from mqttgw.broker.frames import PLAIN
 from mqttgw.broker.outbox import Outbox
 from mqttgw.broker.stats import Stats
 from mqttgw.broker.topics import filter_size
@@ -129,15 +129,15 @@ class Session(Outbox):
 
     # Connection life
 
-    def attach(self, connection, frames=None, receive_maximum=None):
+    def attach(self, connection, frames=PLAIN, receive_maximum=None):
         """
         A connection takes this session.  Unacknowledged deliveries are sent
         again, with DUP set, in their original order; then the queue drains.
-        ``frames``: what makes the connection's PUBLISH frames (see
-        broker.frames: a frames object, or a 5.0 connection's encoder);
-        ``receive_maximum``: the client's, if it gave one.
+        ``frames``: what makes the connection's PUBLISH frames, as its
+        dialect gives them (see broker.frames); ``receive_maximum``: the
+        client's, if it gave one.
         """
-        frames = self.frames = frames_for(frames, self)
+        self.frames = frames
         self._publish = frames.publish
         window = self.limits.max_inflight_messages
         if receive_maximum is not None and receive_maximum < window:
