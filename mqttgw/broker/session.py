@@ -155,11 +155,11 @@ class Session(Outbox):
         self._writable = True
         self._gated = 0
         if self.policy.pacer is not None and self._queue:
-            # What waited is the backlog now; what comes from here on
+            # What waited goes at the pacer's rate now; what comes from here on
             # does not wait behind it.
-            if not self._backlog:
-                self._backlog = deque()
-            self._backlog.extend(self._queue)
+            if not self._paced_queue:
+                self._paced_queue = deque()
+            self._paced_queue.extend(self._queue)
             self._queue = EMPTY
         self.connected_since = self.clock.seconds()
         self._send_again(window)
