@@ -1,8 +1,11 @@
 """
 What differs between the MQTT versions a bridge speaks upstream, in one
 object per version chosen from the settings: the CONNECT it sends, the
-terms of a link once accepted, its SUBSCRIBE and state PUBLISH, what a
-refused subscription or will means, and how a frame it sent is read back.
+terms of a link once accepted (the frames its session writes), its
+SUBSCRIBE and state PUBLISH, what a refused subscription or will means,
+how a frame it sent is read back, and for the link's client side
+(bridges.client) how the upstream's packets are read, what a refused
+CONNECT means and what goes out before a close.
 
 Over 5.0 the upstream keeps the bridge's session for its session expiry
 interval, tells it its limits in CONNACK (receive maximum, maximum packet
