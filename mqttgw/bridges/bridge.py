@@ -10,6 +10,7 @@ endpoint, relay and what differs per MQTT version are modules beside it.
 import random
 from collections import Counter, deque
 
+import attr
 from twisted.application.internet import ClientService
 from twisted.application.service import Service
 from twisted.logger import Logger
@@ -20,7 +21,8 @@ from mqttgw.bridges.endpoint import FailoverEndpoint
 from mqttgw.bridges.relay import Relay
 from mqttgw.bridges.settings import LEVEL_NAMES
 from mqttgw.bridges.versions import upstream_version
-from mqttgw.broker.session import INTERNAL_PREFIX, Pacer, SessionLimits
+from mqttgw.broker.delivery_policy import DeliveryPolicy, Pacer
+from mqttgw.broker.session import INTERNAL_PREFIX, SessionLimits
 from mqttgw.broker.acks import OrderedAcks
 from mqttgw.broker.topics import matches
 from mqttgw.wire import packets as P
@@ -68,6 +70,8 @@ class MQTTBridge(Service):
         self.name = f"bridge {settings.name}"
         self.session_id = f"{INTERNAL_PREFIX}bridge/{settings.name}"
         self.session = None
+        # How its session delivers (see broker.delivery_policy), from start.
+        self.policy = None
         self.upstream = None
         self._acks = None
         self._try_private = settings.try_private
@@ -159,9 +163,12 @@ class MQTTBridge(Service):
         super().startService()
         s = self.settings
         session, _ = self.router.connect(self.session_id, clean_session=False)
-        session.no_local = True
-        session.retain_as_published = True
-        session.limits = SessionLimits(
+        pacer = None
+        if s.drain_messages_per_second or s.drain_bytes_per_second:
+            pacer = Pacer(s.drain_messages_per_second, s.drain_bytes_per_second)
+        # Not sent back what it brought in, retained messages kept as such.
+        self.policy = DeliveryPolicy(no_local=True, retain_as_published=True, pacer=pacer)
+        session.deliver_as(self.policy, SessionLimits(
             max_inflight_messages=s.max_inflight_messages,
             max_queued_messages=s.max_queued_messages,
             max_queued_bytes=s.max_queued_bytes,
@@ -169,14 +176,13 @@ class MQTTBridge(Service):
             store_qos0_messages=s.qos0_policy == "store",
             drop_oldest=s.drop_policy == "oldest",
             retry_interval=0,
-        )
+        ))
         self.session = session
-        session.pacer = None
-        if s.drain_messages_per_second or s.drain_bytes_per_second:
-            session.pacer = Pacer(s.drain_messages_per_second, s.drain_bytes_per_second)
         self._subscribe_locally()
         self._publish_local_state(b"0")
-        self._factory = MQTTClientFactory(self.version.connect(self._try_private), self, self.reactor)
+        self._factory = MQTTClientFactory(
+            self.version.connect(self._try_private), self, self.reactor, self.version
+        )
         self._service = ClientService(
             FailoverEndpoint(self.reactor, s, self.connect_failed),
             self._factory,
@@ -236,14 +242,15 @@ class MQTTBridge(Service):
             # released are free again there, and must be here too.
             session.forget_inbound_qos2()
         # The upstream's limits, which the session keeps to.
-        encoder, receive_maximum, session.max_qos = self.version.attach(upstream, self.reactor)
+        frames, receive_maximum, max_qos = self.version.attach(upstream, self.reactor, session)
+        session.deliver_as(attr.evolve(self.policy, max_qos=max_qos))
         incoming = [(r.remote_filter, r.qos) for r in s.rules if r.incoming]
         if incoming:
             upstream.write(self.version.subscribe(incoming).encode())
         upstream.write(self.version.state(s.remote_state_topic, b"1").encode())
         self._publish_local_state(b"1")
         # What waited while the upstream was away drains now, in order.
-        self.session.attach(Relay(self, upstream), encoder, receive_maximum)
+        self.session.attach(Relay(self, upstream), frames, receive_maximum)
 
     def _store_congestion(self, congested):
         upstream = self.upstream

@@ -9,54 +9,43 @@ from twisted.internet.defer import Deferred
 from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
 
+from mqttgw.bridges.versions import Upstream3
 from mqttgw.transports.schedulers import Stalls
 from mqttgw.wire import packets as P
-from mqttgw.wire import reasons as R
-from mqttgw.wire.framing import Framer, ProtocolViolation
+from mqttgw.wire.framing import ProtocolViolation
 
 log = Logger()
+
+# A link's version when none is given: 3.1/3.1.1 (no settings needed).
+_V3 = Upstream3(None)
 
 
 class ConnectRefused(Exception):
     """
     The broker answered CONNECT with a refusal: a 3.1/3.1.1 return code, or
-    (``v5``) a 5.0 reason code.
+    a 5.0 reason code, as ``text`` says (see bridges.versions).
     """
 
-    MEANINGS = {
-        1: "unacceptable protocol version",
-        2: "identifier rejected",
-        3: "server unavailable",
-        4: "bad user name or password",
-        5: "not authorized",
-    }
-
-    def __init__(self, code, v5=False):
-        if v5:
-            text = f"CONNACK {code:#04x}: {R.name(code)}"
-        else:
-            text = f"CONNACK {code}: {self.MEANINGS.get(code, 'unknown code')}"
+    def __init__(self, code, text):
         super().__init__(text)
         self.code = code
-        self.v5 = v5
 
 
 class MQTTClientProtocol(Protocol):
     """
     ``handler`` receives ``connected(protocol)``, ``packet(protocol,
     packet)`` for every packet after CONNACK, and ``disconnected(protocol,
-    reason)``.  ``connack`` fires with the CONNACK, or fails.
+    reason)``.  ``connack`` fires with the CONNACK, or fails.  ``version``:
+    what differs with the version ``connect`` speaks (bridges.versions),
+    3.1/3.1.1's unless given.
     """
 
-    def __init__(self, connect, handler, clock, max_packet_size=P.MAX_REMAINING_LENGTH + 5):
+    def __init__(self, connect, handler, clock, max_packet_size=P.MAX_REMAINING_LENGTH + 5, version=None):
         self.connect_packet = connect
         self.handler = handler
         self.clock = clock
-        self.v5 = connect.protocol_level == P.MQTT_5
-        self.framer = Framer(max_packet_size, strict=connect.protocol_level in (P.MQTT_311, P.MQTT_5))
-        if self.v5:
-            self.framer.v5 = True
-            self.framer.from_client = False
+        self.version = version = version if version is not None else _V3
+        self.framer = version.framer(connect, max_packet_size)
         # Fires with the CONNACK, or fails (refused, or lost before it).
         self.connack = Deferred()
         # 5.0: the server's CONNACK properties, its limits among them.
@@ -96,11 +85,11 @@ class MQTTClientProtocol(Protocol):
                     self.handler.packet(self, packet)
         except ProtocolViolation as e:
             log.warn("upstream sent a malformed packet: {reason}", reason=str(e))
-            if self.v5 and self.is_connected:
-                # 5.0 says why before closing ([MQTT-4.13.1-1]): the
-                # DISCONNECT goes out, then the connection closes, aborted
-                # if that takes long.
-                out.append(P.Disconnect(e.reason_code or R.PROTOCOL_ERROR).encode())
+            disconnect = self.version.closing(e.reason_code) if self.is_connected else None
+            if disconnect is not None:
+                # Said why before closing: the DISCONNECT goes out, then
+                # the connection closes, aborted if that takes long.
+                out.append(disconnect)
                 self.transport.write(b"".join(out))
                 out.clear()
                 self._close_gracefully()
@@ -123,16 +112,14 @@ class MQTTClientProtocol(Protocol):
         if not isinstance(packet, P.Connack):
             raise ProtocolViolation(f"expected CONNACK, got {type(packet).__name__}")
         if packet.return_code:
-            self.connack.errback(ConnectRefused(packet.return_code, self.v5))
+            self.connack.errback(ConnectRefused(packet.return_code, self.version.refused(packet.return_code)))
             self.transport.loseConnection()
             return
         self.is_connected = True
         self.session_present = packet.session_present
-        keepalive = self.connect_packet.keepalive
-        if self.v5:
-            self.server_properties = packet.properties or {}
-            # The server's keep alive overrides ours ([MQTT-3.1.2-21]).
-            keepalive = self.keepalive = self.server_properties.get("server_keep_alive", keepalive)
+        self.server_properties = self.version.accepted(packet)
+        # The server's keep alive (5.0) overrides ours ([MQTT-3.1.2-21]).
+        keepalive = self.keepalive = self.server_properties.get("server_keep_alive", self.connect_packet.keepalive)
         if keepalive:
             self._ping = self.clock.callLater(keepalive, self._keepalive)
         self.connack.callback(packet)
@@ -173,12 +160,13 @@ class MQTTClientFactory(Factory):
     # No "Starting factory <... object at 0x...>" at each reconnection.
     noisy = False
 
-    def __init__(self, connect, handler, clock):
+    def __init__(self, connect, handler, clock, version=None):
         self.connect_packet = connect
         self.handler = handler
         self.clock = clock
+        self.version = version
 
     def buildProtocol(self, addr):
-        protocol = MQTTClientProtocol(self.connect_packet, self.handler, self.clock)
+        protocol = MQTTClientProtocol(self.connect_packet, self.handler, self.clock, version=self.version)
         protocol.factory = self
         return protocol

@@ -1,8 +1,11 @@
 """
 What differs between the MQTT versions a bridge speaks upstream, in one
 object per version chosen from the settings: the CONNECT it sends, the
-terms of a link once accepted, its SUBSCRIBE and state PUBLISH, what a
-refused subscription or will means, and how a frame it sent is read back.
+terms of a link once accepted (the frames its session writes), its
+SUBSCRIBE and state PUBLISH, what a refused subscription or will means,
+how a frame it sent is read back, and for the link's client side
+(bridges.client) how the upstream's packets are read, what a refused
+CONNECT means and what goes out before a close.
 
 Over 5.0 the upstream keeps the bridge's session for its session expiry
 interval, tells it its limits in CONNACK (receive maximum, maximum packet
@@ -12,11 +15,22 @@ sends back none of the bridge's own messages (no local).
 
 from twisted.logger import Logger
 
+from mqttgw.broker.frames import PLAIN, EncodedFrames
 from mqttgw.transports.mqtt5 import Connection5
 from mqttgw.wire import packets as P
 from mqttgw.wire import reasons as R
+from mqttgw.wire.framing import Framer
 
 log = Logger()
+
+# What a 3.1/3.1.1 CONNACK's refusal says.
+RETURN_CODES = {
+    1: "unacceptable protocol version",
+    2: "identifier rejected",
+    3: "server unavailable",
+    4: "bad user name or password",
+    5: "not authorized",
+}
 
 # 5.0: topic aliases the upstream may use toward the bridge.
 UPSTREAM_TOPIC_ALIASES = 64
@@ -51,9 +65,12 @@ class Upstream3:
         level = s.protocol_level | (0x80 if try_private else 0)
         return _connect(s, level, self, None, None)
 
-    def attach(self, upstream, clock):
-        """A link accepted: (its frame encoder, receive maximum, maximum QoS)."""
-        return None, None, 2
+    def attach(self, upstream, clock, session):
+        """
+        A link accepted: (the frames ``session`` writes upstream, see
+        broker.frames; the upstream's receive maximum; its maximum QoS).
+        """
+        return PLAIN, None, 2
 
     def subscribe(self, incoming):
         return P.Subscribe(1, incoming)
@@ -84,6 +101,25 @@ class Upstream3:
         """Whether the will changed so that CONNECT may be asked again."""
         return False
 
+    # The link's own side (bridges.client): what it reads and says
+
+    def framer(self, connect, max_packet_size):
+        """What reads the upstream's packets after ``connect``."""
+        return Framer(max_packet_size, strict=connect.protocol_level in (P.MQTT_311, P.MQTT_5))
+
+    def refused(self, code):
+        """What a CONNACK refusing with ``code`` means."""
+        return f"CONNACK {code}: {RETURN_CODES.get(code, 'unknown code')}"
+
+    def accepted(self, connack):
+        """The upstream's CONNACK properties: none in 3.x."""
+        return {}
+
+    def closing(self, reason_code):
+        """What goes out before the link closes on a malformed packet:
+        nothing in 3.x, the connection is just dropped."""
+        return None
+
 
 class Upstream5(Upstream3):
     """MQTT 5.0 upstream: properties, reason codes, the upstream's limits."""
@@ -104,7 +140,7 @@ class Upstream5(Upstream3):
             properties["session_expiry_interval"] = s.session_expiry_interval
         return _connect(s, s.protocol_level, self, properties, {})
 
-    def attach(self, upstream, clock):
+    def attach(self, upstream, clock, session):
         s = self.settings
         server = upstream.server_properties
         log.info(
@@ -124,7 +160,8 @@ class Upstream5(Upstream3):
         # The upstream's receive maximum bounds the in-flight window.
         # Nothing above its maximum QoS, queued and in flight included
         # ([MQTT-3.2.2-11]): the session sends at most that.
-        return self.framing, server.get("receive_maximum", 65535), server.get("maximum_qos", 2)
+        frames = EncodedFrames(self.framing, session)
+        return frames, server.get("receive_maximum", 65535), server.get("maximum_qos", 2)
 
     def subscribe(self, incoming):
         options = _NO_LOCAL | _RETAIN_AS_PUBLISHED
@@ -146,6 +183,23 @@ class Upstream5(Upstream3):
         qos = (first >> 1) & 3
         start, length = P.decode_remaining_length(rest, 2 if qos else 0)
         return P.Publish(remote[2:].decode("utf-8"), rest[start + length:], qos, bool(first & 1))
+
+    def framer(self, connect, max_packet_size):
+        framer = super().framer(connect, max_packet_size)
+        framer.v5 = True
+        framer.from_client = False
+        return framer
+
+    def refused(self, code):
+        return f"CONNACK {code:#04x}: {R.name(code)}"
+
+    def accepted(self, connack):
+        # The upstream's limits among them.
+        return connack.properties or {}
+
+    def closing(self, reason_code):
+        # 5.0 says why before closing ([MQTT-4.13.1-1]).
+        return P.Disconnect(reason_code or R.PROTOCOL_ERROR).encode()
 
     def will_refused(self, error):
         # An upstream without retained messages, or with a maximum QoS

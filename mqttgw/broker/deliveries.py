@@ -72,7 +72,7 @@ class Deliveries:
 
     __slots__ = (
         "client_id", "clock", "limits", "store", "_stats", "_seq", "_dup_through", "_last_mid",
-        "inflight", "_queue0", "_queue", "_backlog", "queued_bytes",
+        "inflight", "_queue0", "_queue", "_paced_queue", "queued_bytes",
         "dropped", "dropped_too_large", "dropped_expired", "unreadable",
     )
 
@@ -98,7 +98,7 @@ class Deliveries:
         self._queue = EMPTY
         # A bridge's messages that waited while its link was down, drained
         # at its pacer's rate while what comes meanwhile goes first.
-        self._backlog = EMPTY
+        self._paced_queue = EMPTY
         self.queued_bytes = 0
         self.dropped = 0
         # Of the messages dropped, those too large for the receiver, and
@@ -111,7 +111,7 @@ class Deliveries:
 
     @property
     def queued(self):
-        return len(self._queue0) + len(self._queue) + len(self._backlog)
+        return len(self._queue0) + len(self._queue) + len(self._paced_queue)
 
     # The counted moves
 
@@ -189,7 +189,7 @@ class Deliveries:
         self._dup_through = 0
         for flight in self.inflight.values():
             flight.seq = None
-        for name in ("_queue", "_backlog"):
+        for name in ("_queue", "_paced_queue"):
             queue = getattr(self, name)
             if queue:
                 setattr(self, name, deque((m, q, r, None, g) for m, q, r, _, g in queue))
@@ -218,7 +218,7 @@ class Deliveries:
         limits = self.limits
         size = len(message.payload)
         # self.queued, without a property's call: every queued message asks.
-        queued = len(self._queue0) + len(self._queue) + len(self._backlog)
+        queued = len(self._queue0) + len(self._queue) + len(self._paced_queue)
         if queued >= limits.max_queued_messages or self.queued_bytes + size > limits.max_queued_bytes:
             return True
         stats = self._stats
@@ -235,8 +235,8 @@ class Deliveries:
         """With drop_oldest: evict queued messages until ``message`` fits."""
         if not self.limits.drop_oldest:
             return False
-        while self._full(message) and (self._queue0 or self._backlog or self._queue):
-            old, qos, _, seq, _ = self.pop(self._queue0 or self._backlog or self._queue)
+        while self._full(message) and (self._queue0 or self._paced_queue or self._queue):
+            old, qos, _, seq, _ = self.pop(self._queue0 or self._paced_queue or self._queue)
             self.discard(seq)
             self._drop(old, qos)
         return not self._full(message)
@@ -308,7 +308,7 @@ class Deliveries:
     def oldest_waiting(self):
         """When the oldest message waiting for the receiver was queued, or None."""
         oldest = None
-        for queue in (self._queue0, self._backlog, self._queue):
+        for queue in (self._queue0, self._paced_queue, self._queue):
             if queue:
                 at = queue[0][0].queued_at
                 if at is not None and (oldest is None or at < oldest):

@@ -11,7 +11,7 @@ import attr
 
 class Pacer:
     """
-    A token bucket for draining a backlog: at most ``messages`` messages and
+    A token bucket for draining what waited: at most ``messages`` messages and
     ``payload_bytes`` payload bytes a second (0: that one unbounded), a
     second's worth at once.
     """
@@ -24,7 +24,7 @@ class Pacer:
         self._m = float(messages)
         self._b = float(payload_bytes)
         self._at = None
-        # The pump it has scheduled, while it makes the backlog wait.
+        # The pump it has scheduled, while it makes the paced queue wait.
         self.call = None
 
     def take(self, size, now):

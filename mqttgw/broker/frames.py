@@ -1,8 +1,10 @@
 """
 The outbound PUBLISH of one attached connection, as the session asks for
 it without knowing which protocol version the connection speaks.  The
-connection gives its frames at attach; the broker keeps 3.1/3.1.1's (the
-message's own cached frame) and wraps a 5.0 connection's encoder.
+connection gives its frames at attach, made from its dialect's ``frame``:
+3.1/3.1.1's is the message's own cached frame (:data:`PLAIN`), a 5.0
+connection's (or a bridge's 5.0 upstream's) is wrapped by
+:class:`EncodedFrames`.
 
 A frames object has ``publish(message, qos, mid, retain, dup, group)``,
 returning the bytes, or raising TooLarge when the receiver takes nothing
@@ -57,17 +59,5 @@ class EncodedFrames:
         return frame
 
 
+# 3.1/3.1.1's, and a session's before any connection attaches.
 PLAIN = PlainFrames()
-
-
-def frames_for(given, session):
-    """
-    The frames of a connection that gave ``given`` at attach to
-    ``session``: a frames object, or an encoder with ``frame`` (the 5.0
-    protocol and the bridge pass theirs), or nothing: plain frames.
-    """
-    if hasattr(given, "publish"):
-        return given
-    if hasattr(given, "frame"):
-        return EncodedFrames(given, session)
-    return PLAIN

@@ -177,16 +177,16 @@ class Outbox(Window):
             self._drain(queue, window, None)
             if queue:
                 # The window or the socket is full, so what comes after the
-                # queue (the backlog, retained messages) cannot move either:
+                # queue (the paced queue, retained messages) cannot move either:
                 # under load, the usual end of a PUBACK's pump.
                 return
             if self._queue is queue:
                 self._queue = EMPTY
-        backlog = self._backlog
-        if backlog and self._writable:
-            self._drain(backlog, window, self.policy.pacer)
-            if not backlog and self._backlog is backlog:
-                self._backlog = EMPTY
+        paced = self._paced_queue
+        if paced and self._writable:
+            self._drain(paced, window, self.policy.pacer)
+            if not paced and self._paced_queue is paced:
+                self._paced_queue = EMPTY
         if self._retained and self._writable and not self._queue0:
             self._pump_retained()
 
@@ -211,7 +211,7 @@ class Outbox(Window):
         """
         QoS 1/2 deliveries from ``queue`` (still stored) into the in-flight
         window, in order, as the socket, the window and ``pacer`` (the
-        backlog's, or None) allow.
+        paced queue's, or None) allow.
         """
         # What waited is read as the reader may read now.
         may_read = self.may_read

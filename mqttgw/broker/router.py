@@ -89,7 +89,7 @@ class Router(Sessions):
                 self._route(session, topic_filter, qos)
             if stored.expiry_interval not in (None, NEVER_EXPIRES):
                 left = session.last_seen + stored.expiry_interval - now
-                session.expiry_call = self.clock.callLater(max(0.0, left), self._expired, session)
+                session.expire_in(max(0.0, left), self._expired)
 
     # Publish
 

@@ -11,13 +11,12 @@ from collections import deque
 import attr
 
 from mqttgw.broker.deliveries import EMPTY
-from mqttgw.broker.delivery_policy import CLIENT, DeliveryPolicy, Pacer
-from mqttgw.broker.frames import frames_for
+from mqttgw.broker.frames import PLAIN
 from mqttgw.broker.outbox import Outbox
 from mqttgw.broker.stats import Stats
 from mqttgw.broker.topics import filter_size
 
-__all__ = ["INTERNAL_PREFIX", "CLIENT", "DeliveryPolicy", "Pacer", "Session", "SessionLimits"]
+__all__ = ["INTERNAL_PREFIX", "Session", "SessionLimits"]
 
 # The first character of the client id of a session the gateway keeps for
 # itself (a bridge's): no MQTT client can have it (CONNECT refuses a client
@@ -53,18 +52,6 @@ def _everything(topic):
     return True
 
 
-def _policy_field(name):
-    """A field of the session's delivery policy, as the bridge sets it."""
-
-    def get(session):
-        return getattr(session.policy, name)
-
-    def set_(session, value):
-        session.policy = attr.evolve(session.policy, **{name: value})
-
-    return property(get, set_, doc=f"The delivery policy's {name} (see DeliveryPolicy).")
-
-
 class Session(Outbox):
     """
     The broker's view of one client id.  A connection attaches to it with
@@ -75,8 +62,8 @@ class Session(Outbox):
     # Slots: ten thousand idle clients hold ten thousand of these.
     __slots__ = (
         "clean_session", "subscriptions", "filter_bytes", "options", "will", "awaiting_pubrel",
-        "last_seen", "connected_since", "budget", "internal", "expiry_interval", "expiry_call",
-        "will_call", "will_delay", "owner",
+        "last_seen", "connected_since", "budget", "internal", "expiry_interval", "_expiry_call",
+        "_will_call", "pending_will", "will_delay", "owner",
     )
 
     def __init__(
@@ -118,39 +105,39 @@ class Session(Outbox):
         # 5.0's session expiry interval (s), or None: 3.1.1's persistent
         # session, kept for persistent_client_expiration.
         self.expiry_interval = None
-        # The session's own expiry, and its will's delay, while pending.
-        self.expiry_call = None
-        self.will_call = None
+        # The session's own expiry, and its will's delay, while pending
+        # (see expire_in and delay_will); the will that waits for its delay.
+        self._expiry_call = None
+        self._will_call = None
+        self.pending_will = None
         # 5.0's will delay interval (s).
         self.will_delay = 0
 
     def __repr__(self):
         return f"<Session {self.client_id!r}>"
 
-    # What a bridge's policy sets (see DeliveryPolicy); a bridge may set
-    # ``policy`` whole instead.
-    no_local = _policy_field("no_local")
-    retain_as_published = _policy_field("retain_as_published")
-    pacer = _policy_field("pacer")
-    max_qos = _policy_field("max_qos")
-
     def deliver_as(self, policy, limits=None):
-        """A bridge's delivery policy (and limits) in place of a client's."""
+        """
+        A bridge's delivery policy (broker.delivery_policy.DeliveryPolicy:
+        no local, retain as published, the pacer of what waited, the
+        upstream's maximum QoS), and its limits if given, in place of a
+        client's.
+        """
         self.policy = policy
         if limits is not None:
             self.limits = limits
 
     # Connection life
 
-    def attach(self, connection, frames=None, receive_maximum=None):
+    def attach(self, connection, frames=PLAIN, receive_maximum=None):
         """
         A connection takes this session.  Unacknowledged deliveries are sent
         again, with DUP set, in their original order; then the queue drains.
-        ``frames``: what makes the connection's PUBLISH frames (see
-        broker.frames: a frames object, or a 5.0 connection's encoder);
-        ``receive_maximum``: the client's, if it gave one.
+        ``frames``: what makes the connection's PUBLISH frames, as its
+        dialect gives them (see broker.frames); ``receive_maximum``: the
+        client's, if it gave one.
         """
-        frames = self.frames = frames_for(frames, self)
+        self.frames = frames
         self._publish = frames.publish
         window = self.limits.max_inflight_messages
         if receive_maximum is not None and receive_maximum < window:
@@ -168,11 +155,11 @@ class Session(Outbox):
         self._writable = True
         self._gated = 0
         if self.policy.pacer is not None and self._queue:
-            # What waited is the backlog now; what comes from here on
+            # What waited goes at the pacer's rate now; what comes from here on
             # does not wait behind it.
-            if not self._backlog:
-                self._backlog = deque()
-            self._backlog.extend(self._queue)
+            if not self._paced_queue:
+                self._paced_queue = deque()
+            self._paced_queue.extend(self._queue)
             self._queue = EMPTY
         self.connected_since = self.clock.seconds()
         self._send_again(window)
@@ -256,14 +243,33 @@ class Session(Outbox):
             self.leave_store()
         self.clean_session = True
 
+    def expire_in(self, seconds, expired):
+        """Its expiry: ``expired(session)`` in ``seconds``, unless
+        :meth:`cancel_timers` comes first."""
+        self._expiry_call = self.clock.callLater(seconds, self._expiry_due, expired)
+
+    def _expiry_due(self, expired):
+        self._expiry_call = None
+        expired(self)
+
+    def delay_will(self, will, seconds, publish):
+        """Its will waits ``seconds`` (5.0's Will Delay Interval) as
+        ``pending_will``, then goes as ``publish(session, will)``, unless
+        :meth:`cancel_timers` comes first."""
+        self.pending_will = will
+        self._will_call = self.clock.callLater(seconds, self._will_due, publish)
+
+    def _will_due(self, publish):
+        will, self.pending_will, self._will_call = self.pending_will, None, None
+        publish(self, will)
+
     def cancel_timers(self):
-        """Its expiry and its will's delay stop (it is back, or it ends)."""
-        for name in ("expiry_call", "will_call"):
-            call = getattr(self, name)
-            if call is not None:
-                if call.active():
-                    call.cancel()
-                setattr(self, name, None)
+        """Its expiry and its will's delay stop (it is back, or it ends);
+        the will that waited is no longer pending."""
+        for call in (self._expiry_call, self._will_call):
+            if call is not None and call.active():
+                call.cancel()
+        self._expiry_call = self._will_call = self.pending_will = None
 
     # Subscriptions
 

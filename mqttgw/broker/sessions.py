@@ -218,7 +218,6 @@ class Sessions:
 
     def _expired(self, session):
         """A 5.0 session's expiry interval ran out."""
-        session.expiry_call = None
         if self.sessions.get(session.client_id) is not session or session.connection is not None:
             return
         log.info(
@@ -231,9 +230,7 @@ class Sessions:
 
     def _end_session(self, session):
         """The session ends: a will still waiting for its delay goes now."""
-        will = None
-        if session.will_call is not None:
-            will = session.will_call.args[1]
+        will = session.pending_will
         session.cancel_timers()
         self._discard(session)
         if will is not None:
@@ -253,20 +250,15 @@ class Sessions:
         if session.clean_session:
             self._discard(session)
         elif session.expiry_interval not in (None, NEVER_EXPIRES):
-            session.expiry_call = self.clock.callLater(
-                session.expiry_interval, self._expired, session
-            )
+            session.expire_in(session.expiry_interval, self._expired)
         if publish_will and will is not None:
             if session.will_delay and not session.clean_session:
                 # Sent when the delay ends, or the session does if sooner.
-                session.will_call = self.clock.callLater(
-                    session.will_delay, self._publish_will, session, will
-                )
+                session.delay_will(will, session.will_delay, self._publish_will)
             else:
                 self._publish_will(session, will)
 
     def _publish_will(self, session, will):
-        session.will_call = None
         log.info(
             "publishing will of {client_id} on {topic}",
             client_id=printable(session.client_id),

@@ -187,7 +187,7 @@ class Gateway(MultiService):
                     "client_id": session.client_id,
                     "address": connection.peer,
                     "listener": getattr(connection, "listener_kind", None),
-                    "protocol": P.VERSION_NAMES[connection.protocol_level],
+                    "protocol": P.VERSION_NAMES[connection.dialect.level],
                     "username": connection.username,
                     "keepalive": connection.keepalive,
                     "clean_session": session.clean_session,

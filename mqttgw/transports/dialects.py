@@ -9,6 +9,7 @@ protocol calls its dialect without asking which version it speaks, as the
 wire layer keeps one decoder table per version.
 """
 
+from mqttgw.broker.frames import PLAIN, EncodedFrames
 from mqttgw.broker.subscriptions import SEND_RETAINED_IF_NEW, SubscriptionOptions, is_shared, shared_filter
 from mqttgw.broker.topics import is_wildcard
 from mqttgw.transports.mqtt5 import Connection5
@@ -87,7 +88,18 @@ class V3:
 
     def attach(self, session, connection, packet):
         """The session takes the connection, and with it our outbound frame."""
-        session.attach(connection)
+        session.attach(connection, self.frames(session))
+
+    # The outbound PUBLISH
+
+    # The message's own frame, encoded once per QoS however many receive
+    # it, the message id spliced in; 3.x has no subscription identifiers.
+    frame = staticmethod(P.Publish.frame)
+
+    def frames(self, session):
+        """What frames ``session``'s PUBLISH to us (see broker.frames)."""
+        # PLAIN.publish is our frame itself: no call between, for every copy.
+        return PLAIN
 
     def session_line(self, packet):
         """What a log line says of the session CONNECT asked for."""
@@ -242,7 +254,15 @@ class V5(V3, Connection5):
         if session.store is not None:
             # Frames behind a store commit: aliases only on QoS 0 ones.
             self.assign_aliases_at = 1
-        session.attach(connection, self, (packet.properties or {}).get("receive_maximum"))
+        session.attach(connection, self.frames(session), (packet.properties or {}).get("receive_maximum"))
+
+    # Connection5's, not 3.x's before it: properties, topic aliases, the
+    # client's maximum packet size.
+    frame = Connection5.frame
+
+    def frames(self, session):
+        # Our frame, given the session's subscription identifiers.
+        return EncodedFrames(self, session)
 
     def session_line(self, packet):
         # Clean Start says whether a session resumes, the expiry how long
@@ -412,3 +432,8 @@ def dialect_for(packet, clock, limits, receive_maximum):
     if dialect is None:
         dialect = V5(clock, packet.properties, limits.max_topic_alias, receive_maximum)
     return dialect
+
+
+def unsupported(packet):
+    """Why a CONNECT that no dialect speaks is refused."""
+    return f"unsupported protocol {packet.protocol_name!r} level {packet.protocol_level}"

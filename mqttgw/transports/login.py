@@ -18,7 +18,7 @@ from mqttgw.broker.sessions import owner_name
 from mqttgw.broker.topics import InvalidTopic, validate_topic_name
 from mqttgw.security.identity import Identity, IIdentity
 from mqttgw.security.passwords import Busy
-from mqttgw.transports.dialects import dialect_for
+from mqttgw.transports.dialects import dialect_for, unsupported
 from mqttgw.transports.handshake import ANSWERING, LOGGING_IN, REFUSING, Exchange, cancel
 from mqttgw.transports.mqtt5 import check_response_topic
 from mqttgw.transports.tls import peer_identity
@@ -40,10 +40,7 @@ class Login:
         self._enter("CONNECT")
         dialect = dialect_for(packet, self.clock, self.limits, self.router.limits.max_inflight_messages or 65535)
         if dialect is None:
-            return self._refuse(
-                R.UNSUPPORTED_PROTOCOL_VERSION,
-                f"unsupported protocol {packet.protocol_name!r} level {packet.protocol_level}",
-            )
+            return self._refuse(R.UNSUPPORTED_PROTOCOL_VERSION, unsupported(packet))
         self.dialect = dialect
         self._handlers = self._handlers_for(dialect)
         dialect.configure(self.framer)

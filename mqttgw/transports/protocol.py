@@ -154,11 +154,6 @@ class MQTTServerProtocol(Login, Handshake, Publishing, Subscribing, MQTTConnecti
         self._reserved = frozenset()
         self._answer = self._auth_deadline = self._expiry = None
 
-    @property
-    def protocol_level(self):
-        """The client's protocol level (its dialect's), None before CONNECT."""
-        return self.dialect.level
-
     # Connection life
 
     def connectionMade(self):

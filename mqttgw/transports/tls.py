@@ -12,7 +12,7 @@ from zope.interface import implementer
 from mqttgw.schema import ConfigError
 
 
-# Mozilla's "intermediate" profile (v5.7) for TLS 1.2: keys exchanged with
+# Mozilla's "intermediate" profile (version 5.7) for TLS 1.2: keys exchanged with
 # forward secrecy (ECDHE, DHE) and authenticated encryption (AES-GCM,
 # ChaCha20-Poly1305) only; no plain RSA key exchange, no CBC.  (DHE needs
 # DH parameters, which are not loaded, so ECDHE is what is agreed; the DHE
