@@ -204,6 +204,132 @@ CONNECTION_KEYS = _by_path([
 ])
 
 
+# The rows whose defaults the broker's bounds take (broker.session's
+# SessionLimits, the router's); service.config lists them in its KEYS as
+# well.
+BROKER_KEYS = _by_path([
+    Key(
+        "auth",
+        "session_owner_mismatch",
+        str,
+        "refuse",
+        "a CONNECT with the client id of another identity's session: refuse it,"
+        " or new_session (that session is discarded)",
+        choices=("refuse", "new_session"),
+    ),
+    Key(
+        "limits",
+        "max_inflight_messages",
+        int,
+        20,
+        "unacknowledged QoS 1/2 messages per client",
+        1,
+        65535,
+    ),
+    Key(
+        "limits",
+        "max_persistent_sessions",
+        int,
+        0,
+        "persistent sessions kept at once; a client that would start one more"
+        " gets CONNACK 3 (0: no limit)",
+        0,
+    ),
+    Key(
+        "limits",
+        "max_retained_messages",
+        int,
+        0,
+        "retained messages kept at once; beyond it a new retained topic is"
+        " delivered but not retained (0: no limit)",
+        0,
+    ),
+    Key(
+        "limits",
+        "max_shared_groups",
+        int,
+        10_000,
+        "shared subscription groups ($share/GROUP/FILTER) at once; beyond it a"
+        " new one is refused (SUBACK 0x97, or 0x80 for 3.1.1)",
+        1,
+    ),
+    Key(
+        "limits",
+        "max_shared_group_members",
+        int,
+        1000,
+        "members of one shared subscription group; beyond it one more is refused",
+        1,
+    ),
+    Key(
+        "limits",
+        "max_queued_messages",
+        int,
+        1000,
+        "messages queued per client beyond the in-flight window (no 0 for"
+        " unlimited, as in mosquitto: every queue here has a bound)",
+        1,
+    ),
+    Key(
+        "limits",
+        "max_queued_bytes",
+        int,
+        16 * 1024 * 1024,
+        "payload bytes queued per client (at least 1: no unlimited queue)",
+        1,
+    ),
+    Key(
+        "limits",
+        "max_subscriptions",
+        int,
+        10_000,
+        "topic filters one client may hold; more are refused (SUBACK 0x80)",
+        1,
+    ),
+    Key(
+        "limits",
+        "max_subscription_bytes",
+        int,
+        1024 * 1024,
+        "UTF-8 bytes of topic filters one client may hold; more are refused",
+        1,
+    ),
+    Key(
+        "mqtt",
+        "queue_qos0_messages",
+        bool,
+        False,
+        "queue QoS 0 messages for offline persistent sessions",
+    ),
+    Key(
+        "mqtt",
+        "max_qos",
+        int,
+        2,
+        "highest QoS granted to subscriptions (and, to 5.0 clients, the maximum QoS they may publish)",
+        0,
+        2,
+    ),
+    Key(
+        "mqtt",
+        "retry_interval",
+        float,
+        20.0,
+        "seconds before an unacknowledged message is re-sent (0: only on reconnect)",
+        0.0,
+    ),
+    Key(
+        "mqtt",
+        "retry_max_interval",
+        float,
+        300.0,
+        "longest interval between re-sends",
+        0.001,
+    ),
+])
+
+
 def default(path):
     """The default of the setting at ``path`` (``section.name``) among the rows here."""
-    return CONNECTION_KEYS[path].default
+    key = CONNECTION_KEYS.get(path) or BROKER_KEYS[path]
+    return key.default

@@ -23,6 +23,7 @@ from mqttgw.broker.subscriptions import (
     shared_filter,
 )
 from mqttgw.broker.topics import RetainedTree, SubscriptionTrie
+from mqttgw.schema import default
 from mqttgw.wire.packets import Publish
 from mqttgw.wire.printable import printable
 
@@ -31,17 +32,17 @@ log = Logger()
 
 class Router(Sessions):
     # Bounds of the whole broker (0: none); see [limits].
-    max_retained_messages = 0
+    max_retained_messages = default("limits.max_retained_messages")
     # Shared subscription groups at once, and members of one group.
-    max_shared_groups = 10_000
-    max_shared_group_members = 1_000
+    max_shared_groups = default("limits.max_shared_groups")
+    max_shared_group_members = default("limits.max_shared_group_members")
     # Sampling of messages for the delivery latency metric (see
     # trace_deliveries): off until something asks for it.
     trace = None
     trace_every = 0
     _until_trace = -1
 
-    def __init__(self, clock, limits=SessionLimits(), max_qos=2, store=None):
+    def __init__(self, clock, limits=SessionLimits(), max_qos=default("mqtt.max_qos"), store=None):
         self.clock = clock
         self.limits = limits
         self.max_qos = max_qos

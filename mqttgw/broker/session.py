@@ -15,6 +15,7 @@ from mqttgw.broker.frames import PLAIN
 from mqttgw.broker.outbox import Outbox
 from mqttgw.broker.stats import Stats
 from mqttgw.broker.topics import filter_size
+from mqttgw.schema import default
 
 __all__ = ["INTERNAL_PREFIX", "Session", "SessionLimits"]
 
@@ -27,25 +28,25 @@ INTERNAL_PREFIX = "\x00"
 
 @attr.s(frozen=True, slots=True)
 class SessionLimits:
-    """Per-session bounds; see ``[limits]`` in the configuration."""
+    """Per-session bounds; see ``[limits]`` in the configuration, whose defaults they take."""
 
-    max_inflight_messages = attr.ib(default=20)
-    max_queued_messages = attr.ib(default=1000)
-    max_queued_bytes = attr.ib(default=16 * 1024 * 1024)
+    max_inflight_messages = attr.ib(default=default("limits.max_inflight_messages"))
+    max_queued_messages = attr.ib(default=default("limits.max_queued_messages"))
+    max_queued_bytes = attr.ib(default=default("limits.max_queued_bytes"))
     # Whether QoS 0 messages are queued for an offline persistent session,
     # and (bridges) whether in the store, in order with QoS 1/2, rather
     # than in memory.
-    queue_qos0_messages = attr.ib(default=False)
+    queue_qos0_messages = attr.ib(default=default("mqtt.queue_qos0_messages"))
     store_qos0_messages = attr.ib(default=False)
     # When the queue is full, drop its oldest message (bridges) rather
     # than the new one.
     drop_oldest = attr.ib(default=False)
     # First retry of an unacknowledged message (s); doubles up to the maximum.
-    retry_interval = attr.ib(default=20.0)
-    retry_max_interval = attr.ib(default=300.0)
+    retry_interval = attr.ib(default=default("mqtt.retry_interval"))
+    retry_max_interval = attr.ib(default=default("mqtt.retry_max_interval"))
     # Topic filters a client may hold, and their UTF-8 bytes in all.
-    max_subscriptions = attr.ib(default=10_000)
-    max_subscription_bytes = attr.ib(default=1024 * 1024)
+    max_subscriptions = attr.ib(default=default("limits.max_subscriptions"))
+    max_subscription_bytes = attr.ib(default=default("limits.max_subscription_bytes"))
 
 
 def _everything(topic):

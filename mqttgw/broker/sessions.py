@@ -8,6 +8,7 @@ will when its connection ends.  The Router is one of these.
 from twisted.logger import Logger
 
 from mqttgw.broker.session import Session
+from mqttgw.schema import default
 from mqttgw.wire.printable import printable
 
 log = Logger()
@@ -29,13 +30,13 @@ class Sessions:
     """
 
     # Bounds of the whole broker (0: none); see [limits].
-    max_persistent_sessions = 0
+    max_persistent_sessions = default("limits.max_persistent_sessions")
     # Seconds a persistent session may go unused, or None: for ever.
     persistent_client_expiration = None
     # What a CONNECT gets whose client id's session belongs to another
     # identity (see owner_refusal): "refuse", or "new_session" (the old
     # session is discarded, never resumed).
-    session_owner_mismatch = "refuse"
+    session_owner_mismatch = default("auth.session_owner_mismatch")
 
     def owner_refusal(self, client_id, owner):
         """

@@ -290,27 +290,22 @@ class RetainedTree:
                         best = qos
                 if best >= 0:
                     yield node.message, best
-            children = node.children
-            if not children:
+            if not (children := node.children):
                 continue
+            # Filters with levels left: by the literal level they need next, or wild.
             literal = {}
             wild = []
             for state in states:
                 levels, i, _ = state
                 if i < len(levels):
                     level = levels[i]
-                    if level == "+" or level == "#":
-                        wild.append(state)
-                    else:
-                        literal.setdefault(level, []).append(state)
+                    (wild if level == "+" or level == "#" else literal.setdefault(level, [])).append(state)
             if wild:
-                # Wildcards at the first level do not match "$" topics.
                 pushes = []
                 for name, child in children.items():
-                    hidden = at_root and name[:1] == "$"
-                    next_states = [] if hidden else [
-                        (levels, i if levels[i] == "#" else i + 1, qos)
-                        for levels, i, qos in wild
+                    # Wildcards at the first level do not match "$" topics.
+                    next_states = [] if at_root and name[:1] == "$" else [
+                        (levels, i if levels[i] == "#" else i + 1, qos) for levels, i, qos in wild
                     ]
                     for levels, i, qos in literal.get(name, ()):
                         next_states.append((levels, i + 1, qos))
@@ -325,8 +320,7 @@ class RetainedTree:
             else:
                 pushes = [
                     (children[name], [(lv, i + 1, q) for lv, i, q in group], False)
-                    for name, group in literal.items()
-                    if name in children
+                    for name, group in literal.items() if name in children
                 ]
             # Reversed onto the stack, so children come out in order.
             stack.extend(reversed(pushes))
