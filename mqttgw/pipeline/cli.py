@@ -14,6 +14,7 @@ import uuid
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+from mqttgw.pipeline import classdata
 from mqttgw.pipeline import settings as S
 from mqttgw.pipeline import staging
 from mqttgw.pipeline.console import say
@@ -180,9 +181,7 @@ def _spark(args):
     elif kind == "master":
         builder = builder.master(url)
         if args.class_cache and not _jvm_running():
-            from mqttgw.pipeline.classdata import Archive
-
-            classes = Archive(args.conf)
+            classes = classdata.Archive(args.conf)
             key = "spark.driver.extraJavaOptions"
             args.conf[key] = classes.java_options(args.conf.get(key, ""))
     builder = (
