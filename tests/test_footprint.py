@@ -10,7 +10,7 @@ import socket
 import subprocess
 import sys
 
-from tests.gateway import REPO, gateway_env
+from tests.gateway import gateway_env
 
 # Started by twistd's own entry point; a thread waits for the reactor's
 # first CONNACK and then writes what is loaded.

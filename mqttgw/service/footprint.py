@@ -42,7 +42,8 @@ def load_reactor(tls):
         # None in sys.modules: the import fails as if not installed.
         sys.modules[name] = None
     try:
-        from twisted.internet import endpoints, reactor  # noqa: F401
+        import twisted.internet.endpoints
+        import twisted.internet.reactor  # noqa: F401
     finally:
         for name in hidden:
             if sys.modules.get(name, ()) is None:
