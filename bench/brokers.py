@@ -114,13 +114,17 @@ class Broker:
             if cpu is not None:
                 os.sched_setaffinity(0, {cpu})
 
+        env = dict(os.environ, PYTHONPATH=str(REPO), **self.env)
+        # As installed: its modules' bytecode cached, not compiled anew at
+        # every start (a test or CI environment may turn the cache off).
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
         self.process = subprocess.Popen(
             self.command(),
             cwd=self.workdir,
             stdout=log,
             stderr=subprocess.STDOUT,
             preexec_fn=setup,
-            env=dict(os.environ, PYTHONPATH=str(REPO), **self.env),
+            env=env,
         )
         return self
 

@@ -93,6 +93,7 @@ def test_benchmark_reports_every_figure_and_loses_nothing(tmp_path, monkeypatch)
 def check_footprint(r, count):
     assert 0 < r["rss_idle_tcp_kib"] < r["rss_idle_all_kib"]
     assert r["startup_s"] > 0 and len(r["startup_runs_s"]) == 3
+    assert 0 <= r["startup_cpu_s"] < 60
     for held in (count, 5 * count):
         c = r["connections"][str(held)]
         assert c["connections"] == held and c["failed"] == 0, c
