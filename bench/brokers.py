@@ -35,6 +35,13 @@ def free_port():
 
 def _raise_fd_limit():
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard < 65536:
+        # Beyond the hard limit where the process may (root).
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (65536, 65536))
+            return
+        except (ValueError, OSError):
+            pass
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 65536)), hard))
 
 
@@ -69,7 +76,7 @@ def ensure_amqtt():
 class Broker:
     name = None
     # MQTT 3.1 clients are not accepted by every broker; 3.1.1 is.
-    def __init__(self, workdir, cpu=None, options=(), auth=None, max_queued=MAX_QUEUED):
+    def __init__(self, workdir, cpu=None, options=(), auth=None, max_queued=MAX_QUEUED, kinds=("tcp", "ws"), pki=None):
         # A directory of its own per start: no state carries over.
         self.workdir = Path(tempfile.mkdtemp(prefix=f"{self.name}-", dir=workdir))
         self.options = list(options)
@@ -78,6 +85,12 @@ class Broker:
         self.max_queued = max_queued
         self.port = free_port()
         self.ws_port = free_port()
+        # The listeners it has: "tcp", "ws", "tls", "wss"; the TLS ones
+        # with ``pki`` {"cert": path, "key": path}.
+        self.kinds = kinds
+        self.pki = pki
+        self.tls_port = free_port() if "tls" in kinds else None
+        self.wss_port = free_port() if "wss" in kinds else None
         self.cpu = cpu
         self.process = None
 
@@ -87,7 +100,12 @@ class Broker:
     def command(self):
         raise NotImplementedError
 
-    def start(self):
+    def ports(self):
+        ports = {"tcp": self.port, "ws": self.ws_port, "tls": self.tls_port, "wss": self.wss_port}
+        return [ports[kind] for kind in self.kinds]
+
+    def launch(self):
+        """The broker's process started, not waited for."""
         log = open(self.workdir / "broker.log", "wb")
         cpu = self.cpu
 
@@ -96,14 +114,22 @@ class Broker:
             if cpu is not None:
                 os.sched_setaffinity(0, {cpu})
 
+        env = dict(os.environ, PYTHONPATH=str(REPO), **self.env)
+        # As installed: its modules' bytecode cached, not compiled anew at
+        # every start (a test or CI environment may turn the cache off).
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
         self.process = subprocess.Popen(
             self.command(),
             cwd=self.workdir,
             stdout=log,
             stderr=subprocess.STDOUT,
             preexec_fn=setup,
-            env=dict(os.environ, PYTHONPATH=str(REPO), **self.env),
+            env=env,
         )
+        return self
+
+    def start(self):
+        self.launch()
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -111,7 +137,7 @@ class Broker:
                     f"{self.name} exited: {(self.workdir / 'broker.log').read_text()}"
                 )
             try:
-                for port in (self.port, self.ws_port):
+                for port in self.ports():
                     socket.create_connection(("127.0.0.1", port), timeout=1).close()
                 return self
             except OSError:
@@ -161,14 +187,21 @@ class Mqttgw(Broker):
             ]
         return twistd + [
             "-n", "--pidfile=", "--logfile=broker-twistd.log", "mqttgw",
-            "--tcp", f"tcp:{self.port}:interface=127.0.0.1",
-            "--ws", f"tcp:{self.ws_port}:interface=127.0.0.1",
+        ] + self.listener_options() + [
             "--max-inflight-messages", str(MAX_INFLIGHT),
             "--max-queued-messages", str(self.max_queued),
             "--max-connections", "50000",
             # As mosquitto's log_type below: errors and warnings only.
             "--log-level", "warn", "--no-connection-messages",
         ] + self.auth_options() + self.options
+
+    def listener_options(self):
+        options = []
+        for kind, port in zip(self.kinds, self.ports()):
+            options += [f"--{kind}", f"tcp:{port}:interface=127.0.0.1"]
+        if self.tls_port or self.wss_port:
+            options += ["--cert", self.pki["cert"], "--key", self.pki["key"]]
+        return options
 
     def auth_options(self):
         options = []
@@ -212,17 +245,28 @@ class Mosquitto(Broker):
             "log_dest stdout\n"
             "log_type error\n"
             "log_type warning\n"
-            # mosquitto 2.0 cannot bind a WebSocket listener to one address.
-            f"listener {self.ws_port}\n"
-            "protocol websockets\n"
+            + self.listener_lines()
             + "".join(f"{key} {path}\n" for key, path in self.auth.items())
             # Extra configuration lines (a bridge's).
             + "".join(f"{line}\n" for line in self.options)
             # As root it would drop to its own user, who cannot read the
             # files in the run's private directory.
-            + ("user root\n" if self.auth and os.geteuid() == 0 else "")
+            + ("user root\n" if (self.auth or self.pki) and os.geteuid() == 0 else "")
         )
         return [ensure_mosquitto(), "-c", str(conf)]
+
+    def listener_lines(self):
+        """The listeners besides the first TCP one."""
+        tls = f"certfile {self.pki['cert']}\nkeyfile {self.pki['key']}\n" if self.pki else ""
+        lines = ""
+        if "tls" in self.kinds:
+            lines += f"listener {self.tls_port} 127.0.0.1\n" + tls
+        # mosquitto 2.0 cannot bind a WebSocket listener to one address.
+        if "ws" in self.kinds:
+            lines += f"listener {self.ws_port}\nprotocol websockets\n"
+        if "wss" in self.kinds:
+            lines += f"listener {self.wss_port}\nprotocol websockets\n" + tls
+        return lines
 
 
 class Amqtt(Broker):

@@ -509,6 +509,9 @@ def probe(port, topic, interval, shared, results):
         shared.cpu[len(shared.cpu) - 1] = time.process_time()
 
 
+PORTS_PER_SOURCE = 20_000
+
+
 def hold_connections(port, count, concurrency, results):
     """
     Open ``count`` connections (CONNECT, wait for CONNACK) with at most
@@ -531,6 +534,10 @@ def hold_connections(port, count, concurrency, results):
         while made < count and pending < concurrency:
             s = socket.socket()
             s.setblocking(False)
+            if count > PORTS_PER_SOURCE:
+                # One source address has about 28,000 ephemeral ports
+                # toward one port: beyond, each block from another.
+                s.bind((f"127.0.0.{2 + made // PORTS_PER_SOURCE}", 0))
             try:
                 s.connect(("127.0.0.1", port))
             except BlockingIOError:

@@ -21,7 +21,7 @@ import threading
 import time
 from pathlib import Path
 
-from bench import drain, loadgen, logins, neighbours, retained
+from bench import drain, footprint, loadgen, logins, neighbours, retained
 from bench.brokers import BROKERS, MAX_INFLIGHT, MAX_QUEUED, free_port
 
 PAYLOAD = 64
@@ -80,9 +80,11 @@ DRAINS = (BACKLOG, BRIDGE_DRAIN)
 # queue bound every broker gets in them.
 WINDOWED = set(THROUGHPUT) | {"latency"} | set(PROBED)
 WINDOWED_QUEUED = 1_000_000
+# Memory idle and per idle connection, and start-up time (bench/footprint.py).
+FOOTPRINT = "footprint"
 ALL_SCENARIOS = (
     list(THROUGHPUT) + ["latency"] + list(PROBED) + [BACKLOG, BRIDGE_DRAIN, "connections"]
-    + list(NEIGHBOURS) + [RETAINED, LOGINS]
+    + list(NEIGHBOURS) + [RETAINED, LOGINS, FOOTPRINT]
 )
 # Brokers that can run a scenario (amqtt has no mosquitto-format files).
 AUTH_SCENARIOS = {"fan-in qos0 acl", "fan-in qos1 acl", LOGINS}
@@ -385,6 +387,8 @@ def _run_once(name, scenario, args, workdir, auth_files, broker_cpu, load_cpu, r
         options = options + ["--http", f"tcp:{http_port}:interface=127.0.0.1"]
     if scenario in V5_SCENARIOS and name == "amqtt":
         return None
+    if scenario == FOOTPRINT:
+        return _footprint(name, args, workdir, broker_cpu, load_cpu, options)
     if scenario in AUTH_SCENARIOS:
         if name == "amqtt":
             return None
@@ -500,6 +504,21 @@ def _run_once(name, scenario, args, workdir, auth_files, broker_cpu, load_cpu, r
         broker.stop()
 
 
+def _footprint(name, args, workdir, broker_cpu, load_cpu, options):
+    """The footprint figures of ``name`` (amqtt's listeners are not configurable here)."""
+    if name == "amqtt":
+        return None
+    make = functools.partial(BROKERS[name], workdir, broker_cpu, options)
+    print(f"{name:10} {FOOTPRINT} ...", end=" ", flush=True)
+    r = footprint.run(
+        make, Path(tempfile.mkdtemp(prefix="pki-", dir=workdir)),
+        [args.connections, 5 * args.connections],
+        lambda broker, count: run_connections(broker, count, cpu=load_cpu),
+    )
+    print(footprint.summary(name, r), flush=True)
+    return r
+
+
 def _median(scenario, runs):
     """
     The run whose figure is the median (the lower of the middle two), with
@@ -529,6 +548,8 @@ def _figure(scenario, r):
         return r["ret/7/+"]["ms"]
     if scenario == LOGINS:
         return r["connects_per_second"]
+    if scenario == FOOTPRINT:
+        return r["rss_idle_tcp_kib"] / 1024
     return r["kib_per_connection"]
 
 
@@ -557,7 +578,10 @@ def table(results):
     notes = []
     scenarios = [s for s in ALL_SCENARIOS if any(s in results[n] for n in names)]
     for s in scenarios:
-        unit = {"connections": " (KiB/conn)", RETAINED: " (ms, ret/7/+)", LOGINS: " (connects/s)"}.get(
+        unit = {
+            "connections": " (KiB/conn)", RETAINED: " (ms, ret/7/+)", LOGINS: " (connects/s)",
+            FOOTPRINT: " (MiB idle, TCP only)",
+        }.get(
             s, " (p99 ms)" if s == "latency" or s in PROBED or s in NEIGHBOURS else " (msg/s)"
         )
         row = [s + unit]
@@ -596,6 +620,10 @@ def table(results):
                 f"{s} {results[n][s]['per_second'] / base:.2f}" for s in sorted(V5_SCENARIOS) if s in results[n] and base
             )
             out.append(f"{n}: over 5.0 against fan-in qos1 over 3.1.1: {ratios}")
+    footprints = [n for n in names if FOOTPRINT in results[n]]
+    if footprints:
+        out.append("")
+        out += [footprint.summary(n, results[n][FOOTPRINT]) for n in footprints]
     if conn:
         out.append("")
         for n in conn:

@@ -18,6 +18,8 @@ def test_benchmark_reports_every_figure_and_loses_nothing(tmp_path, monkeypatch)
     require_program("mosquitto")
     # The dashboard scenario opens mqttgw's page in it.
     require_program("chromium")
+    # The footprint scenario's TLS listeners take a certificate it makes.
+    require_program("openssl")
     out = tmp_path / "bench.json"
     run.main(
         [
@@ -84,7 +86,35 @@ def test_benchmark_reports_every_figure_and_loses_nothing(tmp_path, monkeypatch)
         connections = results["connections"]
         assert connections["connections"] == 300
         assert connections["kib_per_connection"] is not None
+        check_footprint(results[run.FOOTPRINT], 300)
     assert "mqttgw/mosquitto" in run.table(report["results"])
+
+
+def check_footprint(r, count):
+    assert 0 < r["rss_idle_tcp_kib"] < r["rss_idle_all_kib"]
+    assert r["startup_s"] > 0 and len(r["startup_runs_s"]) == 3
+    assert 0 <= r["startup_cpu_s"] < 60
+    for held in (count, 5 * count):
+        c = r["connections"][str(held)]
+        assert c["connections"] == held and c["failed"] == 0, c
+        assert c["kib_per_connection"] is not None
+
+
+def test_footprint_reports_memory_idle_and_per_connection_and_start_up(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", "/usr/sbin:" + os.environ["PATH"])
+    require_program("mosquitto")
+    require_program("openssl")
+    out = tmp_path / "footprint.json"
+    run.main(
+        ["--brokers", "mqttgw", "mosquitto", "--scenarios", run.FOOTPRINT,
+         "--connections", "200", "--json", str(out)]
+    )
+    results = json.loads(out.read_text())["results"]
+    for broker in ("mqttgw", "mosquitto"):
+        check_footprint(results[broker][run.FOOTPRINT], 200)
+    table = run.table(results)
+    assert "footprint (MiB idle, TCP only)" in table
+    assert "mqttgw: idle " in table and "first CONNACK" in table
 
 
 def test_benchmark_table_shows_ratios():

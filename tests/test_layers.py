@@ -16,10 +16,16 @@ PACKAGE = REPO / "mqttgw"
 # Imported where they are used, for what they need that is optional:
 # pyarrow (the archive), PySpark (the pipeline's tables), protobuf (the
 # Sparkplug payload codec) and, for the pipeline's --publish alone, the
-# MQTT client (attrs, which a Spark driver need not have).
+# MQTT client (attrs, which a Spark driver need not have).  And what
+# only a configuration that asks for it loads (tests/test_footprint.py):
+# the gateway's assembly (after the options are read), TLS, WebSocket,
+# the HTTP surfaces and the store.
 OPTIONAL = {
     "mqttgw.data.archive", "mqttgw.pipeline.tables", "mqttgw.pipeline.publish",
     "mqttgw.wire.sparkplug.payload",
+    "mqttgw.service.assembly", "mqttgw.transports.tls", "mqttgw.transports.websocket",
+    "mqttgw.transports.httpguard", "mqttgw.web.admin", "mqttgw.web.dashboard",
+    "mqttgw.web.metrics", "mqttgw.broker.store",
 }
 
 

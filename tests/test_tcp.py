@@ -182,6 +182,25 @@ def test_lean_server_keeps_order_behind_what_waits(send, tail):
         close_pair(transport, theirs)
 
 
+def test_lean_server_holds_a_write_buffer_only_while_bytes_wait():
+    idle, other = lean_pair()
+    transport, theirs = lean_pair()
+    theirs.setblocking(False)
+    try:
+        # Idle connections share one empty buffer, not a list each.
+        assert idle._tempDataBuffer is transport._tempDataBuffer == []
+        big = bytes(range(256)) * 40_000
+        transport.write(big)
+        transport.write(b"tail")
+        assert transport._tempDataBuffer[-1] == b"tail"
+        assert idle._tempDataBuffer == []
+        assert written_through(transport, theirs, len(big) + 4) == big + b"tail"
+        assert transport._tempDataBuffer is idle._tempDataBuffer
+    finally:
+        close_pair(transport, theirs)
+        close_pair(idle, other)
+
+
 def test_lean_server_leaves_a_broken_socket_to_the_reactor():
     transport, theirs = lean_pair()
     theirs.close()

@@ -4,7 +4,7 @@ the bridge asks for it, a connection counted only once CONNECT is accepted.
 """
 
 from twisted.internet.defer import inlineCallbacks
-from twisted.internet.endpoints import HostnameEndpoint, wrapClientTLS
+from twisted.internet.endpoints import HostnameEndpoint
 from twisted.internet.interfaces import IStreamClientEndpoint
 from twisted.logger import Logger
 from zope.interface import implementer
@@ -38,7 +38,7 @@ class FailoverEndpoint:
         host, port = parse_address(address)
         endpoint = HostnameEndpoint(self.reactor, host, port, timeout=10)
         if self.settings.tls:
-            endpoint = wrapClientTLS(client_tls_options(self.settings, host), endpoint)
+            endpoint = TLSEndpoint(client_tls_options(self.settings, host), endpoint)
         return endpoint
 
     @inlineCallbacks
@@ -69,6 +69,25 @@ class FailoverEndpoint:
                 if isinstance(e, ConnectRefused):
                     self.on_refused(e)
         raise failure
+
+
+@implementer(IStreamClientEndpoint)
+class TLSEndpoint:
+    """
+    ``endpoint`` with TLS over it, as Twisted's ``wrapClientTLS`` would
+    make it; that one needs TLS loaded with the reactor, which a gateway
+    without TLS listeners leaves out (see mqttgw.service.footprint).
+    """
+
+    def __init__(self, options, endpoint):
+        self.options = options
+        self.endpoint = endpoint
+
+    def connect(self, factory):
+        from twisted.protocols.tls import TLSMemoryBIOFactory
+
+        connecting = self.endpoint.connect(TLSMemoryBIOFactory(self.options, True, factory))
+        return connecting.addCallback(lambda protocol: protocol.wrappedProtocol)
 
 
 def _forget_loss(protocol):

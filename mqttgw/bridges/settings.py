@@ -12,7 +12,7 @@ from mqttgw.bridges.tls import client_tls_options
 from mqttgw.broker.access import BRIDGE_STATE_PREFIX, notification_topic
 from mqttgw.broker.topics import InvalidTopic, validate_topic_filter
 from mqttgw.schema import REQUIRED, ConfigError, Key, check_table
-from mqttgw.transports.tls import INTERMEDIATE_CIPHERS
+from mqttgw.transports.tlsprofile import INTERMEDIATE_CIPHERS
 from mqttgw.wire import packets as P
 
 DIRECTIONS = ("in", "out", "both")

@@ -105,10 +105,17 @@ class Sparkplug:
         self.nodes = {}
         self._offline = collections.OrderedDict()
         self.devices = 0
-        # The codec needs protobuf: imported only when awareness is on.
-        from mqttgw.wire.sparkplug import payload
+        # The codec needs protobuf (about 4 MB): imported with the first
+        # Sparkplug message, not by a gateway that never sees one.
+        self._codec = None
 
-        self.codec = payload
+    @property
+    def codec(self):
+        if self._codec is None:
+            from mqttgw.wire.sparkplug import payload
+
+            self._codec = payload
+        return self._codec
 
     def published(self, message):
         """``message`` (under spBv1.0/) as it is to be routed."""

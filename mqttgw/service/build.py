@@ -6,18 +6,17 @@ credentials files.  ``tap`` composes them into the running service, and
 """
 
 
+import importlib.util
 import os
 import resource
 import sys
 
-from twisted.internet.endpoints import serverFromString
 from twisted.logger import Logger
 
 from mqttgw.bridges.interfaces import bridge_kinds
 from mqttgw.broker.router import Router
 from mqttgw.broker.session import SessionLimits
 from mqttgw.broker.sparkplug import Sparkplug
-from mqttgw.broker.store import Store, StoreError
 from mqttgw.broker.topics import InvalidTopic, validate_topic_filter
 from mqttgw.security.acl import ACL
 from mqttgw.security.enhanced import authentication_methods
@@ -26,8 +25,6 @@ from mqttgw.security.throttle import ConnectionRate, Throttle
 from mqttgw.security.tokens import TokenKeys
 from mqttgw.service import config
 from mqttgw.transports.protocol import ConnectionLimits, refusal_log
-from mqttgw.transports.tls import server_options
-from mqttgw.web.admin import is_loopback
 
 log = Logger()
 
@@ -126,6 +123,7 @@ def connection_limit(configured, log, http=0, soft=None):
 def check_endpoint(listener, where):
     """A listening endpoint for ``listener``, or ConfigError naming it."""
     from twisted.internet import reactor
+    from twisted.internet.endpoints import serverFromString
 
     try:
         endpoint = serverFromString(reactor, endpoint_description(listener))
@@ -150,6 +148,8 @@ def check_http(settings):
         return
     description = http_description(address)
     check_endpoint(description, "http.address")
+    from mqttgw.web.admin import is_loopback
+
     if not is_loopback(http_host(description)):
         auth = settings.section("auth")
         if not (auth["password_file"] or auth["jwt_secret_file"] or auth["jwt_public_key"]):
@@ -223,6 +223,8 @@ def check_listener_tables(settings):
                 table.get("ciphers", tls["ciphers"]),
                 f"{where}: listener.ciphers" if "ciphers" in table else "tls.ciphers",
             )
+            from mqttgw.transports.tls import server_options
+
             table["tls_options"] = server_options(*table["tls_files"])
         checked.append(table)
     return checked
@@ -248,6 +250,8 @@ def load_auth_files(settings):
 def server_tls_options(settings):
     if not (settings["listeners.tls"] or settings["listeners.wss"]):
         return None
+    from mqttgw.transports.tls import server_options
+
     tls = settings.section("tls")
     return server_options(
         tls["cert"], tls["key"], tls["ca"] or None, tls["require_client_cert"], tls["ciphers"]
@@ -287,13 +291,21 @@ def configure_router(router, settings):
         sparkplug.max_devices = settings["sparkplug.max_devices"]
 
 
+def _installed(name):
+    """Whether module ``name`` can be imported, without importing it."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:
+        return False
+
+
 def build_router(settings, clock, store=None):
     router = Router(clock, store=store)
     if settings["sparkplug.aware"]:
-        try:
-            router.sparkplug = Sparkplug(router, clock)
-        except ImportError:
+        # Checked now, imported with the first Sparkplug message.
+        if not _installed("google.protobuf"):
             sys.exit("mqttgw: sparkplug.aware needs protobuf (pip install protobuf), or set it false")
+        router.sparkplug = Sparkplug(router, clock)
     configure_router(router, settings)
     return router
 
@@ -401,6 +413,8 @@ def open_store(settings, reactor):
     persistence = settings.section("persistence")
     if not persistence["enabled"]:
         return None, ([], [])
+    from mqttgw.broker.store import Store, StoreError
+
     try:
         store = Store(
             persistence["data_dir"], reactor, persistence["durability"], recover=persistence["recover"]

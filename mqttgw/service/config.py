@@ -18,7 +18,7 @@ from mqttgw.schema import (
     check_table,
     check_value,
 )
-from mqttgw.transports.tls import INTERMEDIATE_CIPHERS
+from mqttgw.transports.tlsprofile import INTERMEDIATE_CIPHERS
 
 # The schema; deploy/mqttgw.toml documents each key.
 KEYS = [

@@ -2,62 +2,25 @@
 The twistd plugin's options and service: ``twistd -n mqttgw --tcp 1883``.
 """
 
-import os
 import sys
 
-import attr
-from twisted.application.service import Service
-from twisted.internet.threads import deferToThread
 from twisted.logger import Logger
-from twisted.protocols.tls import TLSMemoryBIOFactory
 from twisted.python import usage
-from twisted.python.threadpool import ThreadPool
 
 from mqttgw import __version__
-from mqttgw.broker.access import Access
 from mqttgw.compiled import build
 from mqttgw.schema import ConfigError, check_value, type_name
-from mqttgw.security.passwords import PasswordChecker
-from mqttgw.security.portal import (
-    TokenOrPasswordChecker,
-    credentials_checker,
-    make_portal,
-)
-from mqttgw.security.tokens import TokenIssuer
-from mqttgw.service import collector, config, logs
+from mqttgw.service import collector, config, footprint, logs
 from mqttgw.service.build import (
-    build_router,
     check_auth_methods,
     check_bridges,
     check_http,
     check_listener_tables,
-    admin_socket,
     check_listeners,
-    connection_limits,
-    endpoint_description,
-    http_connection_limit,
-    login_gates,
-    http_description,
-    http_host,
     load_auth_files,
-    open_archive,
-    open_store,
     server_tls_options,
-    unix_description,
 )
-from mqttgw.service.gateway import Gateway
-from mqttgw.service.reload import ReloadService
 from mqttgw.service.runtime_bridges import RuntimeBridges
-from mqttgw.transports.httpguard import BoundedFactory, ConnectionSlots, HostNames
-from mqttgw.transports.listening import ListenerService
-from mqttgw.transports.protocol import MQTTServerFactory
-from mqttgw.transports.schedulers import Flusher
-from mqttgw.transports.tls import ReloadableServerTLS, server_options
-from mqttgw.transports.websocket import websocket_resource, websocket_site
-from mqttgw.web.admin import Roles, admin_site, api_resource, is_loopback
-from mqttgw.web.dashboard import Dashboard
-from mqttgw.web.metrics import Metrics
-from mqttgw.web.systopics import SysTopics
 
 log = Logger()
 
@@ -134,6 +97,7 @@ class Options(usage.Options):
             flags = self.flag_values = self._flag_values()
             from_file = config.load_file(self["config"]) if self["config"] else {}
             settings = config.build(from_file, flags)
+            footprint.load_reactor(footprint.uses_tls(settings))
             check_listeners(settings)
             self.tls_options = server_tls_options(settings)
             self.runtime_bridges = RuntimeBridges.in_data_dir(settings).load()
@@ -165,335 +129,9 @@ for _key in config.KEYS:
         setattr(Options, "opt_" + _key.flag.replace("-", "_"), _repeatable(_key))
 
 
-class WorkerService(Service):
-    """
-    Runs a worker thread (the store's writer, the archive's) from start-up;
-    on shutdown it finishes its work, stopped off the reactor thread.
-    """
-
-    def __init__(self, worker):
-        self.worker = worker
-
-    def startService(self):
-        super().startService()
-        self.worker.start()
-
-    def stopService(self):
-        super().stopService()
-        return deferToThread(self.worker.stop)
-
-
-class Assembly:
-    """
-    The running gateway put together from checked settings, one part at a
-    time; what several parts share (the router, the credentials checker,
-    the flusher, the dashboard) is built once here.
-    """
-
-    def __init__(self, options, reactor):
-        self.options = options
-        self.settings = settings = options.settings
-        self.reactor = reactor
-        self.ws = settings.section("websocket")
-        store, restored = open_store(settings, reactor)
-        router = build_router(settings, reactor, store)
-        router.restore(*restored)
-        self.gateway = gateway = Gateway(router, reactor, store)
-        gateway.settings, gateway.restored = settings, restored
-        self.flusher = Flusher(reactor)
-        self.limits = connection_limits(settings)
-        self.throttle, self.connection_rate, self.refusals = login_gates(settings, reactor)
-        gateway.throttle = self.throttle
-        self.reloader = ReloadService(reactor, options, gateway)
-        # What the admin API changes bridges through.
-        gateway.reloader = self.reloader
-        gateway.runtime_bridges = options.runtime_bridges
-        self.renewable = {}
-        # The names every HTTP listener answers to besides its own addresses.
-        self.hosts = HostNames(settings["http.allowed_hosts"])
-        if "*" in self.hosts.allowed:
-            log.warn(
-                "http.allowed_hosts has '*': the HTTP listeners answer to any host name,"
-                " so a web page whose name is re-pointed at this machine may use them"
-            )
-
-    def credentials(self):
-        """Who may connect, and what they may touch."""
-        settings, gateway, reactor = self.settings, self.gateway, self.reactor
-        auth = settings.section("auth")
-        table, acl, tokens = self.options.auth_files
-        gateway.had_passwords, gateway.had_tokens = table, tokens
-        gateway.router.access = Access(acl, auth["analytics_writers"])
-        allow_anonymous = auth["allow_anonymous"]
-        if allow_anonymous is None:
-            allow_anonymous = table is None and tokens is None
-        self.allow_anonymous = allow_anonymous
-        pool = gateway.pool = ThreadPool(0, 2, "mqttgw-auth")
-        self.passwords = PasswordChecker(table, reactor, pool) if table is not None else None
-        self.tokens = tokens
-        # The dashboard's sign-in tokens, when a dashboard is served and
-        # there are credentials to sign in with.
-        self.issuer = None
-        if (settings["http.address"] or self.ws["dashboard"]) and (table is not None or tokens is not None):
-            self.issuer = TokenIssuer(settings["http.token_lifetime"])
-        gateway.checker = credentials_checker(self.passwords, tokens, reactor, pool, self.issuer)
-        self.portal = self.portal_for(allow_anonymous)
-        if auth["session_owner_mismatch"] == "new_session":
-            log.warn(
-                "auth.session_owner_mismatch = new_session: a client connecting with the"
-                " client id of another identity's unconnected session discards that session"
-            )
-        if self.options.auth_methods:
-            log.info(
-                "auth.methods: MQTT 5.0 enhanced authentication offered: {methods}",
-                methods=", ".join(self.options.auth_methods),
-            )
-
-    def portal_for(self, anonymous, methods=None):
-        """A portal for a listener accepting ``methods`` (None: all configured)."""
-        checker = self.gateway.checker
-        if methods is not None:
-            checker = credentials_checker(
-                self.passwords if "password" in methods else None,
-                self.tokens if "token" in methods else None,
-                self.reactor,
-                self.gateway.pool,
-                self.issuer if "token" in methods else None,
-            )
-            if isinstance(checker, TokenOrPasswordChecker):
-                # Shares the reload of the main checker.
-                self.reloader.token_checkers.append(checker)
-        if checker is None and anonymous:
-            return None
-        return make_portal(checker, anonymous)
-
-    def dashboard(self):
-        """The dashboard on WebSocket listeners, if served there."""
-        self.page = None
-        if not self.ws["dashboard"]:
-            return
-        # Beside MQTT, anyone can reach the API: it always asks who.
-        self.page = Dashboard()
-        self.page.putChild(
-            b"api",
-            api_resource(
-                self.gateway, make_portal(self.gateway.checker, False), self.roles(), self.issuer,
-                throttle=self.login_throttle(),
-            ),
-        )
-        log.warn(
-            "websocket.dashboard: the dashboard and the admin API (/api/, with the"
-            " credentials of http.admin_users or http.read_users) are served on every"
-            " WebSocket listener",
-        )
-
-    def roles(self):
-        return Roles(self.settings["http.admin_users"], self.settings["http.read_users"])
-
-    def login_throttle(self):
-        """The one login throttle of every listener, MQTT's and the admin surface's."""
-        return self.throttle
-
-    def mqtt_factory(self, kind, portal, identity_as_username=False):
-        factory = MQTTServerFactory(
-            self.gateway.router, self.limits, self.reactor, self.flusher,
-            identity_as_username=identity_as_username, portal=portal,
-            throttle=self.throttle, connection_rate=self.connection_rate, refusals=self.refusals,
-        )
-        factory.kind = kind
-        factory.auth_methods = self.options.auth_methods
-        self.gateway.factories.append(factory)
-        return factory
-
-    def site(self, mqtt_factory, secure=False, allowed_origins=None):
-        ws = self.ws
-        return websocket_site(
-            mqtt_factory,
-            self.gateway.router,
-            self.reactor,
-            ws["max_message_size"],
-            ws["trusted_proxies"],
-            ws["compression"],
-            ws["allowed_origins"] if allowed_origins is None else allowed_origins,
-            secure,
-            self.settings["http.dashboard_message_rate"] if self.page is not None else 0,
-            dashboard=self.page,
-            hosts=self.hosts,
-        )
-
-    def tls(self, wrapped, tls_options=None, files=None):
-        """``wrapped`` behind TLS whose certificate SIGHUP can renew."""
-        key = files or "global"
-        if key not in self.renewable:
-            if files is None:
-                settings = self.settings
-                load = lambda: server_tls_options(settings)  # noqa: E731
-            else:
-                load = lambda: server_options(*files)  # noqa: E731
-            self.renewable[key] = ReloadableServerTLS(tls_options or self.options.tls_options, load)
-        wrapper = TLSMemoryBIOFactory(self.renewable[key], False, wrapped)
-        wrapper.noisy = False
-        return wrapper
-
-    def workers(self):
-        """The store's and the archive's writer threads: first in, last to stop."""
-        gateway = self.gateway
-        self.reloader.setServiceParent(gateway)
-        if gateway.store is not None:
-            # Connections close before it commits.
-            WorkerService(gateway.store).setServiceParent(gateway)
-        archive = gateway.archive = open_archive(self.settings, self.reactor)
-        if archive is not None:
-            gateway.router.recorder = archive
-            WorkerService(archive).setServiceParent(gateway)
-
-    def listen(self, kind, address, made, anonymous):
-        listener = ListenerService(
-            self.reactor,
-            kind,
-            endpoint_description(address, self.settings["limits.listen_backlog"]),
-            made,
-            secure=kind in ("tls", "wss"),
-            anonymous=anonymous,
-            name=address,
-        )
-        self.gateway.listeners.append(listener)
-        listener.setServiceParent(self.gateway)
-        if anonymous:
-            log.warn(
-                "listener {listener} ({kind}) accepts anonymous clients: anyone who can"
-                " reach it may publish and subscribe (set auth.password_file, or"
-                " auth.allow_anonymous = false)",
-                listener=address,
-                kind=kind,
-            )
-
-    def listeners(self):
-        """--tcp, --tls, --ws and --wss, then the [[listener]] tables."""
-        settings = self.settings
-        identity = settings["tls.use_identity_as_username"]
-        factory = self.mqtt_factory("tcp", self.portal)
-        tls_factory = self.mqtt_factory("tls", self.portal, identity)
-        made = {
-            "tcp": lambda: factory,
-            "tls": lambda: self.tls(tls_factory),
-            "ws": lambda: self.site(factory),
-            "wss": lambda: self.tls(self.site(tls_factory, secure=True)),
-        }
-        for kind, make in made.items():
-            for address in settings[f"listeners.{kind}"]:
-                anonymous = self.allow_anonymous and not (kind in ("tls", "wss") and identity)
-                self.listen(kind, address, make(), anonymous)
-        # Each table with its own factory, portal and TLS.
-        for table in self.options.listener_tables:
-            kind = table["kind"]
-            anonymous = table.get("allow_anonymous", self.allow_anonymous)
-            listener_factory = self.mqtt_factory(
-                kind,
-                self.portal_for(anonymous, table.get("auth")),
-                table.get("use_identity_as_username", identity),
-            )
-            made_ = listener_factory
-            if kind in ("ws", "wss"):
-                made_ = self.site(listener_factory, kind == "wss", table.get("allowed_origins"))
-            if kind in ("tls", "wss"):
-                made_ = self.tls(made_, table["tls_options"], table["tls_files"])
-            self.listen(kind, table["address"], made_, anonymous)
-        self.reloader.renewable_tls = list(self.renewable.values())
-
-    def bridges(self):
-        gateway = self.gateway
-        for kind, bridge in self.options.bridges:
-            service = kind.make_service(gateway.router, bridge, self.reactor)
-            gateway.bridges.append(service)
-            service.setServiceParent(gateway)
-
-    def operations(self):
-        """$SYS, and the admin listener with metrics, the API and the dashboard."""
-        settings, gateway = self.settings, self.gateway
-        router = gateway.router
-        if settings["mqtt.sys_interval"] > 0:
-            gateway.sys_topics = SysTopics(
-                router, self.reactor, settings["mqtt.sys_interval"], gateway.bridges, router.store
-            )
-        http = settings["http.address"]
-        if not http:
-            return
-        metrics = Metrics(router, gateway.listeners, gateway.bridges, router.store, gateway.archive)
-        description = http_description(http)
-        admin_portal = None
-        open_ = is_loopback(http_host(description))
-        checker = gateway.checker
-        if not open_:
-            admin_portal = make_portal(checker, False)
-            log.warn(
-                "admin listener {address} is reachable beyond this machine: /metrics"
-                " and /api/ ask for the credentials of http.admin_users ({users})",
-                address=http,
-                users=", ".join(settings["http.admin_users"]) or "none yet",
-            )
-        else:
-            log.info(
-                "admin listener {address}: the dashboard at /, /metrics and /api/ for"
-                " this machine only; changes need credentials (or the admin socket)",
-                address=http,
-            )
-        ws = self.ws
-        hosts, secure = self.hosts, description.startswith("ssl:")
-        origins = settings["http.allowed_origins"]
-        if "*" in origins:
-            log.warn(
-                "http.allowed_origins has '*': a page of any origin may use the admin"
-                " listener's /mqtt and send it changes (with credentials)"
-            )
-        # The dashboard's own MQTT, on the listener's origin.
-        mqtt = websocket_resource(
-            self.mqtt_factory("http", self.portal), ws["max_message_size"], ws["trusted_proxies"],
-            ws["compression"], origins, secure, settings["http.dashboard_message_rate"], hosts,
-        )
-        signin = make_portal(checker, False) if checker is not None else None
-        # Reads without credentials on loopback see what anonymous MQTT clients may.
-        anonymous_reads = self.allow_anonymous
-        limit = http_connection_limit(settings)
-        timeout = settings["http.idle_timeout"]
-        site = admin_site(
-            gateway, metrics, admin_portal, attr.evolve(self.roles(), open=open_), self.issuer,
-            signin, mqtt, hosts, self.login_throttle(), anonymous_reads,
-            allowed_origins=origins, timeout=timeout,
-        )
-        site.secure = secure
-        ListenerService(
-            self.reactor, "http", description, BoundedFactory(site, ConnectionSlots(limit), "admin"),
-            name=http,
-        ).setServiceParent(gateway)
-        log.info(
-            "admin listener {address}: at most {n} connections, and as many on its socket"
-            " (http.max_connections), idle ones closed after {timeout}s; host names"
-            " besides its addresses: {names}",
-            address=http,
-            n=limit,
-            timeout=timeout,
-            names=", ".join(sorted(hosts.allowed)) or "none",
-        )
-        gateway.http = description
-        path = admin_socket(settings)
-        if path is not None:
-            os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
-            local = admin_site(
-                gateway, metrics, throttle=self.login_throttle(), local=True, timeout=timeout
-            )
-            ListenerService(
-                self.reactor, "http", unix_description(path),
-                BoundedFactory(local, ConnectionSlots(limit), "admin socket"), name=path,
-            ).setServiceParent(gateway)
-            log.info(
-                "admin socket {path} (mode 0600): the admin API for python -m mqttgw.ctl,"
-                " every change allowed to whoever may open it",
-                path=path,
-            )
-
-
 def makeService(options, reactor=None):
+    from mqttgw.service.assembly import Assembly
+
     if reactor is None:
         from twisted.internet import reactor
 

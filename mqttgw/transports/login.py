@@ -21,7 +21,7 @@ from mqttgw.security.passwords import Busy
 from mqttgw.transports.dialects import dialect_for, unsupported
 from mqttgw.transports.handshake import ANSWERING, LOGGING_IN, REFUSING, Exchange, cancel
 from mqttgw.transports.mqtt5 import check_response_topic
-from mqttgw.transports.tls import peer_identity
+from mqttgw.transports.tlsprofile import peer_identity
 from mqttgw.wire import packets as P
 from mqttgw.wire import reasons as R
 from mqttgw.wire.framing import ProtocolViolation

@@ -11,10 +11,10 @@ connection's (:mod:`~mqttgw.transports.connection`).  Bad input closes
 this connection with a log line and nothing else.
 """
 
+import sys
 from types import MappingProxyType
 
 import attr
-from OpenSSL import SSL
 from twisted.internet.protocol import Factory
 from twisted.logger import Logger
 
@@ -80,6 +80,15 @@ class ConnectionLimits:
     subscription_identifier_available = attr.ib(default=default("mqtt.subscription_identifier_available"))
     shared_subscription_available = attr.ib(default=default("mqtt.shared_subscription_available"))
     response_information = attr.ib(default=default("mqtt.response_information"))
+
+
+def _tls_failed(reason):
+    """
+    Whether ``reason`` is a failed TLS handshake.  pyOpenSSL is loaded only
+    where TLS is configured; where it is not, no handshake could fail.
+    """
+    SSL = sys.modules.get("OpenSSL.SSL")
+    return SSL is not None and reason.check(SSL.Error) is not None
 
 
 def _tls_reason(error):
@@ -161,7 +170,7 @@ class MQTTServerProtocol(Login, Handshake, Publishing, Subscribing, MQTTConnecti
         self._flusher.connects.add(self, self.limits.connect_timeout)
 
     def _lost(self, reason):
-        if self.state in BEFORE_CONNACK and reason.check(SSL.Error):
+        if self.state in BEFORE_CONNACK and _tls_failed(reason):
             self.router.limited("tls handshakes", log).warn(
                 "TLS handshake with {peer} failed: {reason}",
                 peer=self.peer,

@@ -13,7 +13,8 @@ the shared keys.
 
 :class:`Server` keeps no log prefix, representation string or bound
 ``fileno`` method per connection (about 0.23 KiB): it makes them when they
-are asked for.  It sends what it is given at once when nothing waits
+are asked for; nor a list for bytes waiting to be written (56 bytes) while
+none wait.  It sends what it is given at once when nothing waits
 before it, as mosquitto does, rather than on the reactor's next turn.
 :class:`Port` accepts connections in bounded batches.
 """
@@ -53,9 +54,29 @@ class _SocketFileno:
     __set__ = __delete__ = _discard
 
 
+class _NothingWaits(list):
+    """
+    An empty write buffer shared by every connection with nothing waiting,
+    in place of the empty list Twisted gives each; a connection gets a
+    list of its own when bytes must wait.  It refuses to hold any.
+    """
+
+    def _refuse(self, *_):
+        raise TypeError("the shared empty write buffer holds nothing")
+
+    append = extend = insert = __setitem__ = __iadd__ = _refuse
+
+
+_NOTHING_WAITS = _NothingWaits()
+
+
 class Server(tcp.Server):
     """A server-side TCP transport that writes eagerly and makes its strings
-    for logs on demand."""
+    for logs and its write buffer on demand."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._tempDataBuffer = _NOTHING_WAITS
 
     def _idle(self):
         """Whether bytes written now may go straight to the socket."""
@@ -81,6 +102,8 @@ class Server(tcp.Server):
             if sent == len(data):
                 return
             data = data[sent:]
+        if self._tempDataBuffer is _NOTHING_WAITS:
+            self._tempDataBuffer = []
         super().write(data)
 
     def writeSequence(self, iovec):
@@ -88,7 +111,16 @@ class Server(tcp.Server):
         if self._idle():
             self.write(b"".join(iovec))
         else:
+            if self._tempDataBuffer is _NOTHING_WAITS:
+                self._tempDataBuffer = []
             super().writeSequence(iovec)
+
+    def doWrite(self):
+        # Twisted leaves a fresh empty list after moving what waited.
+        result = super().doWrite()
+        if not self._tempDataBuffer:
+            self._tempDataBuffer = _NOTHING_WAITS
+        return result
 
     def logPrefix(self):
         # Asked for when a line is logged about the connection.

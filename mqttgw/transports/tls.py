@@ -1,7 +1,7 @@
 """
 TLS for listeners: server options from PEM files (TLS 1.2 and newer, its
-suites forward-secret AEAD ones by default), and the identity a client
-certificate carries.
+suites forward-secret AEAD ones by default, see tlsprofile), renewable by
+SIGHUP.  Imported only where TLS is configured: it loads pyOpenSSL.
 """
 
 from OpenSSL import SSL, crypto
@@ -10,27 +10,7 @@ from twisted.internet.interfaces import IOpenSSLServerConnectionCreator
 from zope.interface import implementer
 
 from mqttgw.schema import ConfigError
-
-
-# Mozilla's "intermediate" profile (version 5.7) for TLS 1.2: keys exchanged with
-# forward secrecy (ECDHE, DHE) and authenticated encryption (AES-GCM,
-# ChaCha20-Poly1305) only; no plain RSA key exchange, no CBC.  (DHE needs
-# DH parameters, which are not loaded, so ECDHE is what is agreed; the DHE
-# suites stay as the profile lists them.)  TLS 1.3's own suites are not
-# changed by a cipher string.
-INTERMEDIATE_CIPHERS = ":".join(
-    (
-        "ECDHE-ECDSA-AES128-GCM-SHA256",
-        "ECDHE-RSA-AES128-GCM-SHA256",
-        "ECDHE-ECDSA-AES256-GCM-SHA384",
-        "ECDHE-RSA-AES256-GCM-SHA384",
-        "ECDHE-ECDSA-CHACHA20-POLY1305",
-        "ECDHE-RSA-CHACHA20-POLY1305",
-        "DHE-RSA-AES128-GCM-SHA256",
-        "DHE-RSA-AES256-GCM-SHA384",
-        "DHE-RSA-CHACHA20-POLY1305",
-    )
-)
+from mqttgw.transports.tlsprofile import INTERMEDIATE_CIPHERS
 
 
 def acceptable_ciphers(cipher_string, what):
@@ -106,21 +86,6 @@ def server_options(
             f"tls.cert {cert} and tls.key {key} cannot be used together: {e}"
         ) from None
     return options
-
-
-def peer_identity(transport):
-    """
-    The common name of the client certificate on ``transport``, or None
-    (no TLS, or no certificate).
-    """
-    get_certificate = getattr(transport, "getPeerCertificate", None)
-    if get_certificate is None:
-        return None
-    certificate = get_certificate()
-    if certificate is None:
-        return None
-    subject = certificate.get_subject()
-    return subject.CN
 
 
 @implementer(IOpenSSLServerConnectionCreator)
