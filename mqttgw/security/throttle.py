@@ -89,11 +89,8 @@ class Throttle:
     wait for their answer at once.  The refusals waiting are answered one
     after another, so places come free as a flood goes on, not all at its
     end: for an address's own failures, one at least every ``longest``.
-
-    ``failed(key)`` and ``succeeded(key)`` serve callers that check
-    credentials one request at a time (the admin HTTP listener): the delay
-    before answering, counted under ``key`` with MQTT's, for which
-    :meth:`begin` and :meth:`answer` are used.
+    MQTT logins, 5.0 enhanced authentication and the admin listener's HTTP
+    Basic logins all go through :meth:`begin` and :meth:`answer`.
     """
 
     def __init__(self, first=0.1, longest=10.0, size=10_000, max_waiting=256,
@@ -147,22 +144,7 @@ class Throttle:
             r.last = now
         return at
 
-    # One request at a time
-
-    def failed(self, key):
-        """The delay before this refusal is answered."""
-        now = self.seconds()
-        return self._fail([self._record(key, now)], now, self.max_waiting_per_user) - now
-
-    def succeeded(self, key):
-        """
-        The delay before this success is answered: the answers due for
-        ``key`` first, at most ``longest``.  Nothing is forgotten.
-        """
-        now = self.seconds()
-        return min(max(0.0, self._record(key, now).free_at - now), self.longest)
-
-    # MQTT logins
+    # Logins
 
     def begin(self, host, username=None):
         """
