@@ -51,7 +51,7 @@ ARRAYS = {
     T.FloatArray: st.lists(FLOAT32, max_size=8),
     T.DoubleArray: st.lists(st.floats(allow_nan=False), max_size=8),
     T.BooleanArray: st.lists(st.booleans(), max_size=20),
-    T.StringArray: st.lists(st.text(alphabet=st.characters(blacklist_characters="\0"), max_size=8), max_size=6),
+    T.StringArray: st.lists(st.text(alphabet=st.characters(exclude_characters="\0", exclude_categories=("Cs",)), max_size=8), max_size=6),
     T.DateTimeArray: st.lists(st.integers(0, 2**63 - 1), max_size=8),
 }
 # What a DataSet column and a property may hold.

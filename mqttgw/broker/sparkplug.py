@@ -7,8 +7,10 @@ restart with the store), and knows each edge node and device it has seen:
 online from its BIRTH, offline from its DEATH (an NDEATH will included)
 when the NDEATH's bdSeq is the birth's, with gaps in ``seq`` counted.
 
-Payloads are decoded here only, never for other topics; one that is not
-a Sparkplug B payload is counted and carried on as it came.
+Payloads are read here only, never for other topics: NBIRTH and NDEATH
+decoded whole (bdSeq is a metric), the others' ``seq`` read alone
+(wire/sparkplug/seq.py), their metrics skipped unbuilt.  One that cannot be read is
+counted and carried on as it came.
 """
 
 import collections
@@ -108,6 +110,7 @@ class Sparkplug:
         # The codec needs protobuf (about 4 MB): imported with the first
         # Sparkplug message, not by a gateway that never sees one.
         self._codec = None
+        self._seq_reader = None
 
     @property
     def codec(self):
@@ -117,6 +120,14 @@ class Sparkplug:
             self._codec = payload
         return self._codec
 
+    @property
+    def seq_reader(self):
+        if self._seq_reader is None:
+            from mqttgw.wire.sparkplug import seq
+
+            self._seq_reader = seq
+        return self._seq_reader
+
     def published(self, message):
         """``message`` (under spBv1.0/) as it is to be routed."""
         parsed = topics.parse(message.topic)
@@ -125,10 +136,37 @@ class Sparkplug:
         group, kind, node_id, device = parsed
         if kind in ("NCMD", "DCMD"):
             return message
-        codec = self.codec
+        if kind in ("NBIRTH", "DBIRTH") and message.payload:
+            self._keep(message)
+        key = (group, node_id)
+        if kind in ("NBIRTH", "NDEATH"):
+            # bdSeq is a metric: these few are decoded whole.
+            codec = self.codec
+            payload = self._read(codec.decode, codec.MalformedPayload, kind, message)
+            if payload is None:
+                return message
+            if kind == "NBIRTH":
+                self._node_birth(key, payload)
+            else:
+                message = self._node_death(key, payload, message, codec)
+            return message
+        # The data and device messages: their seq is all that is followed.
+        reader = self.seq_reader
+        seq = self._read(reader.seq_of, reader.MalformedSeq, kind, message)
+        node = self.nodes.get(key)
+        if seq is not False and node is not None and node.online:
+            self._sequence(node, seq)
+            if kind == "DBIRTH":
+                self._device(node, device, True)
+            elif kind == "DDEATH":
+                self._device(node, device, False)
+        return message
+
+    def _read(self, read, malformed, kind, message):
+        """``read(payload)``; None for NBIRTH/NDEATH and False for others if unreadable (counted, logged)."""
         try:
-            payload = codec.decode(message.payload)
-        except codec.MalformedPayload as e:
+            return read(message.payload)
+        except malformed as e:
             self.stats.malformed += 1
             self.router.limited("sparkplug").warn(
                 "Sparkplug {kind} on {topic} carried unread: {reason}",
@@ -136,25 +174,7 @@ class Sparkplug:
                 topic=printable(message.topic),
                 reason=str(e),
             )
-            payload = None
-        if kind in ("NBIRTH", "DBIRTH") and message.payload:
-            self._keep(message)
-        if payload is None:
-            return message
-        key = (group, node_id)
-        if kind == "NBIRTH":
-            self._node_birth(key, payload)
-        elif kind == "NDEATH":
-            message = self._node_death(key, payload, message, codec)
-        else:
-            node = self.nodes.get(key)
-            if node is not None and node.online:
-                self._sequence(node, payload)
-                if kind == "DBIRTH":
-                    self._device(node, device, True)
-                elif kind == "DDEATH":
-                    self._device(node, device, False)
-        return message
+            return None if kind in ("NBIRTH", "NDEATH") else False
 
     def _keep(self, message):
         """A birth's certificate: its bytes, retained, written by the gateway."""
@@ -222,10 +242,9 @@ class Sparkplug:
             return metric.int_value
         return None
 
-    def _sequence(self, node, payload):
-        if not payload.HasField("seq"):
+    def _sequence(self, node, seq):
+        if seq is None:
             return
-        seq = payload.seq
         if node.seq is not None and seq != (node.seq + 1) % 256:
             self.stats.out_of_sequence += 1
             node.out_of_sequence += 1
