@@ -23,6 +23,7 @@ PACKAGE = REPO / "mqttgw"
 OPTIONAL = {
     "mqttgw.data.archive", "mqttgw.pipeline.tables", "mqttgw.pipeline.publish",
     "mqttgw.wire.sparkplug.payload",
+    "mqttgw.wire.sparkplug.seq",
     "mqttgw.service.assembly", "mqttgw.transports.tls", "mqttgw.transports.websocket",
     "mqttgw.transports.httpguard", "mqttgw.web.admin", "mqttgw.web.dashboard",
     "mqttgw.web.metrics", "mqttgw.broker.store",
