@@ -77,16 +77,13 @@ class Scan:
 
 def scan(data, at, limit, fragment, budget=FRAMES_PER_TURN):
     """
-    The frames of ``data`` from offset ``at`` taken here, up to ``budget``
-    frames' cost; a frame or message over ``limit`` bytes (0: none is)
-    stops the scan.  ``fragment``: as Scan's, from the previous scan.
+    The frames of ``data`` from ``at`` taken here, up to ``budget`` frames'
+    cost; one over ``limit`` bytes (0: none is) stops the scan; ``fragment``
+    as Scan's.  Small data frames' payloads since the last large one stay
+    masked beside their keys, to be unmasked together.
     """
-    size = len(data)
-    view = memoryview(data)
-    # The small data frames' payloads since the last large one are kept
-    # masked beside their keys, to be unmasked together.
-    payloads, pings, masked, keys = [], [], [], []
-    frames, cut = 0, None
+    size, view = len(data), memoryview(data)
+    payloads, pings, masked, keys, frames, cut = [], [], [], [], 0, None
     while frames < budget and at < size:
         first = data[at]
         if (first != 0x82 or fragment is not None) and first not in (_OUTSIDE if fragment is None else _INSIDE):
