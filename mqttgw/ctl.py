@@ -187,7 +187,8 @@ COLUMNS = {
 }
 
 
-def parse_args(argv):
+def build_parser():
+    """The command line, as parse_args() reads it and the manual page shows it."""
     parser = argparse.ArgumentParser(
         prog="python -m mqttgw.ctl", description="Talk to a running mqttgw's admin API."
     )
@@ -215,6 +216,11 @@ def parse_args(argv):
     bridge_set.add_argument("file", help="the table: a .json object, or TOML with the keys at top level")
     bridge_delete = commands.add_parser("bridge-delete", help="remove a bridge at runtime")
     bridge_delete.add_argument("name")
+    return parser
+
+
+def parse_args(argv):
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "sessions" and args.action == "delete" and not args.client_id:
         parser.error("sessions delete needs a CLIENT_ID")

@@ -112,7 +112,8 @@ def _ask(username):
     return first
 
 
-def main(argv=None):
+def build_parser():
+    """The command line, as main() reads it and the manual page shows it."""
     parser = argparse.ArgumentParser(
         prog="python -m mqttgw.passwd",
         description="Manage password files in mosquitto's format.",
@@ -125,7 +126,11 @@ def main(argv=None):
     parser.add_argument("passwordfile")
     parser.add_argument("username", nargs="?")
     parser.add_argument("password", nargs="?")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
     try:
         if args.U:
             if args.username or args.b:
