@@ -266,7 +266,7 @@ def sys_topics():
     topics = {}
     for topic in publisher.values():
         pattern = re.sub(r"/(1min|5min|15min)$", "/PERIOD", topic)
-        topics[pattern] = systopics.meaning(pattern)
+        topics[pattern] = systopics.meaning(pattern) if systopics.known(pattern) else None
     return topics
 
 
@@ -279,13 +279,19 @@ def metric_families():
     families = []
     for family in metrics.registry.collect():
         labels = sorted({k for s in family.samples for k in s.labels if k != "le"})
-        families.append((family.name, family.type, labels, family.documentation))
+        # As /metrics serves it: a counter's name ends in _total.
+        name = family.name + ("_total" if family.type == "counter" else "")
+        families.append((name, family.type, labels, family.documentation))
     return families
 
 
 class SysTopicsReference(_Generated):
     def lines(self):
-        for topic, text in sys_topics().items():
+        topics = sys_topics()
+        unknown = [topic for topic, text in topics.items() if text is None]
+        if unknown:
+            raise self.error(f"$SYS topics without a meaning in mqttgw.web.systopics.MEANINGS: {', '.join(unknown)}")
+        for topic, text in topics.items():
             yield f"``{topic}``"
             yield f"   {_sentence(text)}"
             yield ""
@@ -317,15 +323,12 @@ def admin_routes():
 
 class AdminRoutesReference(_Generated):
     def lines(self):
-        yield "``GET /healthz``"
-        yield "   200 while the gateway runs (for a liveness probe)."
-        yield ""
-        yield "``GET /readyz``"
-        yield "   200 once the listeners are bound and the store commits, else 503."
-        yield ""
-        yield "``GET /metrics``"
-        yield "   The Prometheus series (see :doc:`/reference/metrics`)."
-        yield ""
+        from mqttgw.web import admin
+
+        for path, resource in (("/healthz", admin.Healthz), ("/readyz", admin.Readyz), ("/metrics", admin.MetricsPage)):
+            yield f"``GET {path}``"
+            yield f"   {_sentence(resource.__doc__.strip().split(chr(10) * 2)[0])}"
+            yield ""
         for method, path, text in admin_routes():
             yield f"``{method} {path}``"
             yield f"   {_sentence(text)}"

@@ -116,6 +116,12 @@ MEANINGS = {
 }
 
 
+def known(pattern):
+    """Whether MEANINGS (or the load averages) say what ``pattern`` holds."""
+    name = pattern.removeprefix("$SYS/broker/")
+    return name in MEANINGS or (name.startswith("load/") and name.endswith("/PERIOD"))
+
+
 def meaning(pattern):
     """What the ``$SYS`` topic ``pattern`` holds; KeyError for an unknown one."""
     name = pattern.removeprefix("$SYS/broker/")
