@@ -223,6 +223,19 @@ def test_every_metrics_series_is_listed_and_no_other(built, router, reactor):
     assert listed == existing
 
 
+def test_the_guides_name_only_series_that_exist(built):
+    listed = {
+        t.split("{")[0].split()[0] for t in _terms(built, "reference/metrics.html") if t.startswith("mqttgw_")
+    }
+    # Counters are named with or without the _total the exposition adds.
+    known = listed | {name.removesuffix("_total") for name in listed}
+    named = {
+        name for page in (DOCS / "guide").glob("*.rst")
+        for name in re.findall(r"\bmqttgw_[a-z0-9_]*[a-z0-9]\b", page.read_text())
+    }
+    assert named and named - known == set()
+
+
 def test_every_admin_route_is_listed_and_no_other(built):
     from twisted.internet.task import Clock
 

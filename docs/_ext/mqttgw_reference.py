@@ -27,6 +27,7 @@ class _Generated(Directive):
     has_content = False
 
     def run(self):
+        _note_generated(self.state.document.settings.env)
         node = nodes.section() if self.titles else nodes.container()
         node.document = self.state.document
         text = StringList(list(self.lines()), source=f"<{self.name}>")
@@ -58,7 +59,7 @@ def key_lines(key, flags=True, restart=()):
 
     default = "required" if key.default is REQUIRED else _literal(key.default)
     yield f"``{key.path}``"
-    yield f"   {_one_line(key.help)}."
+    yield f"   {_sentence(key.help)}"
     doc = getattr(key, "doc", None)
     if doc:
         yield ""
@@ -116,7 +117,7 @@ class ConfigReference(_Generated):
         yield ""
         for name, (kind, default, text) in pipeline.KEYS.items():
             yield f"``pipeline.{name}``"
-            yield f"   {_one_line(text)}."
+            yield f"   {_sentence(text)}"
             yield ""
             kind_name = {list: "a list of strings", dict: "a table", bool: "true or false", str: "a string"}[kind]
             yield f"   Type: {kind_name}; default: {_literal(default) if kind is not dict else '``{}``'}."
@@ -370,6 +371,7 @@ class MarkdownTables(Directive):
         from pathlib import Path
 
         env = self.state.document.settings.env
+        _note_generated(env)
         # Relative to the page, as an include's path is.
         path = (Path(env.doc2path(env.docname)).parent / self.arguments[0]).resolve()
         env.note_dependency(str(path))
@@ -428,7 +430,31 @@ def _table(rows):
     return table
 
 
+# Pages written from the code are read again at every build: Sphinx sees
+# only their sources, which do not change when the code does.
+
+def _note_generated(env):
+    if not hasattr(env, "mqttgw_generated"):
+        env.mqttgw_generated = set()
+    env.mqttgw_generated.add(env.docname)
+
+
+def _outdated(app, env, added, changed, removed):
+    return sorted(getattr(env, "mqttgw_generated", set()) - set(removed))
+
+
+def _purge(app, env, docname):
+    getattr(env, "mqttgw_generated", set()).discard(docname)
+
+
+def _merge(app, env, docnames, other):
+    env.mqttgw_generated = getattr(env, "mqttgw_generated", set()) | getattr(other, "mqttgw_generated", set())
+
+
 def setup(app):
+    app.connect("env-get-outdated", _outdated)
+    app.connect("env-purge-doc", _purge)
+    app.connect("env-merge-info", _merge)
     directives.register_directive("mqttgw-markdown", MarkdownTables)
     directives.register_directive("mqttgw-newsfragments", Newsfragments)
     directives.register_directive("mqttgw-config", ConfigReference)
