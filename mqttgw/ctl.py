@@ -202,20 +202,22 @@ def build_parser():
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("clients", help="connected clients")
     kick = commands.add_parser("kick", help="disconnect a client")
-    kick.add_argument("client_id")
+    kick.add_argument("client_id", help="the client to disconnect")
     sessions = commands.add_parser("sessions", help="persistent sessions; 'delete CLIENT_ID' removes one")
-    sessions.add_argument("action", nargs="?", choices=["delete"])
-    sessions.add_argument("client_id", nargs="?")
+    sessions.add_argument("action", nargs="?", choices=["delete"], help="remove the session instead of listing")
+    sessions.add_argument("client_id", nargs="?", help="the session's client id, with delete")
     retained = commands.add_parser("retained", help="retained messages; 'delete FILTER' clears them")
-    retained.add_argument("words", nargs="*", metavar="[delete] FILTER")
+    retained.add_argument(
+        "words", nargs="*", metavar="[delete] FILTER", help="the topic filter (default #); delete clears what it matches"
+    )
     commands.add_parser("bridges", help="bridges, their state and queues")
     bridge_set = commands.add_parser(
         "bridge-set", help="add or replace a bridge at runtime from a [[bridge]] table (TOML or JSON file)"
     )
-    bridge_set.add_argument("name")
+    bridge_set.add_argument("name", help="the bridge's name")
     bridge_set.add_argument("file", help="the table: a .json object, or TOML with the keys at top level")
     bridge_delete = commands.add_parser("bridge-delete", help="remove a bridge at runtime")
-    bridge_delete.add_argument("name")
+    bridge_delete.add_argument("name", help="the bridge's name")
     return parser
 
 

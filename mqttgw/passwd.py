@@ -123,9 +123,9 @@ def build_parser():
     mode.add_argument("-D", action="store_true", help="delete the user")
     mode.add_argument("-U", action="store_true", help="hash the passwords of a plain text file")
     parser.add_argument("-b", action="store_true", help="batch: the password is the last argument")
-    parser.add_argument("passwordfile")
-    parser.add_argument("username", nargs="?")
-    parser.add_argument("password", nargs="?")
+    parser.add_argument("passwordfile", help="the password file")
+    parser.add_argument("username", nargs="?", help="the user to add, change or delete")
+    parser.add_argument("password", nargs="?", help="the password, with -b (else it is asked for)")
     return parser
 
 
