@@ -153,7 +153,7 @@ class TwistdOptions(_Generated):
             method = getattr(Options, attribute)
             repeatable = method.__code__.co_argcount > 1
             yield _option_term(name, None, name.upper().replace("-", "_") if repeatable else None)
-            yield f"   {_rst_escape(_one_line(method.__doc__))}"
+            yield f"   {_sentence(method.__doc__)}"
             yield ""
         yield "``--help``"
         yield "   Print the options and exit."
