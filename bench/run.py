@@ -1,7 +1,9 @@
 """
 Runs the same scenarios against mqttgw, mosquitto and amqtt in one run and
 prints a table of absolute figures and mqttgw's ratios to the others; the
-figures also go to a JSON file.
+figures also go to a JSON file, and the table to an reStructuredText file
+beside it (``bench/results/latest.rst``) that the manual's performance
+page includes.
 
     python -m bench                     # everything, 10 s per scenario
     python -m bench --duration 2 --brokers mqttgw mosquitto
@@ -336,10 +338,31 @@ def main(argv=None):
     path = Path(args.json)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2))
+    path.with_suffix(".rst").write_text(rst(report, argv))
     print()
     print(table(results))
-    print(f"\nfigures written to {path}")
+    print(f"\nfigures written to {path} and {path.with_suffix('.rst')}")
     return report
+
+
+def rst(report, argv):
+    """The run's table as reStructuredText, for the manual to include."""
+    machine = report["machine"]
+    options = " ".join(sys.argv[1:] if argv is None else argv)
+    lines = [
+        f"The last run, on a {machine['cpus']}-core machine (Python {machine['python']}"
+        + (f", ``{options}``):" if options else "):"),
+        "",
+    ]
+    text = table(report["results"]).split("\n")
+    border = text[1].replace("-", "=")
+    rows = text[2:text.index("")] if "" in text else text[2:]
+    lines += [border, text[0].rstrip(), border] + [r.rstrip() for r in rows] + [border, ""]
+    # What follows the table (notes, 5.0 ratios, connections): a paragraph each.
+    for line in text[len(rows) + 2:]:
+        if line:
+            lines += [line, ""]
+    return "\n".join(lines).rstrip() + "\n"
 
 
 def _repeats(scenario, args):

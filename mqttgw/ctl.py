@@ -187,7 +187,8 @@ COLUMNS = {
 }
 
 
-def parse_args(argv):
+def build_parser():
+    """The command line, as parse_args() reads it and the manual page shows it."""
     parser = argparse.ArgumentParser(
         prog="python -m mqttgw.ctl", description="Talk to a running mqttgw's admin API."
     )
@@ -201,20 +202,27 @@ def parse_args(argv):
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("clients", help="connected clients")
     kick = commands.add_parser("kick", help="disconnect a client")
-    kick.add_argument("client_id")
+    kick.add_argument("client_id", help="the client to disconnect")
     sessions = commands.add_parser("sessions", help="persistent sessions; 'delete CLIENT_ID' removes one")
-    sessions.add_argument("action", nargs="?", choices=["delete"])
-    sessions.add_argument("client_id", nargs="?")
+    sessions.add_argument("action", nargs="?", choices=["delete"], help="remove the session instead of listing")
+    sessions.add_argument("client_id", nargs="?", help="the session's client id, with delete")
     retained = commands.add_parser("retained", help="retained messages; 'delete FILTER' clears them")
-    retained.add_argument("words", nargs="*", metavar="[delete] FILTER")
+    retained.add_argument(
+        "words", nargs="*", metavar="[delete] FILTER", help="the topic filter (default #); delete clears what it matches"
+    )
     commands.add_parser("bridges", help="bridges, their state and queues")
     bridge_set = commands.add_parser(
         "bridge-set", help="add or replace a bridge at runtime from a [[bridge]] table (TOML or JSON file)"
     )
-    bridge_set.add_argument("name")
+    bridge_set.add_argument("name", help="the bridge's name")
     bridge_set.add_argument("file", help="the table: a .json object, or TOML with the keys at top level")
     bridge_delete = commands.add_parser("bridge-delete", help="remove a bridge at runtime")
-    bridge_delete.add_argument("name")
+    bridge_delete.add_argument("name", help="the bridge's name")
+    return parser
+
+
+def parse_args(argv):
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "sessions" and args.action == "delete" and not args.client_id:
         parser.error("sessions delete needs a CLIENT_ID")

@@ -112,7 +112,8 @@ def _ask(username):
     return first
 
 
-def main(argv=None):
+def build_parser():
+    """The command line, as main() reads it and the manual page shows it."""
     parser = argparse.ArgumentParser(
         prog="python -m mqttgw.passwd",
         description="Manage password files in mosquitto's format.",
@@ -122,10 +123,14 @@ def main(argv=None):
     mode.add_argument("-D", action="store_true", help="delete the user")
     mode.add_argument("-U", action="store_true", help="hash the passwords of a plain text file")
     parser.add_argument("-b", action="store_true", help="batch: the password is the last argument")
-    parser.add_argument("passwordfile")
-    parser.add_argument("username", nargs="?")
-    parser.add_argument("password", nargs="?")
-    args = parser.parse_args(argv)
+    parser.add_argument("passwordfile", help="the password file")
+    parser.add_argument("username", nargs="?", help="the user to add, change or delete")
+    parser.add_argument("password", nargs="?", help="the password, with -b (else it is asked for)")
+    return parser
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
     try:
         if args.U:
             if args.username or args.b:

@@ -31,6 +31,8 @@ class Key:
     flag_name = attr.ib(default=None)
     # What that flag does, when it flips a true/false key.
     flag_help = attr.ib(default=None)
+    # More than help's one line, for the manual (docs/), where it is needed.
+    doc = attr.ib(default=None)
 
     @property
     def path(self):
@@ -137,6 +139,12 @@ CONNECTION_KEYS = _by_path([
         "topic aliases a 5.0 client may set up (0: none)",
         0,
         65535,
+        doc=(
+            "Sent to 5.0 clients as Topic Alias Maximum in CONNACK.  It also"
+            " bounds the aliases the gateway sets up toward a client (as many"
+            " as the client's own maximum allows, no more than this), so each"
+            " connection holds at most this many topic names each way."
+        ),
     ),
     Key(
         "mqtt",

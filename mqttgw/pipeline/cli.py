@@ -32,8 +32,12 @@ def _tables(text):
 def _parser():
     parser = argparse.ArgumentParser(prog="python -m mqttgw.pipeline", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in ("batch", "stream"):
-        p = sub.add_parser(name)
+    commands = {
+        "batch": "compute the tables from what the archive holds",
+        "stream": "compute them with Structured Streaming as segments arrive (see --trigger)",
+    }
+    for name, text in commands.items():
+        p = sub.add_parser(name, help=text)
         # Defaults are None here: the [pipeline] section, then S.KEYS, fill them.
         p.add_argument("--config", help="a TOML file whose [pipeline] section holds these options")
         p.add_argument(

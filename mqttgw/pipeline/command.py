@@ -63,14 +63,23 @@ def submit_line(zip_path, spark_options, pipeline_args):
     return [spark_submit(), *options, "--py-files", str(zip_path), str(application), *pipeline_args]
 
 
+def submit_parser():
+    """``mqttgw-pipeline submit``'s own options (the rest go to spark-submit)."""
+    parser = argparse.ArgumentParser(
+        prog="mqttgw-pipeline submit",
+        usage="mqttgw-pipeline submit [--dry-run] [--zip ZIP] [SPARK-SUBMIT OPTIONS] -- batch|stream OPTIONS",
+        description="Run ``batch`` or ``stream`` through spark-submit, from the installed package.",
+    )
+    parser.add_argument("--dry-run", action="store_true", help="print the spark-submit line (and write the zip) only")
+    parser.add_argument("--zip", help="where the package's zip is written (default: a temporary file; ./mqttgw-pipeline.zip with --dry-run)")
+    return parser
+
+
 def submit(argv):
     if "--" not in argv:
         raise SystemExit("pipeline: submit takes [SPARK-SUBMIT OPTIONS] -- batch|stream OPTIONS")
     cut = argv.index("--")
-    parser = argparse.ArgumentParser(prog="mqttgw-pipeline submit", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--dry-run", action="store_true", help="print the spark-submit line (and write the zip) only")
-    parser.add_argument("--zip", help="where the package's zip is written (default: a temporary file; ./mqttgw-pipeline.zip with --dry-run)")
-    own, spark_options = parser.parse_known_args(argv[:cut])
+    own, spark_options = submit_parser().parse_known_args(argv[:cut])
     pipeline_args = argv[cut + 1:]
     if pipeline_args[:1] not in (["batch"], ["stream"]):
         raise SystemExit("pipeline: submit runs batch or stream: ... -- batch --archive ... --out ...")

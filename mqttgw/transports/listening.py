@@ -9,8 +9,39 @@ import os
 from twisted.application.internet import StreamServerEndpointService
 from twisted.internet.endpoints import serverFromString
 from twisted.internet.error import CannotListenError
+from twisted.internet.interfaces import IStreamServerEndpoint
+from twisted.protocols.haproxy._wrapper import HAProxyWrappingFactory
+from zope.interface import implementer
 
 from mqttgw.transports import polling, tcp
+
+PROXY_PREFIX = "haproxy:"
+
+
+class _QuietProxyFactory(HAProxyWrappingFactory):
+    # Twisted's own logs a line naming the object at each start and stop.
+    noisy = False
+
+
+@implementer(IStreamServerEndpoint)
+class ProxyProtocolEndpoint:
+    """
+    What Twisted's ``haproxy:`` prefix makes (a listener behind a load
+    balancer speaking the PROXY protocol, v1 or v2: each connection's
+    peer is the address its header names), without its log lines.
+    """
+
+    def __init__(self, endpoint):
+        self.endpoint = endpoint
+
+    def listen(self, factory):
+        return self.endpoint.listen(_QuietProxyFactory(factory))
+
+
+def server_endpoint(reactor, description):
+    if description.startswith(PROXY_PREFIX):
+        return ProxyProtocolEndpoint(server_endpoint(reactor, description[len(PROXY_PREFIX):]))
+    return serverFromString(reactor, description)
 
 
 class ListenerService(StreamServerEndpointService):
@@ -25,7 +56,7 @@ class ListenerService(StreamServerEndpointService):
     def __init__(
         self, reactor, kind, description, factory, secure=False, anonymous=False, name=None
     ):
-        super().__init__(serverFromString(reactor, description), factory)
+        super().__init__(server_endpoint(reactor, description), factory)
         self.reactor = reactor
         self.kind = kind
         self.description = description

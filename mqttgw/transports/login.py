@@ -38,6 +38,10 @@ class Login:
 
     def handle_CONNECT(self, packet):
         self._enter("CONNECT")
+        # Behind a PROXY protocol listener (haproxy:tcp:PORT) the client's
+        # address is known only once the header before this packet was
+        # read: the throttles count that address, not the load balancer's.
+        self._host = getattr(self.transport.getPeer(), "host", None)
         dialect = dialect_for(packet, self.clock, self.limits, self.router.limits.max_inflight_messages or 65535)
         if dialect is None:
             return self._refuse(R.UNSUPPORTED_PROTOCOL_VERSION, unsupported(packet))

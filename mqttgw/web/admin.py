@@ -108,6 +108,8 @@ class Readyz(_JSON):
 
 
 class MetricsPage(Resource):
+    """The Prometheus series (web/metrics), in Prometheus' text format."""
+
     isLeaf = True
 
     def __init__(self, metrics):

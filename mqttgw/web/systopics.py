@@ -59,6 +59,81 @@ SHARED = [
 ]
 
 
+# What each topic means, for the manual (docs/reference/metrics.rst is
+# generated from this and from what values() publishes): BRIDGE is a
+# bridge's name, PERIOD one of LOAD_PERIODS' names.
+MEANINGS = {
+    "version": "the gateway's name and version",
+    "uptime": "seconds since start-up",
+    "clients/connected": "clients connected now",
+    "clients/disconnected": "persistent sessions whose client is away",
+    "clients/total": "connected clients plus persistent sessions away",
+    "clients/maximum": "most clients connected at once since start-up",
+    "clients/expired": "persistent sessions expired since start-up",
+    "clients/protocol/3.1": "clients connected with MQTT 3.1 (shown once any is not 3.1.1)",
+    "clients/protocol/3.1.1": "clients connected with MQTT 3.1.1",
+    "clients/protocol/5.0": "clients connected with MQTT 5.0",
+    "messages/received": "MQTT packets received, of every type",
+    "messages/sent": "MQTT packets sent, of every type",
+    "messages/stored": "messages queued or in flight for sessions",
+    "publish/messages/received": "PUBLISH packets received from clients",
+    "publish/messages/sent": "messages routed to subscribers",
+    "publish/messages/dropped": "messages dropped at a full queue",
+    "publish/messages/expired": "5.0 messages whose expiry interval ended before delivery",
+    "publish/bytes/received": "PUBLISH payload bytes received",
+    "publish/bytes/sent": "payload bytes routed to subscribers",
+    "bytes/received": "MQTT bytes received",
+    "bytes/sent": "MQTT bytes sent",
+    "retained messages/count": "retained messages held",
+    "subscriptions/count": "subscriptions held",
+    "store/messages/count": "messages queued or in flight for sessions (as messages/stored)",
+    "store/messages/bytes": "payload bytes queued for sessions",
+    "store/state": "the store's state: ok, or why it stopped committing",
+    "store/commit/latency": "seconds the store's last commit took",
+    "bridge/BRIDGE/state": "1 while the bridge's upstream is connected, else 0",
+    "bridge/BRIDGE/queued": "messages waiting for the upstream",
+    "bridge/BRIDGE/queued/bytes": "payload bytes waiting for the upstream",
+    "bridge/BRIDGE/queued/oldest": "seconds the oldest waiting message has waited (0: none)",
+    "bridge/BRIDGE/dropped": "messages dropped at the bridge's full queue",
+    "bridge/BRIDGE/dropped/queue_full": "messages dropped at the full queue",
+    "bridge/BRIDGE/dropped/too_large": "messages larger than the upstream's maximum packet size",
+    "bridge/BRIDGE/dropped/expired": "5.0 messages that expired while waiting",
+    "bridge/BRIDGE/dropped/refused": "messages the upstream refused",
+    "bridge/BRIDGE/sent": "messages forwarded upstream",
+    "bridge/BRIDGE/received": "messages brought in from upstream",
+    "bridge/BRIDGE/refused": "messages the upstream refused with a 5.0 reason code (shown once any is)",
+    "bridge/BRIDGE/link/changes": "times the upstream link came up or went down",
+    "bridge/BRIDGE/drain/rate": "messages sent upstream a second, over the last minute",
+    "sparkplug/nodes_online": "Sparkplug edge nodes online",
+    "sparkplug/devices_online": "Sparkplug devices online",
+    "sparkplug/births": "NBIRTH messages seen",
+    "sparkplug/deaths": "NDEATH messages (wills included) that ended a birth",
+    "sparkplug/out_of_sequence": "Sparkplug messages whose seq did not follow their node's last",
+    "sparkplug/bdseq_mismatches": "NDEATH messages ignored: their bdSeq was not the current birth's",
+    "sparkplug/malformed": "Sparkplug messages whose payload could not be read",
+    "sparkplug/certificates": "births kept on $sparkplug/certificates/",
+    "sparkplug/untracked": "births past sparkplug.max_nodes or max_devices, not tracked",
+}
+
+
+def known(pattern):
+    """Whether MEANINGS (or the load averages) say what ``pattern`` holds."""
+    name = pattern.removeprefix("$SYS/broker/")
+    return name in MEANINGS or (name.startswith("load/") and name.endswith("/PERIOD"))
+
+
+def meaning(pattern):
+    """What the ``$SYS`` topic ``pattern`` holds; KeyError for an unknown one."""
+    name = pattern.removeprefix("$SYS/broker/")
+    if name.startswith("load/") and name.endswith("/PERIOD"):
+        counter = name[len("load/"):-len("/PERIOD")]
+        return (
+            f"{LOADS[counter].replace('_', ' ')} a minute, damped over PERIOD"
+            f" ({', '.join(p for p, _ in LOAD_PERIODS)}), as mosquitto computes it"
+        )
+    return MEANINGS[name]
+
+
 class SysTopics:
     """
     Publishes the ``$SYS`` tree through ``router.publish_sys`` every
