@@ -179,6 +179,99 @@ def key(row):
     return (row["sequence"], row["metric_name"] or "", row["alias"] or 0)
 
 
+# The sessions of the scenario, by hand (messages: a node's own and its
+# devices', a device's own): device, bdSeq, and the scenario's indexes of
+# the birth, the death, the end and the last message; how it ended,
+# messages, seq gaps and seq values missing.
+SESSIONS = [
+    (None, 0, 0, 6, 6, 6, "death", 7, 1, 2),
+    ("pump", 0, 1, 5, 5, 5, "death", 4, 1, 2),
+    (None, 1, 7, None, 11, 10, "rebirth", 4, 0, 0),
+    ("pump", 1, 8, None, 11, 9, "rebirth", 2, 0, 0),
+    (None, 2, 11, None, None, 12, "open", 2, 0, 0),
+]
+
+
+def expected_sessions(archived):
+    t = [r["timestamp"] for r in archived]
+    at = lambda i: None if i is None else t[i]  # noqa: E731
+    return [
+        dict(
+            gateway_id="site-sp", group_id="plant", edge_node_id="E1", device_id=device, bd_seq=bd_seq,
+            birth_timestamp=t[birth], birth_sequence=archived[birth]["sequence"], death_timestamp=at(death),
+            end_timestamp=at(end), ended_by=how, last_timestamp=t[last],
+            session_seconds=(t[last if end is None else end] - t[birth]).total_seconds(),
+            messages=messages, seq_gaps=gaps, seq_missing=missing,
+        )
+        for device, bd_seq, birth, death, end, last, how, messages, gaps, missing in SESSIONS
+    ]
+
+
+def expected_minutes(metric_rows):
+    """{(device, metric, minute): [values]} of the numeric values whose name is known."""
+    minutes = defaultdict(list)
+    for row in metric_rows:
+        if row["metric_name"] and not row["is_null"] and T[row["datatype"]] in NUMERIC:
+            value = row["double_value"] if row["double_value"] is not None else row["long_value"]
+            minute = row["gateway_timestamp"].replace(second=0, microsecond=0)
+            minutes[(row["device_id"], row["metric_name"], minute)].append(value)
+    return minutes
+
+
+def check_read_by_duckdb(out, metric_rows, minutes):
+    import duckdb
+
+    db = duckdb.connect()
+
+    def one(query, name, hive=True):
+        source = f"read_parquet('{out / name}/**/*.parquet', hive_partitioning={str(hive).lower()})"
+        return db.execute(query.format(source)).fetchone()
+
+    assert one("select count(*) from {}", "sparkplug_metrics") == (len(metric_rows),)
+    # UInt32 from long_value (births, as Tahu writes them) and int_value.
+    query = "select list(long_value order by sequence) from {} where metric_name = 'count' and device_id = 'pump'"
+    assert one(query, "sparkplug_metrics") == ([7, 8, 2, 3],)
+    assert one("select sum(seq_missing), count(*) from {}", "sparkplug_sessions", hive=False) == (4, len(SESSIONS))
+    # The partition columns too.
+    assert one("select sum(count), max(hour), max(date) from {}", "sparkplug_minute") == (
+        sum(map(len, minutes.values())), max(k[2].hour for k in minutes), max(k[2] for k in minutes).date())
+
+
+def check_published(tmp_path, archive, minutes):
+    """The newest minute of each metric, published back as retained messages."""
+    from mqttgw.pipeline.publish import metric_of
+    from mqttgw.pipeline.publish import topic_of as name_of
+
+    newest = {}
+    for (device, metric, window), values in minutes.items():
+        if (device, metric) not in newest or newest[device, metric][0] < window:
+            newest[device, metric] = (window, values)
+    (tmp_path / "dashboard").mkdir()
+    gw = Gateway(tmp_path / "dashboard", "--no-persistence")
+    try:
+        result = pipeline(
+            "batch", "--archive", str(archive), "--out", str(tmp_path / "published"), "--tables", SPARKPLUG_TABLES,
+            "--publish", f"127.0.0.1:{gw.port}", cwd=tmp_path,
+        )
+        assert f"published: {len(newest)} messages" in result.stdout
+        dashboard = PahoClient(gw.port, "dashboard", "MQTTv311")
+        dashboard.connect()
+        dashboard.subscribe("$analytics/#", 1)
+        got = {msg.topic: (json.loads(msg.payload), msg.retain) for msg in dashboard.receive(len(newest))}
+        dashboard.nothing_more()
+    finally:
+        gw.stop()
+    assert all(retain for _, retain in got.values())
+    assert "$analytics/spBv1.0/plant/DDATA/E1/pump/_/metric/Inputs/flow/1m" in got
+    for name, (body, _) in got.items():
+        topic, rollup = name_of("$analytics", name)
+        assert (topic, metric_of(rollup)) == (body["topic"], body["metric"])
+        assert topic == "spBv1.0/plant/" + ("DDATA/E1/pump" if body["device_id"] else "NDATA/E1")
+        window, values = newest[body["device_id"], body["metric"]]
+        assert (body["window_start"], body["count"], body["min"], body["max"]) == (
+            window.isoformat(), len(values), min(values), max(values))
+
+
 def test_sparkplug_tables_from_a_gateways_archive(tmp_path):
     archive = tmp_path / "archive"
     gw = Gateway(tmp_path, "--archive", str(archive), "--no-persistence", "--gateway-id", "site-sp")
@@ -201,39 +294,13 @@ def test_sparkplug_tables_from_a_gateways_archive(tmp_path):
     got = [normal(r) for r in table(out / "sparkplug_metrics")]
     assert sorted(got, key=key) == sorted(expected, key=key)
 
-    # Sessions: by hand from the scenario (messages: the node's own and
-    # its devices' for a node, the device's own for a device).
-    t = [r["timestamp"] for r in archived]
-    sessions = [
-        # device, bdSeq, birth, death, end, ended by, last message, messages, gaps, missing
-        (None, 0, 0, 6, 6, "death", 6, 7, 1, 2),
-        ("pump", 0, 1, 5, 5, "death", 5, 4, 1, 2),
-        (None, 1, 7, None, 11, "rebirth", 10, 4, 0, 0),
-        ("pump", 1, 8, None, 11, "rebirth", 9, 2, 0, 0),
-        (None, 2, 11, None, None, "open", 12, 2, 0, 0),
-    ]
-    want = [
-        dict(
-            gateway_id="site-sp", group_id="plant", edge_node_id="E1", device_id=device, bd_seq=bd_seq,
-            birth_timestamp=t[birth], birth_sequence=archived[birth]["sequence"],
-            death_timestamp=t[death] if death is not None else None, end_timestamp=t[end] if end is not None else None,
-            ended_by=how, last_timestamp=t[last], session_seconds=(t[end if end is not None else last] - t[birth]).total_seconds(),
-            messages=messages, seq_gaps=gaps, seq_missing=missing,
-        )
-        for device, bd_seq, birth, death, end, how, last, messages, gaps, missing in sessions
-    ]
     got = table(out / "sparkplug_sessions")
     for row in got:
         for k in ("birth_timestamp", "death_timestamp", "end_timestamp", "last_timestamp"):
             row[k] = row[k] and row[k].replace(tzinfo=timezone.utc)
-    assert sorted(got, key=lambda r: r["birth_sequence"]) == sorted(want, key=lambda r: r["birth_sequence"])
+    assert sorted(got, key=lambda r: r["birth_sequence"]) == expected_sessions(archived)
 
-    # Per metric and minute, of the numeric values whose name is known.
-    minutes = defaultdict(list)
-    for row in expected:
-        if row["metric_name"] and not row["is_null"] and T[row["datatype"]] in NUMERIC:
-            value = row["double_value"] if row["double_value"] is not None else row["long_value"]
-            minutes[(row["device_id"], row["metric_name"], row["gateway_timestamp"].replace(second=0, microsecond=0))].append(value)
+    minutes = expected_minutes(expected)
     got = {
         (r["device_id"], r["metric_name"], r["window_start"].replace(tzinfo=timezone.utc)): r
         for r in table(out / "sparkplug_minute")
@@ -245,60 +312,18 @@ def test_sparkplug_tables_from_a_gateways_archive(tmp_path):
         assert r["avg"] == pytest.approx(sum(values) / len(values)), k
         assert (r["window_end"] - r["window_start"]).total_seconds() == 60 and r["hour"] == r["window_start"].hour
 
-    # DuckDB reads them, partitions and all.
-    import duckdb
-
-    db = duckdb.connect()
-    read = lambda name, hive=True: f"read_parquet('{out / name}/**/*.parquet', hive_partitioning={str(hive).lower()})"  # noqa: E731
-    assert db.execute(f"select count(*) from {read('sparkplug_metrics')}").fetchone()[0] == len(expected)
-    assert db.execute(
-        f"select list(long_value order by sequence) from {read('sparkplug_metrics')}"
-        " where metric_name = 'count' and device_id = 'pump'"
-    ).fetchone()[0] == [7, 8, 2, 3]
-    assert db.execute(f"select sum(seq_missing), count(*) from {read('sparkplug_sessions', False)}").fetchone() == (4, 5)
-    assert db.execute(f"select sum(count) from {read('sparkplug_minute')}").fetchone()[0] == sum(map(len, minutes.values()))
+    check_read_by_duckdb(out, expected, minutes)
 
     # SCHEMA.md names every column.
-    schema_doc = (REPO / "mqttgw" / "pipeline" / "SCHEMA.md").read_text()
     import pyarrow.dataset as ds
 
+    schema_doc = (REPO / "mqttgw" / "pipeline" / "SCHEMA.md").read_text()
     for name in SPARKPLUG_TABLES.split(","):
         [section] = [s for s in schema_doc.split("\n## ") if s.splitlines()[0] == name]
         for column in ds.dataset(out / name, format="parquet", partitioning="hive").schema.names:
             assert f"`{column}`" in section, (name, column)
 
-    # The newest minute of each metric, published back as retained messages.
-    from mqttgw.pipeline.publish import metric_of
-    from mqttgw.pipeline.publish import topic_of as name_of
-
-    (tmp_path / "dashboard").mkdir()
-    dashboard_gw = Gateway(tmp_path / "dashboard", "--no-persistence")
-    try:
-        result = pipeline(
-            "batch", "--archive", str(archive), "--out", str(tmp_path / "published"), "--tables", SPARKPLUG_TABLES,
-            "--publish", f"127.0.0.1:{dashboard_gw.port}", cwd=tmp_path,
-        )
-        newest = {}
-        for (device, metric, window), values in minutes.items():
-            if (device, metric) not in newest or newest[device, metric][0] < window:
-                newest[device, metric] = (window, values)
-        assert f"published: {len(newest)} messages" in result.stdout
-        dashboard = PahoClient(dashboard_gw.port, "dashboard", "MQTTv311")
-        dashboard.connect()
-        dashboard.subscribe("$analytics/#", 1)
-        got = {msg.topic: (json.loads(msg.payload), msg.retain) for msg in dashboard.receive(len(newest))}
-        dashboard.nothing_more()
-    finally:
-        dashboard_gw.stop()
-    assert all(retain for _, retain in got.values())
-    assert "$analytics/spBv1.0/plant/DDATA/E1/pump/_/metric/Inputs/flow/1m" in got
-    for name, (body, _) in got.items():
-        topic, rollup = name_of("$analytics", name)
-        assert (topic, metric_of(rollup)) == (body["topic"], body["metric"])
-        window, values = newest[body["device_id"], body["metric"]]
-        assert topic == "spBv1.0/plant/" + ("DDATA/E1/pump" if body["device_id"] else "NDATA/E1")
-        assert (body["window_start"], body["count"], body["min"], body["max"]) == (
-            window.isoformat(), len(values), min(values), max(values))
+    check_published(tmp_path, archive, minutes)
 
 
 def write(archive, start, messages, gateway_id="gw"):

@@ -91,8 +91,7 @@ def metrics(selected: DataFrame, archive: DataFrame = None) -> DataFrame:
     """
     messages = published(selected).withColumn("context", F.lit(False))
     if archive is not None:
-        births = published(archive).where(F.col("message_type").isin(*BIRTHS))
-        messages = messages.unionByName(births.withColumn("context", F.lit(True)))
+        messages = messages.unionByName(published(_births(archive)).withColumn("context", F.lit(True)))
     decoded = _in_order(messages.select(*_IN)).mapInArrow(_metric_batches, METRICS_DDL)
     return decoded.select(
         "gateway_id", "group_id", "edge_node_id", "device_id", "message_type", "metric_name",
@@ -101,6 +100,20 @@ def metrics(selected: DataFrame, archive: DataFrame = None) -> DataFrame:
         F.timestamp_millis("payload_ms").alias("timestamp"), F.timestamp_micros("ts_us").alias("gateway_timestamp"),
         "sequence", "seq", "date", "hour",
     )
+
+
+def _births(archive: DataFrame) -> DataFrame:
+    """
+    The archive's BIRTH rows: found by their topics alone, then read,
+    payloads and all, from only the hours that hold one (the semi-join on
+    the partition columns lets Spark prune the others).
+    """
+    keys = ("date", "hour", "gateway_id", "sequence")
+    found = archive.where(
+        F.col("direction").isin("in", "bridge_in") & F.col("topic").startswith(NAMESPACE)
+        & F.split("topic", "/")[2].isin(*BIRTHS)
+    ).select(*keys)
+    return archive.join(found, list(keys), "left_semi")
 
 
 def sessions(archive: DataFrame) -> DataFrame:
