@@ -288,7 +288,11 @@ def test_sparkplug_tables_from_a_gateways_archive(tmp_path):
     for r in archived:
         r["timestamp"] = r["timestamp"].replace(tzinfo=timezone.utc)
     out = tmp_path / "tables"
-    pipeline("batch", "--archive", str(archive), "--out", str(out), "--tables", SPARKPLUG_TABLES, cwd=tmp_path)
+    result = pipeline("batch", "--archive", str(archive), "--out", str(out), "--tables", SPARKPLUG_TABLES, cwd=tmp_path)
+    # The payload that is not Sparkplug B is counted, and gives no rows.
+    assert "1 spBv1.0 message(s) without a Sparkplug B payload: no metric rows" in said(result.stderr)
+    [run] = [json.loads(line) for line in (out / "_runs" / "runs.jsonl").read_text().splitlines()]
+    assert run["sparkplug_malformed"] == 1 and run["status"] == "ok"
 
     expected = expected_metrics(archived)
     got = [normal(r) for r in table(out / "sparkplug_metrics")]

@@ -305,7 +305,10 @@ def refresh(spark, args, selected, whole_archive, stats, everything=None, archiv
             say("no archive rows to compute from")
             return {}
         frames = T.compute(rows, args.json_fields, args.tables)
-        frames.update(T.sparkplug_tables(rows, None if whole_archive else archive, args.tables))
+        # Payloads the workers could not decode (not through Spark
+        # Connect, which has no accumulators).
+        malformed = None if connected(spark) else spark.sparkContext.accumulator(0)
+        frames.update(T.sparkplug_tables(rows, None if whole_archive else archive, args.tables, malformed))
         if "last_value" in args.tables:
             if everything is not None:
                 frames["last_value"] = T.last_value(T.hours(everything))
@@ -313,9 +316,11 @@ def refresh(spark, args, selected, whole_archive, stats, everything=None, archiv
                 frames["last_value"] = T.last_value(
                     rows, None if whole_archive else _previous_last_value(spark, args.out)
                 )
-        if staged(spark, args.out):
-            return _staged(spark, args, frames, stats)
-        return _direct(spark, args, frames, stats)
+        written = (_staged if staged(spark, args.out) else _direct)(spark, args, frames, stats)
+        if malformed is not None and malformed.value:
+            say(f"{malformed.value} spBv1.0 message(s) without a Sparkplug B payload: no metric rows")
+            stats["sparkplug_malformed"] = stats.get("sparkplug_malformed", 0) + malformed.value
+        return written
     finally:
         # The rows, and what the tables cached on the way (the session is
         # this run's own: nothing else of it is cached).
@@ -524,6 +529,7 @@ def main(argv=None):
         dict(
             run, end=_now(), status="ok", seconds=round(time.monotonic() - started, 1), hours=stats.get("hours"),
             rows_out=written, rows_in=stats.get("rows_in", 0), invalid=stats.get("invalid", 0),
+            sparkplug_malformed=stats.get("sparkplug_malformed", 0),
         ),
     )
     try:

@@ -7,6 +7,8 @@ the rows of each edge node, in archive order), everything else in Spark
 SQL.  SCHEMA.md describes every column.
 """
 
+import functools
+
 import pyarrow as pa
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
@@ -82,17 +84,18 @@ def _in_order(messages: DataFrame) -> DataFrame:
     return messages.repartition(*NODE_KEY).sortWithinPartitions(*NODE_KEY, "ts_us", "sequence", F.col("context").desc())
 
 
-def metrics(selected: DataFrame, archive: DataFrame = None) -> DataFrame:
+def metrics(selected: DataFrame, archive: DataFrame = None, malformed=None) -> DataFrame:
     """
     ``sparkplug_metrics`` of the ``selected`` archive rows.  ``archive``
     (the whole of it, when only some hours are selected): its BIRTH rows,
     which are few, are read too, so that aliases resolve through births
-    of hours not recomputed; they give no rows of their own.
+    of hours not recomputed; they give no rows of their own.  ``malformed``:
+    an accumulator the workers count payloads that are not Sparkplug B in.
     """
     messages = published(selected).withColumn("context", F.lit(False))
     if archive is not None:
         messages = messages.unionByName(published(_births(archive)).withColumn("context", F.lit(True)))
-    decoded = _in_order(messages.select(*_IN)).mapInArrow(_metric_batches, METRICS_DDL)
+    decoded = _in_order(messages.select(*_IN)).mapInArrow(functools.partial(_metric_batches, malformed), METRICS_DDL)
     return decoded.select(
         "gateway_id", "group_id", "edge_node_id", "device_id", "message_type", "metric_name",
         "alias", "datatype", "long_value", "double_value", "boolean_value", "string_value", "bytes_value", "is_null",
@@ -158,12 +161,14 @@ def _messages(batches):
             yield row, payload
 
 
-def _metric_batches(batches):
+def _metric_batches(malformed, batches):
     schema = _arrow_schema(METRICS_DDL)
     births = {}  # (node key, device) -> {"aliases": {alias: metric}, "names": {name: metric}}
     out = []
     for row, payload in _messages(batches):
         if payload is None:
+            if malformed is not None and not row["context"]:
+                malformed.add(1)
             continue
         where = (row["gateway_id"], row["group_id"], row["edge_node_id"], row["device_id"])
         if row["message_type"] in BIRTHS:

@@ -247,13 +247,14 @@ def compute(rows, json_fields=(), tables=PARTITIONED):
     return result
 
 
-def sparkplug_tables(rows, archive=None, tables=TABLES):
+def sparkplug_tables(rows, archive=None, tables=TABLES, malformed=None):
     """
     {table name: DataFrame} for the Sparkplug B tables asked for, from the
     ``rows`` of the hours recomputed; ``archive``: all the archive's rows
     when ``rows`` are only some of them (sparkplug_metrics reads its
     births, sparkplug_sessions the whole of it).  None when the rows hold
-    no spBv1.0 topic.
+    no spBv1.0 topic.  ``malformed``: an accumulator of the payloads
+    that are not Sparkplug B.
     """
     wanted = [name for name in SPARKPLUG if name in tables]
     if not wanted:
@@ -263,7 +264,7 @@ def sparkplug_tables(rows, archive=None, tables=TABLES):
         return {}
     result = {}
     if "sparkplug_metrics" in wanted or "sparkplug_minute" in wanted:
-        metrics = sparkplug.metrics(rows, archive)
+        metrics = sparkplug.metrics(rows, archive, malformed)
         if "sparkplug_minute" in wanted:
             if "sparkplug_metrics" in wanted:
                 # Decoded once, in the Python workers, for both.
