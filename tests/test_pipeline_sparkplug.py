@@ -397,3 +397,13 @@ def test_metric_names_in_published_topics_are_one_to_one():
         assert (topic, metric_of(rollup)) == ("spBv1.0/G/DDATA/E/D", metric)
 
     inverse()
+
+
+def test_the_submitted_zip_carries_the_sparkplug_codec(tmp_path):
+    """Without Spark: spark-submit's --py-files zip has what the driver and workers import."""
+    import zipfile
+
+    from mqttgw.pipeline.command import package_zip
+
+    names = zipfile.ZipFile(package_zip(tmp_path / "mqttgw.zip")).namelist()
+    assert {"mqttgw/pipeline/sparkplug.py", "mqttgw/wire/sparkplug/payload.py", "mqttgw/wire/sparkplug/topics.py"} <= set(names)
