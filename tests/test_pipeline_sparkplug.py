@@ -407,3 +407,46 @@ def test_the_submitted_zip_carries_the_sparkplug_codec(tmp_path):
 
     names = zipfile.ZipFile(package_zip(tmp_path / "mqttgw.zip")).namelist()
     assert {"mqttgw/pipeline/sparkplug.py", "mqttgw/wire/sparkplug/payload.py", "mqttgw/wire/sparkplug/topics.py"} <= set(names)
+
+
+def test_every_datatype_lands_in_its_column():
+    """Without Spark: the workers' decoding of one DDATA, every kind of value, the birth before it."""
+    import pyarrow as pa
+
+    from mqttgw.pipeline import sparkplug
+
+    ds = S.dataset(["a"], [T.Int32], [[1]])
+    birth = S.Payload(seq=1)
+    birth.metrics.add(name="big", alias=1, datatype=T.UInt64)
+    data = S.Payload(seq=2, timestamp=BASE_MS)
+    values = [
+        ("i8", T.Int8, -3, "long_value", -3),
+        ("u32", T.UInt32, 2**32 - 1, "long_value", 2**32 - 1),
+        ("u64", T.UInt64, 2**64 - 1, "string_value", str(2**64 - 1)),
+        ("when", T.DateTime, BASE_MS, "long_value", BASE_MS),
+        ("f", T.Float, 0.5, "double_value", 0.5),
+        ("b", T.Boolean, True, "boolean_value", True),
+        ("s", T.Text, "x", "string_value", "x"),
+        ("u", T.UUID, "0-1", "string_value", "0-1"),
+        ("file", T.File, b"\x01", "bytes_value", b"\x01"),
+        ("arr", T.Int16Array, [-1, 2], "bytes_value", S.pack_array(T.Int16Array, [-1, 2])),
+        ("ds", T.DataSet, ds, "bytes_value", ds.SerializeToString()),  # its protobuf bytes
+    ]
+    for name, datatype, value, _, _ in values:
+        S.set_value(data.metrics.add(name=name, datatype=datatype), datatype, value)
+    data.metrics.add(alias=1, long_value=2**63)  # named and typed by the birth
+    data.metrics.add(alias=9, long_value=2**64 - 2)  # by no birth: its field tells the column
+    rows = [
+        dict(gateway_id="gw", group_id="G", edge_node_id="E", device_id="D", message_type=kind, ts_us=i,
+             sequence=i, payload=S.encode(p), date="2026-11-22", hour=10, context=False)
+        for i, (kind, p) in enumerate([("DBIRTH", birth), ("DDATA", data)])
+    ]
+    [batch] = sparkplug._metric_batches(None, [pa.RecordBatch.from_pylist(rows)])
+    got = [r for r in batch.to_pylist() if r["message_type"] == "DDATA"]
+    columns = ("long_value", "double_value", "boolean_value", "string_value", "bytes_value")
+    for row, (name, datatype, _, column, value) in zip(got, values):
+        assert (row["metric_name"], row["datatype"]) == (name, T(datatype).name)
+        assert {c: row[c] for c in columns if row[c] is not None} == {column: value}, name
+        assert (row["payload_ms"], row["seq"]) == (BASE_MS, 2)
+    assert [(r["metric_name"], r["datatype"], r["string_value"]) for r in got[-2:]] == [
+        ("big", "UInt64", str(2**63)), (None, "Unknown", str(2**64 - 2))]

@@ -250,9 +250,11 @@ def _typed(metric, datatype):
     field = metric.WhichOneof("value")
     if field is None:
         return {}
-    if kind == DataType.Unknown and field in _BY_FIELD:
-        return {_BY_FIELD[field]: getattr(metric, field)}
     value = getattr(metric, field)
+    if kind == DataType.Unknown and field in _BY_FIELD:
+        if field == "long_value" and value > _INT64_MAX:
+            return {"string_value": str(value)}
+        return {_BY_FIELD[field]: value}
     # Arrays and bytes as they are; DataSet, Template, ... as protobuf bytes.
     return {"bytes_value": value if isinstance(value, bytes) else value.SerializeToString()}
 
