@@ -205,7 +205,11 @@ def test_dirty_values_are_counted_and_never_stop_a_run(tmp_path):
     a.record("in", "dev", P.Publish("other/topic", b"plain text", 0, False))
     a.stop()
     out = tmp_path / "tables"
-    pipeline("batch", "--archive", str(archive), "--out", str(out), "--json-field", "celsius", cwd=tmp_path)
+    result = pipeline("batch", "--archive", str(archive), "--out", str(out), "--json-field", "celsius", cwd=tmp_path)
+    # The Sparkplug B tables, in the default set, skipped: no spBv1.0 topics.
+    assert "no spBv1.0 topics in the rows read: sparkplug_metrics, sparkplug_minute, sparkplug_sessions not computed" in (
+        said(result.stderr))
+    assert not list(out.glob("sparkplug_*"))
     [row] = table(out / "json_minute")
     assert row["topic"] == "sensors/dirty"
     # 21.5, -3, 100 and "12" (text that is exactly a number, as some

@@ -207,6 +207,14 @@ def test_signed_values_are_twos_complement_as_other_implementations_write_them()
     assert P.value_of(metric, T.Int64) == -2
 
 
+def test_uint32_is_read_from_either_integer_field():
+    # The specification allows int_value or long_value for UInt32; Eclipse
+    # Tahu's JavaScript client writes long_value.
+    assert P.value_of(P.Metric(datatype=T.UInt32, long_value=2**32 - 1), T.UInt32) == 2**32 - 1
+    assert P.value_of(P.Metric(datatype=T.UInt32, int_value=7), T.UInt32) == 7
+    assert P.value_of(P.Metric(datatype=T.UInt32, is_null=True, long_value=3), T.UInt32) is None
+
+
 def test_arrays_follow_the_specifications_examples():
     # Sparkplug 3.0, 6.4.17: Int16Array [-30000, 30000] and the BooleanArray example.
     assert P.pack_array(T.Int16Array, [-30000, 30000]) == bytes([0xD0, 0x8A, 0x30, 0x75])

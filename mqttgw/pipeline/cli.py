@@ -184,6 +184,10 @@ def _spark(args):
         builder = builder.remote(url)
     elif kind == "master":
         builder = builder.master(url)
+        if url.startswith("local") and not os.environ.get("PYSPARK_PYTHON") and "spark.pyspark.python" not in args.conf:
+            # Python workers (they decode Sparkplug payloads) on this
+            # machine run this Python, which has what the driver has.
+            os.environ["PYSPARK_PYTHON"] = sys.executable
         if args.class_cache and not _jvm_running():
             classes = classdata.Archive(args.conf)
             key = "spark.driver.extraJavaOptions"
@@ -283,12 +287,13 @@ def _previous_last_value(spark, out):
     return previous
 
 
-def refresh(spark, args, selected, whole_archive, stats, everything=None):
+def refresh(spark, args, selected, whole_archive, stats, everything=None, archive=None):
     """
     Compute the tables asked for from ``selected`` archive rows and
     publish them together.  ``whole_archive``: ``selected`` is all of it,
     so last_value is computed afresh rather than merged with the previous
-    one, as it is from ``everything`` when given.
+    one, as it is from ``everything`` when given.  ``archive``: all of
+    it, when ``selected`` is not (Sparkplug births and sessions).
     """
     from mqttgw.pipeline import tables as T
 
@@ -303,6 +308,10 @@ def refresh(spark, args, selected, whole_archive, stats, everything=None):
             say("no archive rows to compute from")
             return {}
         frames = T.compute(rows, args.json_fields, args.tables)
+        # Payloads the workers could not decode (not through Spark
+        # Connect, which has no accumulators).
+        malformed = None if connected(spark) else spark.sparkContext.accumulator(0)
+        frames.update(T.sparkplug_tables(rows, None if whole_archive else archive, args.tables, malformed))
         if "last_value" in args.tables:
             if everything is not None:
                 frames["last_value"] = T.last_value(T.hours(everything))
@@ -310,9 +319,11 @@ def refresh(spark, args, selected, whole_archive, stats, everything=None):
                 frames["last_value"] = T.last_value(
                     rows, None if whole_archive else _previous_last_value(spark, args.out)
                 )
-        if staged(spark, args.out):
-            return _staged(spark, args, frames, stats)
-        return _direct(spark, args, frames, stats)
+        written = (_staged if staged(spark, args.out) else _direct)(spark, args, frames, stats)
+        if malformed is not None and malformed.value:
+            say(f"{malformed.value} spBv1.0 message(s) without a Sparkplug B payload: no metric rows")
+            stats["sparkplug_malformed"] = stats.get("sparkplug_malformed", 0) + malformed.value
+        return written
     finally:
         # The rows, and what the tables cached on the way (the session is
         # this run's own: nothing else of it is cached).
@@ -320,12 +331,14 @@ def refresh(spark, args, selected, whole_archive, stats, everything=None):
 
 
 def _staged(spark, args, frames, stats):
+    from mqttgw.pipeline import tables as T
+
     run = staging.Run(args.out, f"{datetime.now(timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}")
     written = {}
     for name, frame in frames.items():
         say(f"computing {name}")
         writer = frame.write.mode("overwrite")
-        if name != "last_value":
+        if name not in T.WHOLE:
             # json_minute is partitioned by field too: computing one field
             # never replaces another's rows.
             writer = writer.partitionBy(*(("field", "date", "hour") if name == "json_minute" else ("date", "hour")))
@@ -337,7 +350,7 @@ def _staged(spark, args, frames, stats):
         if name == "json_minute" and written[name]:
             stats["invalid"] = stats.get("invalid", 0) + staged.agg({"invalid": "sum"}).first()[0]
         say(f"staged {name}: {written[name]} rows")
-    moves = run.swap([n for n in frames if n != "last_value"], [n for n in frames if n == "last_value"])
+    moves = run.swap([n for n in frames if n not in T.WHOLE], [n for n in frames if n in T.WHOLE])
     say(f"published {len(frames)} table(s), {len(moves)} partition(s) replaced")
     return written
 
@@ -348,6 +361,8 @@ def _direct(spark, args, frames, stats):
     partitions are replaced by Spark's own commit (dynamic partition
     overwrite), one table after the other.
     """
+    from mqttgw.pipeline import tables as T
+
     written = {}
     for name, frame in frames.items():
         frame = frame.cache()
@@ -356,7 +371,7 @@ def _direct(spark, args, frames, stats):
             stats["invalid"] = stats.get("invalid", 0) + frame.agg({"invalid": "sum"}).first()[0]
         say(f"writing {name}: {written[name]} rows")
         target = _join(args.out, name)
-        if name == "last_value":
+        if name in T.WHOLE:
             frame.write.mode("overwrite").parquet(target)
         else:
             columns = ("field", "date", "hour") if name == "json_minute" else ("date", "hour")
@@ -386,7 +401,7 @@ def run_batch(args, spark, stats):
         # Nothing to merge the chosen hours' last values with: they come
         # from the whole archive, this once.
         everything = rows
-    return refresh(spark, args, _in_range(rows, first, last), False, stats, everything)
+    return refresh(spark, args, _in_range(rows, first, last), False, stats, everything, rows)
 
 
 def run_stream(args, spark, stats):
@@ -417,8 +432,8 @@ def run_stream(args, spark, stats):
         wanted = reduce(
             lambda a, b: a | b, [(F.col("date") == date) & (F.col("hour") == hour) for date, hour in touched]
         )
-        rows = T.read_archive(spark, args.archive).where(wanted)
-        for name, count in refresh(spark, args, rows, False, stats).items():
+        archive = T.read_archive(spark, args.archive)
+        for name, count in refresh(spark, args, archive.where(wanted), False, stats, archive=archive).items():
             totals[name] = totals.get(name, 0) + count
 
     sources = [
@@ -517,6 +532,7 @@ def main(argv=None):
         dict(
             run, end=_now(), status="ok", seconds=round(time.monotonic() - started, 1), hours=stats.get("hours"),
             rows_out=written, rows_in=stats.get("rows_in", 0), invalid=stats.get("invalid", 0),
+            sparkplug_malformed=stats.get("sparkplug_malformed", 0),
         ),
     )
     try:

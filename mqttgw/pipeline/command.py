@@ -35,7 +35,8 @@ def package_zip(path):
     root = Path(mqttgw.__file__).parent
     files = [root / "__init__.py", root / "compiled.py"]
     for package in DRIVER_PACKAGES:
-        files += sorted((root / package).glob("*.py"))
+        # Subpackages too: the Sparkplug tables decode with wire/sparkplug/.
+        files += sorted((root / package).rglob("*.py"))
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
         for file in files:
             archive.write(file, f"mqttgw/{file.relative_to(root).as_posix()}")

@@ -5,13 +5,17 @@ into a gateway as retained JSON messages (QoS 1) under a prefix:
 - ``PREFIX/<topic>/_/1m`` and ``PREFIX/<topic>/_/1h``: the newest minute
   and hour of ``topic_minute`` and ``topic_hour``;
 - ``PREFIX/<topic>/_/<field>/1m``: the newest minute of ``json_minute``;
-- ``PREFIX/<topic>/_/last``: ``last_value``.
+- ``PREFIX/<topic>/_/last``: ``last_value``;
+- ``PREFIX/spBv1.0/GROUP/NDATA/EDGE_NODE[/DEVICE]/_/metric/<metric>/1m``
+  (``DDATA`` with a device): the newest minute of ``sparkplug_minute``,
+  the metric name's ``%``, ``+``, ``#`` and NUL written ``%25``, ``%2B``,
+  ``%23``, ``%00`` (its ``/`` are levels).
 
 Names are one-to-one, so one topic's figures never overwrite another's:
 a level of ``_`` alone separates the topic from the rollup, and a topic
 level made only of underscores, the empty one included, gets two more
 (``/a`` is ``__/a``, ``_`` is ``___``); the field is named as given.
-``topic_of`` is the inverse.  Archives of several gateways are summed per
+``topic_of`` is the inverse, and ``metric_of`` gives a metric's name back.  Archives of several gateways are summed per
 topic; each body carries the ``topic`` as it was.  Topics already under
 the prefix (what an earlier run published, archived by the gateway) are
 not published again.
@@ -46,6 +50,29 @@ def topic_of(prefix, name):
     levels = name[len(prefix) + 1:].split("/")
     cut = levels.index(SEPARATOR)
     return "/".join(level[:-2] if level.strip("_") == "" else level for level in levels[:cut]), levels[cut + 1:]
+
+
+_ESCAPES = (("%", "%25"), ("+", "%2B"), ("#", "%23"), ("\0", "%00"))
+
+
+def metric_levels(name):
+    """The levels a Sparkplug metric's name takes in a published name."""
+    for character, escaped in _ESCAPES:
+        name = name.replace(character, escaped)
+    return name.split("/")
+
+
+def metric_of(rollup):
+    """The metric name of ``topic_of``'s rollup levels ``["metric", ..., "1m"]``."""
+    name = "/".join(rollup[1:-1])
+    for character, escaped in reversed(_ESCAPES):
+        name = name.replace(escaped, character)
+    return name
+
+
+def sparkplug_topic(group, node, device):
+    """The DATA topic of a Sparkplug B edge node (device None) or device."""
+    return "/".join(["spBv1.0", group, "DDATA" if device is not None else "NDATA", node, *([device] if device is not None else [])])
 
 
 def _iso(t):
@@ -105,6 +132,7 @@ def messages(spark, out, prefix):
                     "window_end": _iso(row["window_end"])}
             body.update((k, row[k]) for k in ("count", "invalid", "min", "max", "avg"))
             result.append((topic_name(prefix, row["topic"], row["field"], "1m"), body))
+    result += _sparkplug(table("sparkplug_minute"), prefix)
     frame = table("last_value")
     if frame is not None:
         from pyspark.sql import Window
@@ -123,6 +151,31 @@ def messages(spark, out, prefix):
                 body["payload_base64"] = base64.b64encode(payload).decode()
             result.append((topic_name(prefix, row["topic"], "last"), body))
     return [(topic, json.dumps(body).encode()) for topic, body in result]
+
+
+def _sparkplug(frame, prefix):
+    """The newest minute of each Sparkplug metric, summed over gateways."""
+    if frame is None:
+        return []
+    from pyspark.sql import functions as F
+
+    keys = ["group_id", "edge_node_id", "device_id", "metric_name"]
+    summed = _newest(frame.withColumn("_device", F.coalesce("device_id", F.lit(""))),
+                     [*keys[:2], "_device", keys[3]]).groupBy(*keys, "window_start", "window_end").agg(
+        F.sum("count").alias("count"),
+        F.min("min").alias("min"),
+        F.max("max").alias("max"),
+        (F.sum(F.col("avg") * F.col("count")) / F.sum("count")).alias("avg"),
+        F.countDistinct("gateway_id").alias("gateways"),
+    )
+    result = []
+    for row in summed.collect():
+        topic = sparkplug_topic(row["group_id"], row["edge_node_id"], row["device_id"])
+        body = {"topic": topic, "metric": row["metric_name"], "window_start": _iso(row["window_start"]),
+                "window_end": _iso(row["window_end"])}
+        body.update((k, row[k]) for k in ("group_id", "edge_node_id", "device_id", "count", "min", "max", "avg", "gateways"))
+        result.append((topic_name(prefix, topic, "metric", *metric_levels(row["metric_name"]), "1m"), body))
+    return result
 
 
 def publish(spark, args):

@@ -5,7 +5,10 @@ archive.  Command-line options win over it.  Pure Python: the gateway
 checks this section at start-up without importing Spark.
 """
 
-TABLES = ("topic_minute", "topic_hour", "client_hour", "json_minute", "last_value")
+TABLES = (
+    "topic_minute", "topic_hour", "client_hour", "json_minute", "last_value",
+    "sparkplug_metrics", "sparkplug_minute", "sparkplug_sessions",
+)
 
 # key: (type, default, help)
 KEYS = {

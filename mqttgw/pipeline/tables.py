@@ -8,6 +8,8 @@ describes every column.
 
 import functools
 
+from mqttgw.pipeline import sparkplug
+from mqttgw.pipeline.console import say
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
@@ -43,8 +45,11 @@ ARCHIVE_SCHEMA = StructType(
 # Messages that entered the gateway: the per-topic rollups count these.
 PUBLISHED = ("in", "bridge_in")
 
-PARTITIONED = ("topic_minute", "topic_hour", "client_hour", "json_minute")
-TABLES = PARTITIONED + ("last_value",)
+PARTITIONED = ("topic_minute", "topic_hour", "client_hour", "json_minute", "sparkplug_metrics", "sparkplug_minute")
+# Tables written whole, not by partition.
+WHOLE = ("last_value", "sparkplug_sessions")
+TABLES = PARTITIONED + WHOLE
+SPARKPLUG = ("sparkplug_metrics", "sparkplug_minute", "sparkplug_sessions")
 
 
 def read_archive(spark: SparkSession, archives) -> DataFrame:
@@ -239,4 +244,34 @@ def compute(rows, json_fields=(), tables=PARTITIONED):
     frames = [json_minute(rows, field) for field in dict.fromkeys(json_fields)]
     if frames and "json_minute" in tables:
         result["json_minute"] = functools.reduce(lambda a, b: a.unionByName(b), frames)
+    return result
+
+
+def sparkplug_tables(rows, archive=None, tables=TABLES, malformed=None):
+    """
+    {table name: DataFrame} for the Sparkplug B tables asked for, from the
+    ``rows`` of the hours recomputed; ``archive``: all the archive's rows
+    when ``rows`` are only some of them (sparkplug_metrics reads its
+    births, sparkplug_sessions the whole of it).  None when the rows hold
+    no spBv1.0 topic.  ``malformed``: an accumulator of the payloads
+    that are not Sparkplug B.
+    """
+    wanted = [name for name in SPARKPLUG if name in tables]
+    if not wanted:
+        return {}
+    if not sparkplug.present(rows):
+        say(f"no spBv1.0 topics in the rows read: {', '.join(wanted)} not computed")
+        return {}
+    result = {}
+    if "sparkplug_metrics" in wanted or "sparkplug_minute" in wanted:
+        metrics = sparkplug.metrics(rows, archive, malformed)
+        if "sparkplug_minute" in wanted:
+            if "sparkplug_metrics" in wanted:
+                # Decoded once, in the Python workers, for both.
+                metrics = metrics.cache()
+            result["sparkplug_minute"] = sparkplug.minute(metrics)
+        if "sparkplug_metrics" in wanted:
+            result["sparkplug_metrics"] = metrics
+    if "sparkplug_sessions" in wanted:
+        result["sparkplug_sessions"] = sparkplug.sessions(rows if archive is None else archive)
     return result

@@ -352,7 +352,11 @@ def value_of(holder, datatype):
         return unpack_array(datatype, holder.bytes_value)
     field = _FIELD.get(datatype)
     if field is None or not holder.HasField(field):
-        return None
+        # The specification allows a UInt32 in either field; Eclipse
+        # Tahu's JavaScript client writes long_value.
+        if datatype != DataType.UInt32 or not holder.HasField("long_value"):
+            return None
+        field = "long_value"
     value = getattr(holder, field)
     bits = _SIGNED.get(datatype)
     if bits is not None:
