@@ -10,6 +10,7 @@ the connections that took over a second to be made (a retry's wait).
 bench/storm.py simulates the same on paper for bridges.
 """
 
+import random
 import resource
 import select
 import socket
@@ -41,9 +42,10 @@ def listen_drops():
     return counts.get("ListenOverflows", 0), counts.get("ListenDrops", 0)
 
 
-def storm(port, count, results):
+def storm(port, count, results, source="127.0.0"):
     """
-    Open ``count`` connections to ``port`` at once, each sending CONNECT
+    Open ``count`` connections to ``port`` at once from ``source``.1, .2,
+    ... (the first three parts of a loopback address), each sending CONNECT
     once made; fill ``results`` (see the column names above) when every
     one has its CONNACK, was refused or failed, then close them all.
     """
@@ -65,8 +67,10 @@ def storm(port, count, results):
         while made < end:
             s = socket.socket()
             s.setblocking(False)
-            if count > PORTS_PER_SOURCE:
-                s.bind((f"127.0.0.{2 + made // PORTS_PER_SOURCE}", 0))
+            # Each block of clients from its own address: one source has
+            # about 28,000 ephemeral ports, and those of an earlier run
+            # wait in TIME_WAIT, which makes every connect() search.
+            s.bind((f"{source}.{1 + made // PORTS_PER_SOURCE}", 0))
             s.connect_ex(("127.0.0.1", port))
             under_way[s.fileno()] = [s, made, clock(), None, b""]
             poller.register(s.fileno(), select.EPOLLOUT)
@@ -130,7 +134,9 @@ def run(broker, count, ctx, runner):
     results = ctx.RawArray("d", FIELDS)
     cpu = broker.cpu_seconds()
     overflows, drops = listen_drops()
-    p = ctx.Process(target=runner, args=(storm, broker.port, count, results))
+    # A source no earlier run used (see storm).
+    source = f"127.{random.randrange(1, 255)}.{random.randrange(256)}"
+    p = ctx.Process(target=runner, args=(storm, broker.port, count, results, source))
     p.start()
     deadline = time.monotonic() + TIMEOUT_S + 60
     while not results[DONE] and p.is_alive() and time.monotonic() < deadline:
