@@ -424,6 +424,11 @@ class MQTTServerFactory(Factory):
         stats.connections_refused += 1
         return False
 
+    def vacancies(self):
+        """Connections that may still be made under ``max_connections``."""
+        stats = self.router.stats
+        return self.limits.max_connections - stats.connections - stats.handshakes
+
     def admit(self, addr):
         """A protocol for a connection already counted (a WebSocket)."""
         protocol = MQTTServerProtocol(self.router, self.limits, self.clock, self.flusher)

@@ -280,8 +280,10 @@ class Flusher:
         return free // 2 if self._waiting else free
 
     def wait_for_room(self, port):
-        """``port`` stopped accepting for want of room: it reads again once there is."""
-        port.stopReading()
+        """
+        ``port`` has connections waiting for room (it stopped reading, or
+        holds sockets it took in): it is told once there is (``startReading``).
+        """
         if port not in self._ports:
             self._ports.append(port)
         if not self.reading_held:
