@@ -9,6 +9,7 @@ from collections import deque
 
 from twisted.logger import Logger
 
+from mqttgw.transports.connlog import ConnectionMessages
 from mqttgw.transports.handshake import BEFORE_CONNACK, CLOSED
 
 log = Logger()
@@ -242,6 +243,8 @@ class Flusher:
         self.stalls = Stalls(clock)
         self.keepalives = KeepaliveTimers(clock, self.stalls)
         self.connects = ConnectDeadlines(clock, self.stalls)
+        # Every listener's connects and disconnects, summed up in a burst.
+        self.connection_messages = ConnectionMessages(clock)
         self.pending = []
         self._call = None
         # Connections admitted and not yet read from (``opening`` set on
