@@ -26,6 +26,8 @@ PORTS_PER_SOURCE = 20_000
 BATCH = 64
 # Seconds a storm may take before the clients give up.
 TIMEOUT_S = 120.0
+# Descriptors a broker and the clients need beside the connections.
+SPARE_FILES = 200
 # The columns of ``results`` (a multiprocessing array of doubles).
 ELAPSED, CONNACKS, REFUSED, FAILED, SLOW_CONNECTS, SLOWEST_CONNECT, DONE = range(7)
 FIELDS = 7
@@ -124,6 +126,17 @@ def storm(port, count, results, source="127.0.0"):
     for s in held:
         s.close()
     poller.close()
+
+
+def too_many(count):
+    """
+    Why a storm of ``count`` cannot be run here (the broker and the
+    clients each hold a descriptor per connection), or None.
+    """
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and count + SPARE_FILES > hard:
+        return f"open-file limit {hard}"
+    return None
 
 
 def run(broker, count, ctx, runner):

@@ -392,6 +392,9 @@ def _run_once(name, scenario, args, workdir, auth_files, broker_cpu, load_cpu, r
         return None
     if scenario == FOOTPRINT:
         return _footprint(name, args, workdir, broker_cpu, load_cpu, options)
+    if scenario == STORM and burst.too_many(args.storm):
+        print(f"{name:10} {STORM}: {args.storm:,} skipped ({burst.too_many(args.storm)})", flush=True)
+        return None
     if scenario in AUTH_SCENARIOS:
         if name == "amqtt":
             return None
