@@ -14,6 +14,7 @@ import random
 import resource
 import select
 import socket
+import struct
 import time
 
 from mqttgw.wire import packets as P
@@ -26,6 +27,7 @@ PORTS_PER_SOURCE = 20_000
 BATCH = 64
 # Seconds a storm may take before the clients give up.
 TIMEOUT_S = 120.0
+_RESET = struct.pack("ii", 1, 0)
 # Descriptors a broker and the clients need beside the connections.
 SPARE_FILES = 200
 # The columns of ``results`` (a multiprocessing array of doubles).
@@ -124,6 +126,9 @@ def storm(port, count, results, source="127.0.0"):
     results[SLOWEST_CONNECT] = slowest
     results[DONE] = 1
     for s in held:
+        # Reset, not closed: a client's port left in TIME_WAIT for a
+        # minute is one the next broker's listeners may not bind.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET)
         s.close()
     poller.close()
 
