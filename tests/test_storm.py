@@ -5,6 +5,7 @@ burst up instead of a line per client, clean sessions leave the store as
 it was, and the listen backlog asked of the kernel is the one configured.
 """
 
+import contextlib
 import random
 import socket
 import sqlite3
@@ -109,10 +110,35 @@ def test_connection_lines_are_summed_up_in_a_burst_and_logged_again_after(logged
     assert "client later connected" in logged()[-1]
 
 
-def test_a_storm_beyond_the_room_to_read_is_taken_out_of_the_kernels_queue():
-    clock = Clock()
-    flusher = Flusher(clock)
-    flusher.OPENINGS = 3
+@contextlib.contextmanager
+def listening(factory, built, clients=10):
+    """A lean TCP port for ``factory`` with ``clients`` connected and waiting in its queue."""
+    service = ListenerService(reactor, "tcp", "tcp:0:interface=127.0.0.1", factory)
+    service.privilegedStartService()
+    port = service.port
+    connected = []
+    try:
+        for _ in range(clients):
+            connected.append(socket.create_connection(("127.0.0.1", port.getHost().port), timeout=5))
+        yield port
+    finally:
+        for skt, _ in port.held:
+            skt.close()
+        port.stopListening()
+        for protocol in built:
+            reactor.removeReader(protocol.transport)
+            protocol.transport.socket.close()
+        for c in connected:
+            c.close()
+
+
+def opening_factory(openings, limit=100):
+    """
+    A factory whose connections take a place among ``openings``, at most
+    ``limit`` of them, and what it made.
+    """
+    flusher = Flusher(Clock())
+    flusher.OPENINGS = openings
     built = []
 
     class Opening(Protocol):
@@ -122,35 +148,52 @@ def test_a_storm_beyond_the_room_to_read_is_taken_out_of_the_kernels_queue():
 
     class Counted(Factory):
         protocol = Opening
-        flusher = None
 
         def vacancies(self):
-            return 100 - len(built)
+            return limit - len(built)
 
     factory = Counted()
     factory.flusher = flusher
-    service = ListenerService(reactor, "tcp", "tcp:0:interface=127.0.0.1", factory)
-    service.privilegedStartService()
-    port = service.port
-    clients = []
-    try:
-        for _ in range(10):
-            clients.append(socket.create_connection(("127.0.0.1", port.getHost().port), timeout=5))
+    return factory, built
+
+
+def test_a_storm_beyond_the_room_to_read_is_taken_out_of_the_kernels_queue():
+    factory, built = opening_factory(3)
+    with listening(factory, built) as port:
         port.doRead()
         # Three made, the other seven taken in; the port goes on reading,
         # so the kernel's queue stays empty for the next SYNs.
         assert len(built) == 3 and len(port.held) == 7
         assert port in reactor.getReaders()
         for protocol in list(built):
-            flusher.opened(protocol)
-        clock.advance(0)
+            factory.flusher.opened(protocol)
+        factory.flusher.clock.advance(0)
         assert len(built) == 6 and len(port.held) == 4
-    finally:
-        for skt, _ in port.held:
-            skt.close()
-        port.stopListening()
-        for protocol in built:
-            reactor.removeReader(protocol.transport)
-            protocol.transport.socket.close()
-        for c in clients:
-            c.close()
+
+
+def test_no_more_are_taken_in_than_the_connection_limit_has_room_for():
+    factory, built = opening_factory(3, limit=5)
+    with listening(factory, built) as port:
+        port.doRead()
+        # Five taken in, three of them made; the rest wait in the kernel,
+        # the port not read until there is room.
+        assert len(built) == 3 and len(port.held) == 2
+        assert port not in reactor.getReaders()
+
+
+def test_connections_refused_on_taking_in_take_no_room():
+    factory, built = opening_factory(3)
+    refused = []
+    make = factory.buildProtocol
+
+    def every_other_refused(addr):
+        if (len(built) + len(refused)) % 2:
+            refused.append(addr)
+            return None
+        return make(addr)
+
+    factory.buildProtocol = every_other_refused
+    with listening(factory, built) as port:
+        port.doRead()
+        # Three made and two refused in between: the room was for three made.
+        assert len(built) == 3 and len(refused) == 2 and len(port.held) == 5

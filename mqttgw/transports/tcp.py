@@ -227,16 +227,19 @@ class Port(tcp.Port):
             held.append((skt, addr))
 
     def _make(self, count):
-        """Connections made of ``count`` held sockets, oldest first."""
+        """
+        Connections made of ``count`` held sockets, oldest first; those the
+        factory refuses (over a limit) are closed and take no room.
+        """
         held = self.held
         factory = self.factory
         while held and count > 0:
             skt, addr = held.popleft()
-            count -= 1
             protocol = factory.buildProtocol(self._buildAddr(addr))
             if protocol is None:
                 skt.close()
                 continue
+            count -= 1
             s = self.sessionno
             self.sessionno = s + 1
             protocol.makeConnection(self.transport(skt, protocol, addr, self, s, self.reactor))
