@@ -74,8 +74,3 @@ class ConnectionMessages:
         self._window_end = now + self.INTERVAL
         self._lines = 0
         self.logger.info("connection burst over: connects and disconnects logged one by one again")
-
-    def stop(self):
-        if self._timer is not None and self._timer.active():
-            self._timer.cancel()
-        self._timer = None
