@@ -23,7 +23,7 @@ import threading
 import time
 from pathlib import Path
 
-from bench import drain, footprint, loadgen, logins, neighbours, retained
+from bench import burst, drain, footprint, loadgen, logins, neighbours, retained
 from bench.brokers import BROKERS, MAX_INFLIGHT, MAX_QUEUED, free_port
 
 PAYLOAD = 64
@@ -84,9 +84,11 @@ WINDOWED = set(THROUGHPUT) | {"latency"} | set(PROBED)
 WINDOWED_QUEUED = 1_000_000
 # Memory idle and per idle connection, and start-up time (bench/footprint.py).
 FOOTPRINT = "footprint"
+# --storm clients connecting at once, --repeats runs (bench/burst.py).
+STORM = "storm"
 ALL_SCENARIOS = (
     list(THROUGHPUT) + ["latency"] + list(PROBED) + [BACKLOG, BRIDGE_DRAIN, "connections"]
-    + list(NEIGHBOURS) + [RETAINED, LOGINS, FOOTPRINT]
+    + list(NEIGHBOURS) + [RETAINED, LOGINS, FOOTPRINT, STORM]
 )
 # Brokers that can run a scenario (amqtt has no mosquitto-format files).
 AUTH_SCENARIOS = {"fan-in qos0 acl", "fan-in qos1 acl", LOGINS}
@@ -281,9 +283,10 @@ def main(argv=None):
     parser.add_argument("--durability", choices=["fsync", "os"], default=None, help="mqttgw's store durability (default: its own default)")
     parser.add_argument("--scenarios", nargs="+", default=ALL_SCENARIOS, choices=ALL_SCENARIOS)
     parser.add_argument("--connections", type=int, default=10_000, help="idle connections to hold")
+    parser.add_argument("--storm", type=int, default=10_000, help="clients connecting at once in the storm scenario")
     parser.add_argument("--backlog", type=int, default=100_000, help="messages in the backlog and bridge drain scenarios")
     parser.add_argument("--retained", type=int, default=1_000_000, help="retained topics stored for the retained scenario")
-    parser.add_argument("--repeats", type=int, default=3, help="runs of each drain scenario, the median reported")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each drain and storm scenario, the median reported")
     parser.add_argument(
         "--rate-repeats", type=int, default=1,
         help="runs of each throughput scenario, the brokers taking turns, the median reported",
@@ -372,7 +375,7 @@ def _repeats(scenario, args):
     throughput figure moves by 10-20% between runs on a shared machine:
     --rate-repeats of them, for a median that one slow minute cannot set.
     """
-    if scenario in DRAINS:
+    if scenario in DRAINS or scenario == STORM:
         return args.repeats
     if scenario in THROUGHPUT:
         return args.rate_repeats
@@ -412,6 +415,9 @@ def _run_once(name, scenario, args, workdir, auth_files, broker_cpu, load_cpu, r
         return None
     if scenario == FOOTPRINT:
         return _footprint(name, args, workdir, broker_cpu, load_cpu, options)
+    if scenario == STORM and burst.too_many(args.storm):
+        print(f"{name:10} {STORM}: {args.storm:,} skipped ({burst.too_many(args.storm)})", flush=True)
+        return None
     if scenario in AUTH_SCENARIOS:
         if name == "amqtt":
             return None
@@ -494,6 +500,9 @@ def _run_once(name, scenario, args, workdir, auth_files, broker_cpu, load_cpu, r
                 f" {r['repeated']} repeated; queued in {r['queued_s']} s",
                 flush=True,
             )
+        elif scenario == STORM:
+            r = burst.run(broker, args.storm, _ctx(), functools.partial(_pinned, load_cpu))
+            print(burst.summary(r), flush=True)
         elif scenario == LOGINS:
             r = logins.run(broker)
             print(
@@ -554,6 +563,9 @@ def _median(scenario, runs):
     r = dict(flawed[0] if flawed else ranked[(len(ranked) - 1) // 2])
     if len(runs) > 1:
         r["runs"] = [_figure(scenario, run) for run in runs]
+    if scenario == STORM:
+        # Any run's retries, not the median's alone.
+        r["syn_retries_runs"] = [(run["slow_connects"], run["listen_overflows"]) for run in runs]
     return r
 
 
@@ -562,6 +574,8 @@ def _figure(scenario, r):
         return None
     if scenario in THROUGHPUT or scenario in DRAINS:
         return r["per_second"]
+    if scenario == STORM:
+        return r["connects_per_second"]
     if scenario in NEIGHBOURS and not r.get("sent"):
         # The well-behaved clients could not send at all: no latency.
         return None
@@ -603,7 +617,7 @@ def table(results):
     for s in scenarios:
         unit = {
             "connections": " (KiB/conn)", RETAINED: " (ms, ret/7/+)", LOGINS: " (connects/s)",
-            FOOTPRINT: " (MiB idle, TCP only)",
+            FOOTPRINT: " (MiB idle, TCP only)", STORM: " (connects/s)",
         }.get(
             s, " (p99 ms)" if s == "latency" or s in PROBED or s in NEIGHBOURS else " (msg/s)"
         )
@@ -612,7 +626,7 @@ def table(results):
         for n in names:
             f = figures[n]
             lost = results[n].get(s, {}).get("lost")
-            cell = "-" if f is None else (f"{f:,.0f}" if s in THROUGHPUT or s in DRAINS else f"{f:.2f}")
+            cell = "-" if f is None else (f"{f:,.0f}" if s in THROUGHPUT or s in DRAINS or s == STORM else f"{f:.2f}")
             if f is None and s in NEIGHBOURS and s in results[n]:
                 cell += " (none sent)"
             if lost:
@@ -647,6 +661,17 @@ def table(results):
     if footprints:
         out.append("")
         out += [footprint.summary(n, results[n][FOOTPRINT]) for n in footprints]
+    storms = [n for n in names if STORM in results[n]]
+    if storms:
+        out.append("")
+        for n in storms:
+            r = results[n][STORM]
+            runs = ", ".join(f"{x:,.0f}" for x in r.get("runs", [r["connects_per_second"]]))
+            retries = ", ".join(f"{a}/{b}" for a, b in r["syn_retries_runs"])
+            out.append(
+                f"{n}: storm {burst.summary(r)}; connects/s of each run: {runs};"
+                f" slow connects/listen overflows of each run: {retries}"
+            )
     if conn:
         out.append("")
         for n in conn:

@@ -198,7 +198,8 @@ CONNECTION_KEYS = _by_path([
         "connection_messages",
         bool,
         True,
-        "log each client's connect and disconnect (as mosquitto's connection_messages)",
+        "log each client's connect and disconnect (as mosquitto's connection_messages);"
+        " past 50 a second, one line a second with their counts",
         flag_name="no-connection-messages",
         flag_help="do not log each client's connect and disconnect",
     ),

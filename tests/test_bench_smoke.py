@@ -28,6 +28,7 @@ def test_benchmark_reports_every_figure_and_loses_nothing(tmp_path, monkeypatch)
             "--connections", "300",
             "--retained", "20000",
             "--backlog", "2000",
+            "--storm", "300",
             "--repeats", "2",
             "--json", str(out),
         ]
@@ -87,7 +88,42 @@ def test_benchmark_reports_every_figure_and_loses_nothing(tmp_path, monkeypatch)
         assert connections["connections"] == 300
         assert connections["kib_per_connection"] is not None
         check_footprint(results[run.FOOTPRINT], 300)
+        check_storm(results[run.STORM], 300, 2)
     assert "mqttgw/mosquitto" in run.table(report["results"])
+
+
+def check_storm(r, count, runs):
+    assert r["clients"] == count and r["connacks"] + r["refused"] + r["failed"] == count, r
+    assert r["connects_per_second"] > 0 and r["seconds"] > 0
+    assert r["slow_connects"] >= 0 and r["listen_overflows"] >= 0
+    assert len(r["runs"]) == len(r["syn_retries_runs"]) == runs
+
+
+def test_storm_reports_connacks_rate_and_syn_retries_beside_mosquitto(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", "/usr/sbin:" + os.environ["PATH"])
+    require_program("mosquitto")
+    out = tmp_path / "storm.json"
+    run.main(
+        ["--brokers", "mqttgw", "mosquitto", "--scenarios", run.STORM,
+         "--storm", "500", "--repeats", "2", "--json", str(out)]
+    )
+    results = json.loads(out.read_text())["results"]
+    for broker in ("mqttgw", "mosquitto"):
+        check_storm(results[broker][run.STORM], 500, 2)
+    # mqttgw answers every one of them.
+    assert results["mqttgw"][run.STORM]["connacks"] == 500
+    table = run.table(results)
+    assert "storm (connects/s)" in table and "mqttgw: storm 500 of 500 CONNACKs" in table
+
+
+def test_a_storm_the_open_file_limit_cannot_hold_is_skipped_not_tried():
+    import resource
+
+    from bench import burst
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    assert burst.too_many(hard + 1) == f"open-file limit {hard}"
+    assert burst.too_many(10) is None
 
 
 def check_footprint(r, count):

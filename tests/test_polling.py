@@ -140,7 +140,7 @@ def tcp_pair():
 
 
 def test_peers_closes_wait_behind_reads_and_are_taken_a_few_a_poll(lean):
-    lean.CLOSES_PER_POLL = 2
+    lean.CLOSES_PER_POLL = lean.CLOSES_ALONE = 2
     order = []
     pairs = [tcp_pair() for _ in range(6)]
     try:
@@ -191,3 +191,26 @@ def test_the_peers_close_is_watched_while_reading_only():
         reactor.removeAll()
         close(reactor)
         ours.close()
+
+
+def test_peers_closes_with_nothing_else_ready_are_taken_more_a_poll(lean):
+    lean.CLOSES_PER_POLL = 1
+    lean.CLOSES_ALONE = 4
+    closed = []
+    pairs = [tcp_pair() for _ in range(6)]
+    try:
+        for i, (ours, _) in enumerate(pairs):
+            reader = Reader(ours, lean, lambda: None)
+            reader.connectionLost = lambda reason, i=i: closed.append(i)
+            lean.addReader(reader)
+        for _, theirs in pairs:
+            theirs.close()
+        poll_until(lean, lambda: closed)
+        assert len(closed) == 4
+        poll_until(lean, lambda: len(closed) == 6)
+        assert sorted(closed) == list(range(6))
+    finally:
+        lean.removeAll()
+        for ours, theirs in pairs:
+            ours.close()
+            theirs.close()

@@ -29,6 +29,7 @@ from mqttgw.service.build import (
     http_connection_limit,
     http_description,
     http_host,
+    listen_backlog,
     login_gates,
     open_archive,
     open_store,
@@ -82,6 +83,7 @@ class Assembly:
         gateway.settings, gateway.restored = settings, restored
         self.flusher = Flusher(reactor)
         self.limits = connection_limits(settings)
+        self.backlog = listen_backlog(settings["limits.listen_backlog"], self.limits.max_connections, log)
         self.throttle, self.connection_rate, self.refusals = login_gates(settings, reactor)
         gateway.throttle = self.throttle
         self.reloader = ReloadService(reactor, options, gateway)
@@ -250,7 +252,7 @@ class Assembly:
         listener = ListenerService(
             self.reactor,
             kind,
-            endpoint_description(address, self.settings["limits.listen_backlog"]),
+            endpoint_description(address, self.backlog),
             made,
             secure=kind in ("tls", "wss"),
             anonymous=anonymous,

@@ -120,6 +120,40 @@ def connection_limit(configured, log, http=0, soft=None):
     return configured
 
 
+SOMAXCONN = "/proc/sys/net/core/somaxconn"
+
+
+def kernel_somaxconn(path=SOMAXCONN):
+    """The kernel's cap on a listen backlog, or None where it cannot be read."""
+    try:
+        with open(path) as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return None
+
+
+def listen_backlog(configured, max_connections, log, somaxconn=kernel_somaxconn):
+    """
+    The backlog every listener asks listen() for: ``limits.listen_backlog``,
+    or with 0 the connection limit, so that every client the gateway may
+    hold can be queued at once.  The kernel caps it at net.core.somaxconn:
+    said once at start-up when it does.
+    """
+    backlog = configured or max_connections
+    cap = somaxconn()
+    if cap is not None and backlog > cap:
+        log.info(
+            "listen backlog {backlog} (limits.listen_backlog{derived}) is capped by the kernel"
+            " at net.core.somaxconn {cap}: TCP listeners take a storm's connections out of"
+            " the kernel's queue as they come; TLS and WebSocket ones queue {cap} at most"
+            " (raise net.core.somaxconn to queue more)",
+            backlog=backlog,
+            derived=" 0: limits.max_connections" if not configured else "",
+            cap=cap,
+        )
+    return backlog
+
+
 def check_endpoint(listener, where):
     """A listening endpoint for ``listener``, or ConfigError naming it."""
     from twisted.internet import reactor

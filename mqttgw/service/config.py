@@ -237,9 +237,10 @@ KEYS = [
         "limits",
         "listen_backlog",
         int,
-        4096,
-        "connections the kernel queues before they are accepted",
-        1,
+        0,
+        "connections the kernel queues for each listener before they are accepted"
+        " (0: limits.max_connections); the kernel caps it at net.core.somaxconn",
+        0,
     ),
     Key(
         "limits",

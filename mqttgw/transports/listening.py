@@ -91,7 +91,11 @@ class ListenerService(StreamServerEndpointService):
         # A listener whose connections speak MQTT from their first byte
         # accepts as its flusher has room (not WebSocket's or TLS's, whose
         # first bytes are a handshake).
-        self.port = tcp.serve_lean(port, getattr(self.factory, "flusher", None))
+        # One that counts its connections holds sockets a storm brings
+        # beyond the kernel's queue while they wait for room.
+        self.port = tcp.serve_lean(
+            port, getattr(self.factory, "flusher", None), getattr(self.factory, "vacancies", None)
+        )
         return port
 
     def setServiceParent(self, parent):

@@ -18,6 +18,7 @@ from mqttgw.broker.sessions import owner_name
 from mqttgw.broker.topics import InvalidTopic, validate_topic_name
 from mqttgw.security.identity import Identity, IIdentity
 from mqttgw.security.passwords import Busy
+from mqttgw.transports.connlog import CONNECTED
 from mqttgw.transports.dialects import dialect_for, unsupported
 from mqttgw.transports.handshake import ANSWERING, LOGGING_IN, REFUSING, Exchange, cancel
 from mqttgw.transports.mqtt5 import check_response_topic
@@ -290,7 +291,8 @@ class Login:
         setattr(self.stats, name, getattr(self.stats, name) + change)
 
     def _log_connected(self, packet):
-        log.info(
+        self._flusher.connection_messages.info(
+            CONNECTED,
             "client {client_id} connected from {peer} (MQTT {version},"
             " {session}, keepalive {keepalive}s, user {username})",
             client_id=self.log_id,

@@ -14,8 +14,9 @@ Closing a connection costs some 30 µs (its socket, the reactor's sets, its
 session).  When hundreds of clients close at once (a reconnect storm), one
 poll would close them all before reading the connections that stay open.
 Descriptors are watched for the peer's close too (``EPOLLRDHUP``): a poll
-handles the other events first, then at most ``CLOSES_PER_POLL`` closes;
-the others are still ready, and the next polls take them.
+handles the other events first, then at most ``CLOSES_PER_POLL`` closes
+(``CLOSES_ALONE`` when nothing else was ready); the others are still
+ready, and the next polls take them.
 """
 
 import sys
@@ -32,6 +33,8 @@ class EPollReactor(epollreactor.EPollReactor):
     a bound on the peers' closes handled a poll."""
 
     CLOSES_PER_POLL = 16
+    # ... and when no other event is ready (some 8 ms of closing).
+    CLOSES_ALONE = 256
 
     def doPoll(self, timeout):
         try:
@@ -40,19 +43,25 @@ class EPollReactor(epollreactor.EPollReactor):
             return
         selectables = self._selectables
         dispatch = self._doReadOrWrite
-        closed = None
+        closed = []
+        # With nothing else ready, more closes are handled: when
+        # thousands close at once, every poll reports them all again, and
+        # a poll that went over all of them for 16 made their cost grow
+        # with their square.
+        closes = self.CLOSES_ALONE
+        others = False
         for fd, event in events:
             if event & EPOLLRDHUP:
-                if closed is None:
-                    closed = [(fd, event)]
-                else:
+                if closes:
                     closed.append((fd, event))
+                    closes -= 1
                 continue
+            others = True
             selectable = selectables.get(fd)
             if selectable is not None:
                 dispatch(selectable, fd, event)
-        if closed is not None:
-            for fd, event in closed[: self.CLOSES_PER_POLL]:
+        if closed:
+            for fd, event in closed[: self.CLOSES_PER_POLL] if others else closed:
                 selectable = selectables.get(fd)
                 if selectable is not None:
                     dispatch(selectable, fd, event)

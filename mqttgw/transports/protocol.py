@@ -23,6 +23,7 @@ from mqttgw.schema import default
 from mqttgw.security.identity import Identity
 from mqttgw.security.throttle import ConnectionRate, Throttle
 from mqttgw.transports.connection import MQTTConnection
+from mqttgw.transports.connlog import DISCONNECTED, LOST
 from mqttgw.transports.dialects import UNKNOWN
 from mqttgw.transports.handshake import (
     BEFORE_CONNACK,
@@ -177,7 +178,8 @@ class MQTTServerProtocol(Login, Handshake, Publishing, Subscribing, MQTTConnecti
                 reason=_tls_reason(reason.value),
             )
         if self.session is not None and self.limits.connection_messages:
-            log.info(
+            self._flusher.connection_messages.info(
+                LOST,
                 "client {client_id} connection lost: {reason}",
                 client_id=self.log_id,
                 reason=reason.getErrorMessage(),
@@ -295,13 +297,16 @@ class MQTTServerProtocol(Login, Handshake, Publishing, Subscribing, MQTTConnecti
             return self.protocol_error(str(e), e.reason_code)
         if self.limits.connection_messages:
             if packet.reason_code:
-                log.info(
+                self._flusher.connection_messages.info(
+                    DISCONNECTED,
                     "client {client_id} disconnected: {reason}",
                     client_id=self.log_id,
                     reason=R.name(packet.reason_code),
                 )
             else:
-                log.info("client {client_id} disconnected", client_id=self.log_id)
+                self._flusher.connection_messages.info(
+                    DISCONNECTED, "client {client_id} disconnected", client_id=self.log_id
+                )
         # A clean DISCONNECT discards the will; anything after it is ignored.
         self._close(publish_will=publish_will, graceful=True)
 
@@ -423,6 +428,11 @@ class MQTTServerFactory(Factory):
         )
         stats.connections_refused += 1
         return False
+
+    def vacancies(self):
+        """Connections that may still be made under ``max_connections``."""
+        stats = self.router.stats
+        return self.limits.max_connections - stats.connections - stats.handshakes
 
     def admit(self, addr):
         """A protocol for a connection already counted (a WebSocket)."""

@@ -9,6 +9,7 @@ from collections import deque
 
 from twisted.logger import Logger
 
+from mqttgw.transports.connlog import ConnectionMessages
 from mqttgw.transports.handshake import BEFORE_CONNACK, CLOSED
 
 log = Logger()
@@ -242,6 +243,8 @@ class Flusher:
         self.stalls = Stalls(clock)
         self.keepalives = KeepaliveTimers(clock, self.stalls)
         self.connects = ConnectDeadlines(clock, self.stalls)
+        # Every listener's connects and disconnects, summed up in a burst.
+        self.connection_messages = ConnectionMessages(clock)
         self.pending = []
         self._call = None
         # Connections admitted and not yet read from (``opening`` set on
@@ -280,8 +283,10 @@ class Flusher:
         return free // 2 if self._waiting else free
 
     def wait_for_room(self, port):
-        """``port`` stopped accepting for want of room: it reads again once there is."""
-        port.stopReading()
+        """
+        ``port`` has connections waiting for room (it stopped reading, or
+        holds sockets it took in): it is told once there is (``startReading``).
+        """
         if port not in self._ports:
             self._ports.append(port)
         if not self.reading_held:

@@ -19,6 +19,10 @@ before it, as mosquitto does, rather than on the reactor's next turn.
 :class:`Port` accepts connections in bounded batches.
 """
 
+import errno
+import socket
+from collections import deque
+
 from twisted.internet import tcp
 
 # What tcp.Server and its bases set on a connection that is open: its
@@ -149,41 +153,123 @@ class Port(tcp.Port):
     storm of connects would hold the reactor for one ever longer turn.
 
     With an ``admission`` (a listener's :class:`~.schedulers.Flusher`) it
-    accepts no more than there is room for: connections it could not read
-    from yet wait in the kernel's queue rather than being accepted, paused
-    and resumed (three epoll_ctl calls where one does).
+    makes no more connections than there is room for.  Sockets beyond
+    that are taken out of the kernel's queue and held (``held``), as many
+    as ``vacancies()`` allows, when it is given: the kernel's queue is
+    capped at net.core.somaxconn (4096 on most systems), and every SYN
+    that arrives while it is full costs its client a second's retry, so a
+    storm of 10,000 clients connecting at once would wait on the kernel
+    rather than on the gateway.  Taking a socket in costs an accept();
+    its connection is made once there is room.  Without ``vacancies`` (or
+    with none left) the rest wait in the kernel's queue, the port not
+    read until there is room.
     """
 
     transport = Server
     ACCEPTS_PER_READ = 32
+    # Sockets taken in per read: a few milliseconds of accept().
+    TAKE_IN_PER_READ = 512
     admission = None
+    vacancies = None
+    held = ()
 
     def doRead(self):
         if self.numberAccepts > self.ACCEPTS_PER_READ:
             self.numberAccepts = self.ACCEPTS_PER_READ
         admission = self.admission
-        if admission is not None:
+        if admission is None:
+            return super().doRead()
+        if self.vacancies is None:
             room = admission.room()
             if room <= 0:
                 # Read again once there is room (Flusher.wait_for_room).
+                self.stopReading()
                 admission.wait_for_room(self)
                 return None
             if self.numberAccepts > room:
                 self.numberAccepts = room
-        return super().doRead()
+            return super().doRead()
+        self._take_in()
+        held = self.held
+        if held:
+            room = admission.room()
+            if room > 0:
+                self._make(min(room, self.ACCEPTS_PER_READ))
+            if held:
+                if len(held) >= self.vacancies():
+                    # No more can be taken in: the rest wait in the kernel.
+                    self.stopReading()
+                admission.wait_for_room(self)
+        return None
+
+    def _take_in(self):
+        """Sockets from the kernel's queue into ``held``, as many as there are vacancies for."""
+        held = self.held
+        if not held:
+            held = self.held = deque()
+        room = min(self.TAKE_IN_PER_READ, self.vacancies() - len(held))
+        accept = self.socket.accept
+        while room > 0:
+            room -= 1
+            try:
+                skt, addr = accept()
+            except OSError as e:
+                if e.errno == errno.ECONNABORTED:
+                    # Gone before it was taken in.
+                    continue
+                # Nothing more waits (EAGAIN), or no descriptor or memory
+                # for it: what waits stays in the kernel's queue.
+                return
+            if len(addr) == 4:
+                # IPv6: the scope id kept, as tcp.Port does.
+                host = socket.getnameinfo(addr, socket.NI_NUMERICHOST | socket.NI_NUMERICSERV)
+                addr = (host[0],) + tuple(addr[1:])
+            held.append((skt, addr))
+
+    def _make(self, count):
+        """
+        Connections made of ``count`` held sockets, oldest first; those the
+        factory refuses (over a limit) are closed and take no room.
+        """
+        held = self.held
+        factory = self.factory
+        while held and count > 0:
+            skt, addr = held.popleft()
+            protocol = factory.buildProtocol(self._buildAddr(addr))
+            if protocol is None:
+                skt.close()
+                continue
+            count -= 1
+            s = self.sessionno
+            self.sessionno = s + 1
+            protocol.makeConnection(self.transport(skt, protocol, addr, self, s, self.reactor))
+
+    def startReading(self):
+        # Room again (Flusher): held sockets go before the kernel's queue.
+        super().startReading()
+        if self.held:
+            self.doRead()
+
+    def connectionLost(self, reason):
+        for skt, _ in self.held:
+            skt.close()
+        self.held = ()
+        return super().connectionLost(reason)
 
     def listening(self):
         """Whether the port still listens (it may be told to read again after it stopped)."""
         return self.connected and not self.disconnecting
 
 
-def serve_lean(port, admission=None):
+def serve_lean(port, admission=None, vacancies=None):
     """Make ``port`` a :class:`Port` if it is a plain tcp.Port (TCP, TLS
     and WebSocket listeners; not a UNIX socket's), accepting as
-    ``admission`` has room if given."""
+    ``admission`` has room if given, holding sockets for which
+    ``vacancies()`` has room meanwhile."""
     if type(port) is tcp.Port:
         port.__class__ = Port
         port.admission = admission
+        port.vacancies = vacancies
     return port
 
 
