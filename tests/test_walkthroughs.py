@@ -22,6 +22,7 @@ import signal
 import socket
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 from dataclasses import dataclass, field
@@ -243,3 +244,23 @@ def test_what_a_page_left_running_is_stopped(tmp_path):
     shell.close()
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+
+
+def _configuration_examples():
+    """The guides' literal blocks that are TOML files (their first table header first)."""
+    for page in sorted(GUIDE.glob("*.rst")):
+        for block in re.findall(r"::\n\n((?:   .*\n|\n)+)", page.read_text()):
+            text = textwrap.dedent(block)
+            lines = [line for line in text.splitlines() if line.strip() and not line.startswith("#")]
+            if lines and re.fullmatch(r"\[\[?[a-z_]+\]\]?", lines[0]):
+                yield pytest.param(text, id=f"{page.stem}-{lines[0].strip('[]')}")
+
+
+@pytest.mark.parametrize("text", list(_configuration_examples()))
+def test_the_guides_configuration_examples_are_accepted_as_they_are(text, tmp_path):
+    # Copied whole into a file, each starts a gateway's configuration.
+    from mqttgw.service import config
+
+    path = tmp_path / "mqttgw.toml"
+    path.write_text(text)
+    config.build(config.load_file(str(path)), {})
