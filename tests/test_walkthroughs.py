@@ -159,7 +159,12 @@ def wait_for_ports(ports, shell):
 
 def follow(steps, workdir):
     """Run ``steps`` literally in ``workdir``; a list of what went wrong."""
-    ports = {port: free_port() for port in PORTS}
+    for _ in range(10):  # the kernel may hand out one port twice
+        ports = {port: free_port() for port in PORTS}
+        if len(set(ports.values())) == len(PORTS):
+            break
+    else:
+        pytest.fail("no distinct free ports")
     rewrite = re.compile(r"(?<!\d)(%s)(?!\d)" % "|".join(map(str, PORTS)))
 
     def local(text):
