@@ -15,6 +15,13 @@ which commands it received are written to ``--out`` as JSON every second
 until SIGTERM.
 
     python -m bench.devices --host 10.78.1.2 --site 1 --devices 100 --out s1.json
+
+Beside them, ``EdgeNode`` is a Sparkplug B edge node (Sparkplug 3.0)
+with devices of its own, through the project's codec: its NDEATH (with
+its bdSeq) registered as the will, NBIRTH and a DBIRTH per device giving
+each metric a name and an alias, then NDATA and DDATA by alias with
+``seq`` counting 0 to 255 and round again, all at QoS 0 as the
+specification has them.
 """
 
 import argparse
@@ -100,6 +107,77 @@ class Device:
     def report(self):
         acked = [self._mids[m] for m in list(self._acked_mids) if m in self._mids] if self.qos else []
         return {"qos": self.qos, "sent": list(self.sent), "acked": acked, "commands": list(self.commands)}
+
+    def stop(self):
+        self.client.disconnect()
+        self.client.loop_stop()
+
+
+class EdgeNode:
+    """A Sparkplug edge node ``group``/``node`` with ``devices`` devices, over one paho connection."""
+
+    METRICS = 3
+
+    def __init__(self, host, port, group, node, devices=1, bd_seq=0, keepalive=30):
+        from mqttgw.wire.sparkplug import payload as S
+
+        self.codec = S
+        self.group, self.node, self.bd_seq = group, node, bd_seq
+        self.devices = [f"{node}-d{k}" for k in range(devices)]
+        self.seq = 0
+        # [kind, device or None, seq or None] in the order published.
+        self.sent = []
+        self.topic = f"spBv1.0/{group}/{{}}/{node}"
+        c = self.client = mqtt.Client(
+            mqtt.CallbackAPIVersion.VERSION2, client_id=f"{group}.{node}", clean_session=True,
+            protocol=mqtt.MQTTv311,
+        )
+        death = S.Payload(timestamp=int(time.time() * 1000))
+        death.metrics.add(name="bdSeq", datatype=S.DataType.UInt64, long_value=bd_seq)
+        # Sparkplug: NDEATH as will at QoS 1, not retained.
+        c.will_set(self.topic.format("NDEATH"), S.encode(death), 1, False)
+        self.connected = threading.Event()
+        c.on_connect = lambda *_: self.connected.set()
+        c.connect(host, port, keepalive)
+        c.loop_start()
+        if not self.connected.wait(30):
+            raise RuntimeError(f"edge node {group}/{node} did not connect")
+
+    def _publish(self, kind, device, payload):
+        topic = self.topic.format(kind) + (f"/{device}" if device else "")
+        self.sent.append([kind, device, payload.seq if payload.HasField("seq") else None])
+        return self.client.publish(topic, self.codec.encode(payload), 0, False)
+
+    def _payload(self):
+        payload = self.codec.Payload(timestamp=int(time.time() * 1000), seq=self.seq)
+        self.seq = (self.seq + 1) % 256
+        return payload
+
+    def birth(self):
+        """NBIRTH (seq 0, bdSeq) and each device's DBIRTH: metrics by name and alias."""
+        T = self.codec.DataType
+        self.seq = 0
+        payload = self._payload()
+        payload.metrics.add(name="bdSeq", datatype=T.UInt64, long_value=self.bd_seq)
+        payload.metrics.add(name="Node Control/Rebirth", datatype=T.Boolean, boolean_value=False)
+        self._publish("NBIRTH", None, payload)
+        for device in self.devices:
+            payload = self._payload()
+            for i in range(self.METRICS):
+                payload.metrics.add(name=f"sensor{i}", alias=i + 1, datatype=T.Double, double_value=0.0)
+            self._publish("DBIRTH", device, payload)
+
+    def data(self, device=None):
+        """An NDATA (or a device's DDATA), its metrics by alias only."""
+        payload = self._payload()
+        for i in range(self.METRICS):
+            payload.metrics.add(alias=i + 1, datatype=self.codec.DataType.Double, double_value=random.random())
+        return self._publish("DDATA" if device else "NDATA", device, payload)
+
+    def drop(self):
+        """Its link to the broker breaks (no DISCONNECT): the broker publishes its NDEATH."""
+        self.client.loop_stop()
+        self.client.socket().close()
 
     def stop(self):
         self.client.disconnect()
