@@ -32,6 +32,7 @@ class Relay:
         # (its kind, local NDEATH topic, remote NDEATH topic), while the
         # bridge carries Sparkplug deaths upstream (bridges.deaths).
         self._nodes = {}
+        self._deaths = getattr(bridge, "deaths", None)
 
     def _route(self, topic_wire):
         topic = topic_wire[2:].decode("utf-8")
@@ -40,7 +41,7 @@ class Relay:
         if len(self._routes) >= self.ROUTES:
             self._routes.clear()
             self._nodes.clear()
-        if route is not None and self.bridge.deaths is not None:
+        if route is not None and self._deaths is not None:
             self._node(topic_wire, topic)
         self._routes[topic_wire] = route
         return route
@@ -84,7 +85,7 @@ class Relay:
                 kind, local, remote_death = self._nodes[topic_wire]
                 qos = (first >> 1) & 3
                 mid = (data[topic_end] << 8 | data[topic_end + 1]) if qos else None
-                self.bridge.deaths.forwarded(local, remote_death, kind, qos, mid)
+                self._deaths.forwarded(local, remote_death, kind, qos, mid)
             o = stop
             if not first & 0x08:  # not a DUP: a first send
                 self.bridge.sent += 1
