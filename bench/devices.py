@@ -21,7 +21,9 @@ with devices of its own, through the project's codec: its NDEATH (with
 its bdSeq) registered as the will, NBIRTH and a DBIRTH per device giving
 each metric a name and an alias, then NDATA and DDATA by alias with
 ``seq`` counting 0 to 255 and round again, all at QoS 0 as the
-specification has them.
+specification has them.  ``--edge-nodes N`` runs N of them beside the
+devices (group ``siteS``, one device each), an NDATA or DDATA each round
+of readings, what each published written to ``--out`` under ``edge_nodes``.
 """
 
 import argparse
@@ -192,19 +194,27 @@ def main(argv=None):
     parser.add_argument("--devices", type=int, default=100)
     parser.add_argument("--interval", type=float, default=2.0, help="seconds between a device's readings")
     parser.add_argument("--duration", type=float, default=120.0, help="seconds of publishing")
+    parser.add_argument("--edge-nodes", type=int, default=0,
+                        help="Sparkplug edge nodes beside the devices: an NDATA or DDATA each a reading")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
 
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     devices = [Device(args.host, args.port, args.site, k, args.interval) for k in range(args.devices)]
+    nodes = [EdgeNode(args.host, args.port, f"site{args.site}", f"node{k}") for k in range(args.edge_nodes)]
 
     started = None
 
     def write():
         tmp = args.out + ".tmp"
         with open(tmp, "w") as f:
-            json.dump({"started": started, "devices": {d.name: d.report() for d in devices}}, f)
+            json.dump({
+                "started": started,
+                "devices": {d.name: d.report() for d in devices},
+                # What each edge node published, in order: [kind, device, seq].
+                "edge_nodes": {n.node: list(n.sent) for n in nodes},
+            }, f)
         os.replace(tmp, args.out)
 
     # Every device connected and subscribed before the first reading.
@@ -213,6 +223,8 @@ def main(argv=None):
         if not d.ready.wait(max(0.0, deadline - time.monotonic())):
             raise SystemExit(f"bench.devices: {d.name} did not connect and subscribe within 60 s")
     started = time.time()
+    for n in nodes:
+        n.birth()
     # Readings spread evenly over the interval, device after device.
     start = time.monotonic()
     step = args.interval / len(devices)
@@ -229,6 +241,8 @@ def main(argv=None):
             tick += 1
             if tick % len(devices) == 0:
                 seq += 1
+                for n in nodes:
+                    n.data(n.devices[0] if seq % 2 else None)
         if now - last_write >= 1.0:
             for d in devices:
                 d.flush()
@@ -241,6 +255,8 @@ def main(argv=None):
     write()
     for d in devices:
         d.stop()
+    for n in nodes:
+        n.stop()
     write()
 
 
