@@ -132,6 +132,8 @@ class MQTTBridge(Service):
             "received": self.received,
             "refused": self.refused,
             "reason_codes": dict(self.reason_codes),
+            # Sparkplug edge nodes whose NDEATH is held upstream as a will.
+            "sparkplug_wills": len(self.deaths.carriers) if self.deaths is not None else 0,
             # 5.0: the limits the upstream's CONNACK gave.
             "upstream_limits": dict(upstream.server_properties) if upstream is not None else {},
         }

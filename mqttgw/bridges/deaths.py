@@ -18,6 +18,7 @@ carriers are dropped without DISCONNECT: the nodes are cut off from the
 upstream.
 """
 
+import attr
 from twisted.internet.protocol import Factory
 from twisted.logger import Logger
 
@@ -161,7 +162,9 @@ class DeathCarriers:
             lambda: MQTTClientProtocol(connect, carrier, self.bridge.reactor, version=self.bridge.version)
         )
         factory.noisy = False
-        d = FailoverEndpoint(self.bridge.reactor, s, lambda error: None).connect(factory)
+        # Its log lines name the node whose will it holds.
+        named = attr.evolve(s, name=f"{s.name} (will {carrier.key})")
+        d = FailoverEndpoint(self.bridge.reactor, named, lambda error: None).connect(factory)
         d.addErrback(lambda _: self.lost(carrier))
 
     def _end(self, remote):
