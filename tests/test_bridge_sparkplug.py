@@ -8,15 +8,18 @@ of a node whose own NDEATH already went up.  Across real namespaces with
 the uplink cut: tests/test_field_sites.py.
 """
 
+import json
 import re
 import signal
 import time
+import urllib.request
 
 import pytest
 
 from bench.devices import EdgeNode
 from mqttgw.wire.sparkplug import payload as S
 from tests.gateway import Gateway
+from tests.mosquitto_broker import free_port
 from tests.paho import PahoClient
 
 
@@ -33,9 +36,25 @@ def start_site(tmp_path, upstream_port, *extra):
         "reconnect_max = 1.0",
         *extra,
     ]) + "\n")
-    gw = Gateway(workdir, "--config", str(workdir / "bridge.toml"), "--no-persistence")
+    http = free_port()
+    gw = Gateway(workdir, "--config", str(workdir / "bridge.toml"), "--no-persistence",
+                 "--http", str(http))
+    gw.http_port = http
     gw.wait_for_log("bridge up: upstream accepted CONNECT")
     return gw
+
+
+def wills_held(gw, count, timeout=20):
+    """Waits until the admin API says the bridge holds ``count`` NDEATHs upstream."""
+    port = gw.http_port
+    deadline = time.monotonic() + timeout
+    while True:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/bridges", timeout=10) as r:
+            [bridge] = json.load(r)
+        if bridge["sparkplug_wills"] == count:
+            return
+        assert time.monotonic() < deadline, bridge
+        time.sleep(0.05)
 
 
 @pytest.fixture
@@ -99,6 +118,7 @@ def test_a_frozen_site_s_edge_nodes_die_at_the_upstream_with_their_bdseq(site_an
     for node in nodes:
         node.birth()
     assert births(host, 6) == [f"spBv1.0/plant/NBIRTH/node{k}" for k in range(3)]
+    wills_held(gw, 3)
     # node0 dies at the site: its own NDEATH goes up, at QoS 1, once.
     nodes[0].drop()
     [m] = host.receive(1, timeout=20)
@@ -107,6 +127,7 @@ def test_a_frozen_site_s_edge_nodes_die_at_the_upstream_with_their_bdseq(site_an
     nodes.pop(0)
     # Acknowledged upstream: the connection holding it there ends cleanly.
     carrier_closed(upstream_log)
+    wills_held(gw, 2)
     got = deaths_after_freeze(gw, host)
     deaths = sorted((m.topic, m.qos, m.retain, S.metric_named(S.decode(m.payload), "bdSeq").long_value)
                     for m in got)
