@@ -332,6 +332,8 @@ class MQTTBridge(Service):
             if packet.reason_code:
                 self.reason("PUBCOMP", packet.reason_code, packet)
             session.pubcomp(packet.message_id)
+            if self.deaths is not None:
+                self.deaths.acknowledged(packet.message_id)
         elif kind is P.Pubrel:
             mid = packet.message_id
             if packet.reason_code:
