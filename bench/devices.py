@@ -15,6 +15,15 @@ which commands it received are written to ``--out`` as JSON every second
 until SIGTERM.
 
     python -m bench.devices --host 10.78.1.2 --site 1 --devices 100 --out s1.json
+
+Beside them, ``EdgeNode`` is a Sparkplug B edge node (Sparkplug 3.0)
+with devices of its own, through the project's codec: its NDEATH (with
+its bdSeq) registered as the will, NBIRTH and a DBIRTH per device giving
+each metric a name and an alias, then NDATA and DDATA by alias with
+``seq`` counting 0 to 255 and round again, all at QoS 0 as the
+specification has them.  ``--edge-nodes N`` runs N of them beside the
+devices (group ``siteS``, one device each), an NDATA or DDATA each round
+of readings, what each published written to ``--out`` under ``edge_nodes``.
 """
 
 import argparse
@@ -106,6 +115,77 @@ class Device:
         self.client.loop_stop()
 
 
+class EdgeNode:
+    """A Sparkplug edge node ``group``/``node`` with ``devices`` devices, over one paho connection."""
+
+    METRICS = 3
+
+    def __init__(self, host, port, group, node, devices=1, bd_seq=0, keepalive=30):
+        from mqttgw.wire.sparkplug import payload as S
+
+        self.codec = S
+        self.group, self.node, self.bd_seq = group, node, bd_seq
+        self.devices = [f"{node}-d{k}" for k in range(devices)]
+        self.seq = 0
+        # [kind, device or None, seq or None] in the order published.
+        self.sent = []
+        self.topic = f"spBv1.0/{group}/{{}}/{node}"
+        c = self.client = mqtt.Client(
+            mqtt.CallbackAPIVersion.VERSION2, client_id=f"{group}.{node}", clean_session=True,
+            protocol=mqtt.MQTTv311,
+        )
+        death = S.Payload(timestamp=int(time.time() * 1000))
+        death.metrics.add(name="bdSeq", datatype=S.DataType.UInt64, long_value=bd_seq)
+        # Sparkplug: NDEATH as will at QoS 1, not retained.
+        c.will_set(self.topic.format("NDEATH"), S.encode(death), 1, False)
+        self.connected = threading.Event()
+        c.on_connect = lambda *_: self.connected.set()
+        c.connect(host, port, keepalive)
+        c.loop_start()
+        if not self.connected.wait(30):
+            raise RuntimeError(f"edge node {group}/{node} did not connect")
+
+    def _publish(self, kind, device, payload):
+        topic = self.topic.format(kind) + (f"/{device}" if device else "")
+        self.sent.append([kind, device, payload.seq if payload.HasField("seq") else None])
+        return self.client.publish(topic, self.codec.encode(payload), 0, False)
+
+    def _payload(self):
+        payload = self.codec.Payload(timestamp=int(time.time() * 1000), seq=self.seq)
+        self.seq = (self.seq + 1) % 256
+        return payload
+
+    def birth(self):
+        """NBIRTH (seq 0, bdSeq) and each device's DBIRTH: metrics by name and alias."""
+        T = self.codec.DataType
+        self.seq = 0
+        payload = self._payload()
+        payload.metrics.add(name="bdSeq", datatype=T.UInt64, long_value=self.bd_seq)
+        payload.metrics.add(name="Node Control/Rebirth", datatype=T.Boolean, boolean_value=False)
+        self._publish("NBIRTH", None, payload)
+        for device in self.devices:
+            payload = self._payload()
+            for i in range(self.METRICS):
+                payload.metrics.add(name=f"sensor{i}", alias=i + 1, datatype=T.Double, double_value=0.0)
+            self._publish("DBIRTH", device, payload)
+
+    def data(self, device=None):
+        """An NDATA (or a device's DDATA), its metrics by alias only."""
+        payload = self._payload()
+        for i in range(self.METRICS):
+            payload.metrics.add(alias=i + 1, datatype=self.codec.DataType.Double, double_value=random.random())
+        return self._publish("DDATA" if device else "NDATA", device, payload)
+
+    def drop(self):
+        """Its link to the broker breaks (no DISCONNECT): the broker publishes its NDEATH."""
+        self.client.loop_stop()
+        self.client.socket().close()
+
+    def stop(self):
+        self.client.disconnect()
+        self.client.loop_stop()
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m bench.devices", description=__doc__.split("\n\n")[0])
     parser.add_argument("--host", required=True)
@@ -114,19 +194,27 @@ def main(argv=None):
     parser.add_argument("--devices", type=int, default=100)
     parser.add_argument("--interval", type=float, default=2.0, help="seconds between a device's readings")
     parser.add_argument("--duration", type=float, default=120.0, help="seconds of publishing")
+    parser.add_argument("--edge-nodes", type=int, default=0,
+                        help="Sparkplug edge nodes beside the devices: an NDATA or DDATA each a reading")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
 
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     devices = [Device(args.host, args.port, args.site, k, args.interval) for k in range(args.devices)]
+    nodes = [EdgeNode(args.host, args.port, f"site{args.site}", f"node{k}") for k in range(args.edge_nodes)]
 
     started = None
 
     def write():
         tmp = args.out + ".tmp"
         with open(tmp, "w") as f:
-            json.dump({"started": started, "devices": {d.name: d.report() for d in devices}}, f)
+            json.dump({
+                "started": started,
+                "devices": {d.name: d.report() for d in devices},
+                # What each edge node published, in order: [kind, device, seq].
+                "edge_nodes": {n.node: list(n.sent) for n in nodes},
+            }, f)
         os.replace(tmp, args.out)
 
     # Every device connected and subscribed before the first reading.
@@ -135,6 +223,8 @@ def main(argv=None):
         if not d.ready.wait(max(0.0, deadline - time.monotonic())):
             raise SystemExit(f"bench.devices: {d.name} did not connect and subscribe within 60 s")
     started = time.time()
+    for n in nodes:
+        n.birth()
     # Readings spread evenly over the interval, device after device.
     start = time.monotonic()
     step = args.interval / len(devices)
@@ -151,6 +241,8 @@ def main(argv=None):
             tick += 1
             if tick % len(devices) == 0:
                 seq += 1
+                for n in nodes:
+                    n.data(n.devices[0] if seq % 2 else None)
         if now - last_write >= 1.0:
             for d in devices:
                 d.flush()
@@ -163,6 +255,8 @@ def main(argv=None):
     write()
     for d in devices:
         d.stop()
+    for n in nodes:
+        n.stop()
     write()
 
 

@@ -13,6 +13,7 @@ restart of the centre, into mosquitto and into mqttgw.
 """
 
 import os
+import re
 import socket
 import time
 
@@ -288,3 +289,126 @@ def test_eight_sites_of_a_hundred_devices_lose_nothing_through_partition_kill_an
     # The partitioned site drained its backlog once healed.
     assert r["partition_drain_s"] is not None and r["live_delay_during_drain_max_s"] is not None
     assert d["tracebacks"] == 0
+
+
+SPARKPLUG_RULES = (
+    "'spBv1.0/# out 1', 'spBv1.0/STATE/# in 1', 'spBv1.0/+/NCMD/# in 1', 'spBv1.0/+/DCMD/# in 1'"
+)
+
+
+def sparkplug_site(topology, site, workdir):
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "site.toml").write_text(
+        "\n".join([
+            "[[bridge]]",
+            'name = "centre"',
+            f'addresses = ["{site.centre_address}:1883"]',
+            f"rules = [{SPARKPLUG_RULES}]",
+            "keepalive = 2",
+            "reconnect_initial = 0.2",
+            "reconnect_max = 2.0",
+        ]) + "\n"
+    )
+    gw = Gateway(
+        workdir, "--config", str(workdir / "site.toml"), "--data-dir", str(workdir / "data"),
+        "--tcp", "tcp:1883", prefix=["ip", "netns", "exec", site.name],
+    )
+    gw.wait_for_log("bridge centre: upstream accepted CONNECT", timeout=20)
+    return gw
+
+
+def test_sparkplug_edge_nodes_keep_order_qos_and_their_deaths_through_the_bridge(
+    tmp_path, topology, clients
+):
+    # Sparkplug 3.0 end to end through a field site's bridge: NBIRTH,
+    # DBIRTH, NDATA and DDATA at QoS 0 in each node's order (seq 0-255 and
+    # round), an NDEATH will at QoS 1, the host's STATE retained at QoS 1
+    # down to the site; and when the uplink is lost for good, the centre
+    # publishes the NDEATH of each node still connected at the site.
+    from bench.devices import EdgeNode
+    from mqttgw.wire.sparkplug import payload as S
+
+    [site] = topology.sites
+    topology.cap(site, "2mbit")
+    centre = start_centre(topology, tmp_path / "centre")
+    gw = None
+    nodes = []
+    try:
+        gw = sparkplug_site(topology, site, tmp_path / "site")
+        host = clients(topology.centre.address, "host-app", clean_session=False)
+        host.subscribe("spBv1.0/#", 2)
+        edge_watch = clients(site.address, "edge-watch")
+        edge_watch.subscribe("spBv1.0/STATE/#", 1)
+        # The bridge's subscriptions are in place at the centre.
+        deadline = time.monotonic() + 20
+        while "spBv1.0/STATE/# (QoS 1)" not in centre.log():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        host.client.publish("spBv1.0/STATE/host-app", b'{"online":true,"timestamp":1}', 1, True)
+        assert [m.topic for m in host.receive(1)] == ["spBv1.0/STATE/host-app"]
+        [m] = edge_watch.receive(1, timeout=20)
+        assert (m.topic, m.qos) == ("spBv1.0/STATE/host-app", 1), m
+        # STATE is kept at the site retained, at QoS 1.
+        edge_late = clients(site.address, "edge-late")
+        edge_late.subscribe("spBv1.0/STATE/#", 1)
+        [m] = edge_late.receive(1, timeout=20)
+        assert (m.topic, m.qos, m.retain) == ("spBv1.0/STATE/host-app", 1, True), m
+
+        nodes = [EdgeNode(site.address, 1883, "plant", f"node{k}", bd_seq=k + 3) for k in range(2)]
+        for node in nodes:
+            node.birth()
+        # 300 data messages a node: seq goes round past 255.
+        for i in range(300):
+            for node in nodes:
+                node.data(node.devices[0] if i % 2 else None)
+        got = {node.node: [] for node in nodes}
+        expected = {node.node: len(node.sent) for node in nodes}
+        deadline = time.monotonic() + 60
+        while any(len(got[n]) < expected[n] for n in got) and time.monotonic() < deadline:
+            for m in host.receive(1, timeout=max(0.1, deadline - time.monotonic())):
+                parts = m.topic.split("/")
+                p = S.decode(m.payload)
+                got[parts[3]].append([parts[2], parts[4] if len(parts) > 4 else None,
+                                      p.seq if p.HasField("seq") else None, m.qos])
+        for node in nodes:
+            assert [g[:3] for g in got[node.node]] == node.sent, node.node
+            # Every message as published: QoS 0.
+            assert {g[3] for g in got[node.node]} == {0}
+        seqs = [g[2] for g in got["node0"]]
+        assert seqs == [i % 256 for i in range(len(seqs))] and len(seqs) > 256
+
+        # node0's own link breaks at the site: its will, the NDEATH, at QoS 1.
+        nodes[0].drop()
+        [m] = host.receive(1, timeout=20)
+        assert (m.topic, m.qos, m.retain) == ("spBv1.0/plant/NDEATH/node0", 1, False)
+        assert S.metric_named(S.decode(m.payload), "bdSeq").long_value == 3
+        # Acknowledged at the centre: the connection holding it there as a
+        # will ends with DISCONNECT.
+        deadline = time.monotonic() + 20
+        while not re.search(r"Client \S+/\d+ disconnected\.", centre.log()):
+            assert time.monotonic() < deadline, centre.log()
+            time.sleep(0.05)
+
+        # The uplink is lost for good while node1 is still connected at the
+        # site: the centre publishes node1's NDEATH, with its birth's bdSeq.
+        topology.partition(site)
+        deadline = time.monotonic() + 30
+        deaths = []
+        while not deaths and time.monotonic() < deadline:
+            try:
+                [m] = host.receive(1, timeout=max(0.1, deadline - time.monotonic()))
+            except Exception:
+                break
+            if m.topic.startswith("spBv1.0/"):
+                deaths.append(m)
+        assert [(m.topic, m.qos, m.retain) for m in deaths] == [("spBv1.0/plant/NDEATH/node1", 1, False)], (
+            gw.log(), centre.log()[-3000:])
+        assert S.metric_named(S.decode(deaths[0].payload), "bdSeq").long_value == 4
+        assert host.nothing_more(1.0)
+        assert "Traceback" not in gw.log(), gw.log()
+    finally:
+        for node in nodes[1:]:
+            node.stop()
+        if gw is not None:
+            gw.stop()
+        centre.stop()

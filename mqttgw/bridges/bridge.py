@@ -17,6 +17,7 @@ from twisted.logger import Logger
 
 from mqttgw.bridges import settings as bridge_settings
 from mqttgw.bridges.client import MQTTClientFactory
+from mqttgw.bridges.deaths import DeathCarriers
 from mqttgw.bridges.endpoint import FailoverEndpoint
 from mqttgw.bridges.relay import Relay
 from mqttgw.bridges.settings import LEVEL_NAMES
@@ -76,6 +77,10 @@ class MQTTBridge(Service):
         self._acks = None
         self._try_private = settings.try_private
         self._service = None
+        # Sparkplug edge nodes' NDEATHs held upstream as wills (bridges.deaths).
+        self.deaths = None
+        if settings.max_sparkplug_wills:
+            self.deaths = DeathCarriers(self, settings.max_sparkplug_wills)
         # Messages forwarded upstream (first sends) and brought in.
         self.sent = 0
         self.received = 0
@@ -127,6 +132,8 @@ class MQTTBridge(Service):
             "received": self.received,
             "refused": self.refused,
             "reason_codes": dict(self.reason_codes),
+            # Sparkplug edge nodes whose NDEATH is held upstream as a will.
+            "sparkplug_wills": len(self.deaths.carriers) if self.deaths is not None else 0,
             # 5.0: the limits the upstream's CONNACK gave.
             "upstream_limits": dict(upstream.server_properties) if upstream is not None else {},
         }
@@ -208,6 +215,8 @@ class MQTTBridge(Service):
         d = self._service.stopService() if self._service else None
         if self.session is not None and self.session.connection is not None:
             self.router.disconnect(self.session, publish_will=False)
+        if self.deaths is not None:
+            self.deaths.stop()
         self._publish_local_state(b"0")
         # Reserved again by whichever bridge takes it next.
         self.router.access.reserved_topics.discard(self.settings.state_topic)
@@ -297,6 +306,8 @@ class MQTTBridge(Service):
                 store.congestion_listeners.remove(self._store_congestion)
             self.link_changes += 1
             self.connected_since = None
+            if self.deaths is not None:
+                self.deaths.link_lost()
             if self.session.connection is not None:
                 self.router.disconnect(self.session, publish_will=False)
             self._publish_local_state(b"0")
@@ -310,6 +321,8 @@ class MQTTBridge(Service):
             if packet.reason_code:
                 self.reason("PUBACK", packet.reason_code, packet)
             session.puback(packet.message_id)
+            if self.deaths is not None:
+                self.deaths.acknowledged(packet.message_id)
         elif kind is P.Pubrec:
             failed = packet.reason_code >= 0x80
             if packet.reason_code:
@@ -319,6 +332,8 @@ class MQTTBridge(Service):
             if packet.reason_code:
                 self.reason("PUBCOMP", packet.reason_code, packet)
             session.pubcomp(packet.message_id)
+            if self.deaths is not None:
+                self.deaths.acknowledged(packet.message_id)
         elif kind is P.Pubrel:
             mid = packet.message_id
             if packet.reason_code:

@@ -3,6 +3,7 @@ The bridge session's connection: the frames the session writes go
 upstream, their topics rewritten by the out rules.
 """
 
+from mqttgw.bridges.deaths import node_topic
 from mqttgw.wire import packets as P
 
 
@@ -27,6 +28,11 @@ class Relay:
         # Local topic (wire bytes) -> remote topic (wire bytes), or None
         # when no out rule takes it.
         self._routes = {}
+        # Local topic (wire bytes) of an edge node's NBIRTH or NDEATH ->
+        # (its kind, local NDEATH topic, remote NDEATH topic), while the
+        # bridge carries Sparkplug deaths upstream (bridges.deaths).
+        self._nodes = {}
+        self._deaths = getattr(bridge, "deaths", None)
 
     def _route(self, topic_wire):
         topic = topic_wire[2:].decode("utf-8")
@@ -34,8 +40,20 @@ class Relay:
         route = None if rule is None else P.encode_string(rule.to_remote(topic))
         if len(self._routes) >= self.ROUTES:
             self._routes.clear()
+            self._nodes.clear()
+        if route is not None and self._deaths is not None:
+            self._node(topic_wire, topic)
         self._routes[topic_wire] = route
         return route
+
+    def _node(self, topic_wire, topic):
+        node = node_topic(topic)
+        if node is None:
+            return
+        kind, death = node
+        rule = self.bridge.out_rule(death)
+        if rule is not None:
+            self._nodes[topic_wire] = (kind, death, rule.to_remote(death))
 
     def write(self, data):
         out = []
@@ -63,6 +81,11 @@ class Relay:
                     bytes((first,)), P.encode_remaining_length(len(remote) + len(rest)), remote, rest,
                 ))
             out.append(frame)
+            if topic_wire in self._nodes:
+                kind, local, remote_death = self._nodes[topic_wire]
+                qos = (first >> 1) & 3
+                mid = (data[topic_end] << 8 | data[topic_end + 1]) if qos else None
+                self._deaths.forwarded(local, remote_death, kind, qos, mid)
             o = stop
             if not first & 0x08:  # not a DUP: a first send
                 self.bridge.sent += 1

@@ -119,6 +119,7 @@ class BridgeSettings:
     remote_state_topic = attr.ib()
     reconnect_initial = attr.ib()
     reconnect_max = attr.ib()
+    max_sparkplug_wills = attr.ib(default=0)
 
 
 # [[bridge]] keys; deploy/mqttgw.toml documents each.
@@ -153,6 +154,7 @@ BRIDGE_KEYS = [
     Key("bridge", "remote_state_topic", str, "", "upstream state topic (default mosquitto's)"),
     Key("bridge", "reconnect_initial", float, 1.0, "first reconnect delay, seconds", 0.001),
     Key("bridge", "reconnect_max", float, 60.0, "longest reconnect delay, seconds", 0.001),
+    Key("bridge", "max_sparkplug_wills", int, 100, "Sparkplug edge nodes whose NDEATH is held upstream as a will, one connection each (0: none)", 0, 65535),
 ]
 
 
@@ -215,6 +217,7 @@ def check(table):
         remote_state_topic=values["remote_state_topic"] or notification_topic(client_id),
         reconnect_initial=values["reconnect_initial"],
         reconnect_max=values["reconnect_max"],
+        max_sparkplug_wills=values["max_sparkplug_wills"],
     )
     if settings.reconnect_max < settings.reconnect_initial:
         raise ConfigError(f"{where}: bridge.reconnect_max must not be below reconnect_initial")
