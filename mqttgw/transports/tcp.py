@@ -160,9 +160,9 @@ class Port(tcp.Port):
     that arrives while it is full costs its client a second's retry, so a
     storm of 10,000 clients connecting at once would wait on the kernel
     rather than on the gateway.  Taking a socket in costs an accept();
-    its connection is made once there is room.  Without ``vacancies`` (or
-    with none left) the rest wait in the kernel's queue, the port not
-    read until there is room.
+    its connection is made once there is room.  Without ``vacancies`` the
+    rest wait in the kernel's queue, the port not read until there is
+    room; with none left (``max_connections`` reached) they are refused.
     """
 
     transport = Server
@@ -188,6 +188,12 @@ class Port(tcp.Port):
                 return None
             if self.numberAccepts > room:
                 self.numberAccepts = room
+            return super().doRead()
+        if not self.held and self.vacancies() <= 0:
+            # Full: connects are refused as they come (accepted, refused
+            # by the factory, which logs and counts them, and closed), as
+            # tcp.Port does; left in the kernel's queue, they would keep
+            # the port readable and the reactor spinning.
             return super().doRead()
         self._take_in()
         held = self.held
