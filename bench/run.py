@@ -27,6 +27,12 @@ from bench import burst, drain, footprint, loadgen, logins, neighbours, retained
 from bench.brokers import BROKERS, MAX_INFLIGHT, MAX_QUEUED, free_port
 
 PAYLOAD = 64
+RESULTS = Path(__file__).resolve().parent / "results" / "latest.rst"
+README = RESULTS.parent.parent.parent / "README.rst"
+# The README's comment lines around its copy of RESULTS.
+RESULTS_BEGIN = ".. The last run's table: python -m bench writes it here from bench/results/latest.rst."
+RESULTS_END = ".. End of the last run's table."
+
 # Messages sent but not yet received by every subscriber, by QoS.  QoS 1/2
 # windows stay well under every broker's queue bound, batches included
 # (mosquitto drops queued QoS 1/2 messages well before max_queued_messages
@@ -291,7 +297,7 @@ def main(argv=None):
         "--rate-repeats", type=int, default=1,
         help="runs of each throughput scenario, the brokers taking turns, the median reported",
     )
-    parser.add_argument("--json", default=str(Path(__file__).parent / "results" / "latest.json"))
+    parser.add_argument("--json", default=str(RESULTS.with_suffix(".json")))
     parser.add_argument("--no-pin", action="store_true", help="do not pin broker and load to separate CPUs")
     parser.add_argument(
         "--neighbours", nargs="+", default=list(neighbours.BEHAVIOURS), choices=list(neighbours.BEHAVIOURS),
@@ -341,11 +347,28 @@ def main(argv=None):
     path = Path(args.json)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2))
-    path.with_suffix(".rst").write_text(rst(report, argv))
+    text = rst(report, argv)
+    path.with_suffix(".rst").write_text(text)
+    if path.with_suffix(".rst").resolve() == RESULTS:
+        # The README shows the same table as the manual's performance page.
+        README.write_text(with_results(README.read_text(), text))
     print()
     print(table(results))
     print(f"\nfigures written to {path} and {path.with_suffix('.rst')}")
     return report
+
+
+def readme_results(readme):
+    """The results table ``readme`` holds between its markers."""
+    _, rest = readme.split(RESULTS_BEGIN + "\n\n", 1)
+    return rest.split("\n" + RESULTS_END, 1)[0]
+
+
+def with_results(readme, results):
+    """``readme`` with ``results`` between its markers, in place of what was there."""
+    head, rest = readme.split(RESULTS_BEGIN + "\n\n", 1)
+    tail = rest.split("\n" + RESULTS_END, 1)[1]
+    return head + RESULTS_BEGIN + "\n\n" + results + "\n" + RESULTS_END + tail
 
 
 def rst(report, argv):

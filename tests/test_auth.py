@@ -585,14 +585,14 @@ def test_without_an_acl_only_reserved_topics_are_checked_and_nothing_is_cached()
     assert not hasattr(write, "cache")
 
 
-# The README's examples.
+# The securing guide's examples (docs/guide/securing.rst).
 
 
-def readme_block(after):
-    """The literal block that follows ``after`` in README.rst."""
+def guide_block(after):
+    """The literal block that follows ``after`` in the securing guide."""
     from pathlib import Path
 
-    text = (Path(__file__).resolve().parent.parent / "README.rst").read_text()
+    text = (Path(__file__).resolve().parent.parent / "docs" / "guide" / "securing.rst").read_text()
     rest = text[text.index(after) + len(after):]
     lines = []
     for line in rest.split("\n")[2:]:
@@ -602,15 +602,15 @@ def readme_block(after):
     return "\n".join(lines).strip() + "\n"
 
 
-def test_readme_security_examples_parse(tmp_path):
+def test_securing_guide_examples_parse(tmp_path):
     from mqttgw.service import config
 
     for marker in ("its own branch; ``/etc/mqttgw/mqttgw.toml``::", "dashboard's own origin::"):
         path = tmp_path / "example.toml"
-        path.write_text(readme_block(marker))
+        path.write_text(guide_block(marker))
         values = config.load_file(str(path))
         assert any(k.startswith("auth.") for k in values), marker
-    rules = ACL.parse(readme_block("``/etc/mqttgw/acl``, in mosquitto's format::").splitlines())
+    rules = ACL.parse(guide_block("``/etc/mqttgw/acl``, in mosquitto's format::").splitlines())
     assert rules.allows("dev1", "sensor-7", "devices/sensor-7/temp", 2)
     assert not rules.allows("dev1", "sensor-7", "devices/sensor-8/temp", 2)
     assert rules.allows("operator", "op", "devices/sensor-7/temp", 1)

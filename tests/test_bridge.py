@@ -355,8 +355,8 @@ def test_tls_bridge_checks_the_ca_and_the_host_name(tmp_path, upstream_pki):
         upstream.stop()
 
 
-def test_readme_field_to_central_example_is_a_valid_config(tmp_path):
-    text = (REPO / "README.rst").read_text()
+def test_bridges_guide_field_to_central_example_is_a_valid_config(tmp_path):
+    text = (REPO / "docs" / "guide" / "bridges.rst").read_text()
     example = re.search(r"# field-to-central\n(.*?)\n\n(?! )", text, re.S).group(1)
     example = "\n".join(line[4:] for line in example.splitlines())
     path = tmp_path / "example.toml"

@@ -1,6 +1,6 @@
 """
 The bounds of what a 5.0 client can make the gateway hold, each stated in
-the README: user properties (a count per packet, their bytes within the
+the MQTT 5.0 guide (docs/guide/mqtt5.rst): user properties (a count per packet, their bytes within the
 maximum packet size), topic aliases, subscription identifiers, shared
 groups across the gateway and members of one group.
 """

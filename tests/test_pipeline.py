@@ -485,7 +485,7 @@ def test_the_driver_imports_no_more_than_it_needs():
 
 
 def test_the_same_module_runs_under_spark_submit(tmp_path):
-    """As the README shows for a cluster; here with a local master."""
+    """As the pipeline guide shows for a cluster; here with a local master."""
     import pyspark
 
     archive = tmp_path / "archive"

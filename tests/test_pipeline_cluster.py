@@ -1,5 +1,5 @@
 """
-The README's cluster commands, run literally from an installed package
+The pipeline guide's cluster commands (docs/guide/pipeline.rst), run literally from an installed package
 against a Spark standalone master and worker on this machine (started as
 ``spark-class`` starts them): through spark-submit, and through a Spark
 Connect server.  The master's own record (its JSON status page) and the
@@ -172,9 +172,9 @@ def local_tables(installed, archive, tmp_path_factory):
     return snapshot(out)
 
 
-def readme_command(start):
-    """The README's command beginning with ``start``, its continuation lines joined."""
-    lines = (REPO / "README.rst").read_text().splitlines()
+def guide_command(start):
+    """The pipeline guide's command beginning with ``start``, its continuation lines joined."""
+    lines = (REPO / "docs" / "guide" / "pipeline.rst").read_text().splitlines()
     [first] = [i for i, line in enumerate(lines) if line.strip().startswith(start)]
     command = []
     for line in lines[first:]:
@@ -184,7 +184,7 @@ def readme_command(start):
 
 
 def literally(command, archive, out, **hosts):
-    """The README's placeholders replaced by this machine's: nothing else changes."""
+    """The guide's placeholders replaced by this machine's: nothing else changes."""
     for placeholder, value in hosts.items():
         assert placeholder in command
         command = command.replace(placeholder, value)
@@ -199,7 +199,7 @@ def runs(out):
 def test_spark_submit_from_an_installed_package_runs_on_the_cluster(cluster, installed, archive, local_tables, tmp_path):
     out = tmp_path / "tables"
     command = literally(
-        readme_command("mqttgw-pipeline submit --master spark://"), archive, out,
+        guide_command("mqttgw-pipeline submit --master spark://"), archive, out,
         **{"spark://spark-master:7077": cluster["url"]},
     )
     # Where there is no mqttgw/ folder to zip or submit.
@@ -246,7 +246,7 @@ def test_spark_connect_runs_on_the_server(cluster, installed, archive, local_tab
         before = len(get_json(jobs))
         out = tmp_path / "tables"
         command = literally(
-            readme_command("mqttgw-pipeline batch --remote sc://"), archive, out,
+            guide_command("mqttgw-pipeline batch --remote sc://"), archive, out,
             **{"sc://spark-connect:15002": f"sc://{LOCAL}:{port}"},
         )
         result = run_installed(installed, command, tmp_path)

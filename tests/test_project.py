@@ -115,3 +115,47 @@ def test_conformance_map_names_only_tests_that_exist(collected, name):
         names.update(f"{test}[{'-'.join(parts[:n])}]" for n in range(1, len(parts) + 1) if case)
     missing = [f"{file}::{test}" for file, test in cited if f"{file}::{test}" not in names]
     assert not missing, missing
+
+
+# The README: short, its examples working, its figures the manual's.
+
+
+def test_readme_stays_an_overview():
+    """The guides live in docs/; the README names them and stays short."""
+    lines = (REPO / "README.rst").read_text().splitlines()
+    assert len(lines) <= 200, len(lines)
+
+
+def test_readme_links_only_pages_that_exist():
+    text = (REPO / "README.rst").read_text()
+    links = re.findall(r"<(docs/[^>]+)>`_", text)
+    assert len(links) >= 10
+    missing = [link for link in links if not (REPO / link).is_file()]
+    assert not missing, missing
+
+
+def test_readme_configuration_example_is_valid(tmp_path):
+    from mqttgw.bridges.bridge import MQTTBridgeKind
+
+    text = (REPO / "README.rst").read_text()
+    example = re.search(r"centre::\n\n(.*?)\n\n(?! )", text, re.S).group(1)
+    path = tmp_path / "example.toml"
+    path.write_text("\n".join(line[4:] for line in example.splitlines()) + "\n")
+    values = config.load_file(str(path))
+    assert values["auth.password_file"] == "/etc/mqttgw/passwd"
+    [bridge] = values["bridges"]
+    checked = MQTTBridgeKind.check(bridge)
+    assert [r.direction for r in checked.rules] == ["out", "in"]
+
+
+def test_readme_and_performance_page_show_the_same_results_file():
+    from bench import run
+
+    results = run.RESULTS.read_text()
+    assert run.readme_results((REPO / "README.rst").read_text()) == results
+    page = (REPO / "docs" / "guide" / "performance.rst").read_text()
+    assert ".. include:: ../../bench/results/latest.rst" in page
+    # What python -m bench writes in the README's place: the same file's text.
+    readme = (REPO / "README.rst").read_text()
+    assert run.with_results(readme, results) == readme
+    assert run.readme_results(run.with_results(readme, "new table\n")) == "new table\n"
