@@ -159,3 +159,14 @@ def test_readme_and_performance_page_show_the_same_results_file():
     readme = (REPO / "README.rst").read_text()
     assert run.with_results(readme, results) == readme
     assert run.readme_results(run.with_results(readme, "new table\n")) == "new table\n"
+
+
+def test_readme_shows_the_architecture_pages_data_flow():
+    """The README's picture of a message's way through is the manual's, not a drifting copy."""
+    readme = (REPO / "README.rst").read_text()
+    page = (REPO / "docs" / "guide" / "architecture.rst").read_text()
+    picture = re.search(r"\n(    bytes ──▶.*?)\n\n", page, re.S).group(1)
+    assert picture in readme
+    for seam in ("transports/dialects", "transports/handshake", "broker/session", "broker/router",
+                 "broker/deliveries", "dialect frame"):
+        assert seam in picture
