@@ -39,9 +39,7 @@ from mqttgw.testing import (
 from mqttgw.wire import packets as P
 from mqttgw.wire import reasons as R
 from tests.test_wills import will_client, will_watcher
-
-both_versions = pytest.mark.parametrize("version", [V31, V311], ids=["3.1", "3.1.1"])
-every_version = pytest.mark.parametrize("version", [V31, V311, V5], ids=["3.1", "3.1.1", "5.0"])
+from tests.versions import both_versions, every_version
 
 
 NEVER = 0xFFFFFFFF

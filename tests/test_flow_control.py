@@ -11,8 +11,6 @@ docstring); tests/CONFORMANCE.md and tests/CONFORMANCE5.md map the
 statements to the tests.
 """
 
-import pytest
-
 from mqttgw.broker.session import SessionLimits
 from mqttgw.testing import (
     V5,
@@ -38,9 +36,7 @@ from mqttgw.wire import reasons as R
 from mqttgw.wire.encoding import encode_string
 from mqttgw.wire.framing import Framer
 from mqttgw.wire.packets import _frame
-
-both_versions = pytest.mark.parametrize("version", [V31, V311], ids=["3.1", "3.1.1"])
-every_version = pytest.mark.parametrize("version", [V31, V311, V5], ids=["3.1", "3.1.1", "5.0"])
+from tests.versions import both_versions, every_version
 
 
 def backlog_awaiting_acks(broker, queued):

@@ -11,8 +11,6 @@ docstring); tests/CONFORMANCE.md and tests/CONFORMANCE5.md map the
 statements to the tests.
 """
 
-import pytest
-
 from mqttgw.testing import (
     V31,
     V311,
@@ -31,9 +29,7 @@ from mqttgw.testing import (
 )
 from mqttgw.wire import packets as P
 from mqttgw.wire import reasons as R
-
-both_versions = pytest.mark.parametrize("version", [V31, V311], ids=["3.1", "3.1.1"])
-every_version = pytest.mark.parametrize("version", [V31, V311, V5], ids=["3.1", "3.1.1", "5.0"])
+from tests.versions import both_versions, every_version
 
 
 # Every version, and 3.1 and 3.1.1

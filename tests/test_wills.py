@@ -33,9 +33,7 @@ from mqttgw.testing import (
 )
 from mqttgw.wire import packets as P
 from mqttgw.wire import reasons as R
-
-both_versions = pytest.mark.parametrize("version", [V31, V311], ids=["3.1", "3.1.1"])
-every_version = pytest.mark.parametrize("version", [V31, V311, V5], ids=["3.1", "3.1.1", "5.0"])
+from tests.versions import both_versions, every_version
 
 
 def will_watcher(broker):
