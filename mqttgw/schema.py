@@ -120,6 +120,10 @@ CONNECTION_KEYS = _by_path([
         "largest packet accepted, in bytes",
         1,
         268_435_460,
+        doc=(
+            "The fixed header included.  A client sending a larger one is "
+            "disconnected."
+        ),
     ),
     Key(
         "limits",
@@ -129,8 +133,19 @@ CONNECTION_KEYS = _by_path([
         "largest CONNECT accepted, in bytes (little is buffered before it)",
         16,
         268_435_460,
+        doc=(
+            "Until CONNECT has arrived no more than this is buffered for a "
+            "connection, and a first packet that is not a CONNECT closes it "
+            "at once."
+        ),
     ),
-    Key("limits", "connect_timeout", float, 10.0, "seconds to wait for CONNECT", 0.001),
+    Key(
+        "limits", "connect_timeout", float, 10.0, "seconds to wait for CONNECT", 0.001,
+        doc=(
+            "On WebSocket ports: to complete the upgrade, then to send "
+            "CONNECT.  The connection is closed after it."
+        ),
+    ),
     Key(
         "mqtt",
         "max_topic_alias",
@@ -143,7 +158,8 @@ CONNECTION_KEYS = _by_path([
             "Sent to 5.0 clients as Topic Alias Maximum in CONNACK.  It also"
             " bounds the aliases the gateway sets up toward a client (as many"
             " as the client's own maximum allows, no more than this), so each"
-            " connection holds at most this many topic names each way."
+            " connection holds at most this many topic names each way.  A client"
+            " setting up one past it is disconnected (DISCONNECT 0x94)."
         ),
     ),
     Key(
@@ -154,14 +170,28 @@ CONNECTION_KEYS = _by_path([
         "longest keep alive (s) a 5.0 client may use; longer or none is answered with this",
         0,
         65535,
+        doc=(
+            "It is sent as Server Keep Alive.  65535: the client's own is "
+            "always used."
+        ),
     ),
-    Key("mqtt", "retain_available", bool, True, "accept retained messages (5.0 clients are told)"),
+    Key(
+        "mqtt", "retain_available", bool, True, "accept retained messages (5.0 clients are told)",
+        doc=(
+            "When false, a retained PUBLISH from a 5.0 client is DISCONNECT "
+            "0x9A."
+        ),
+    ),
     Key(
         "mqtt",
         "wildcard_subscription_available",
         bool,
         True,
         "accept wildcard topic filters from 5.0 clients",
+        doc=(
+            "3.1.1 clients may use them whatever this says, as with "
+            "mosquitto."
+        ),
     ),
     Key(
         "mqtt",
@@ -176,6 +206,10 @@ CONNECTION_KEYS = _by_path([
         bool,
         True,
         "accept shared subscriptions ($share/GROUP/FILTER) from 5.0 clients",
+        doc=(
+            "3.1.1 clients may use them whatever this says, as with "
+            "mosquitto."
+        ),
     ),
     Key(
         "mqtt",
@@ -183,6 +217,7 @@ CONNECTION_KEYS = _by_path([
         str,
         "",
         "sent to a 5.0 client that asks for response information (%c: its client id); empty: none",
+        doc="E.g. ``responses/%c``.",
     ),
     Key(
         "mqtt",
@@ -192,6 +227,13 @@ CONNECTION_KEYS = _by_path([
         "close MQTT 3.1.1 connections whose strings hold control characters or non-characters",
         flag_name="allow-control-characters",
         flag_help="accept control characters and non-characters in MQTT 3.1.1 strings",
+        doc=(
+            "Topic names, topic filters, client ids, user names or will "
+            "topics holding control characters (U+0001-U+001F, U+007F-U+009F)"
+            " or Unicode non-characters, as the specification allows and "
+            "current mosquitto does.  false accepts them, for legacy fleets "
+            "(U+0000 is refused either way)."
+        ),
     ),
     Key(
         "log",
@@ -202,6 +244,10 @@ CONNECTION_KEYS = _by_path([
         " past 50 a second, one line a second with their counts",
         flag_name="no-connection-messages",
         flag_help="do not log each client's connect and disconnect",
+        doc=(
+            "A storm of reconnecting devices is counted so until the burst is"
+            " over."
+        ),
     ),
     Key(
         "mqtt",
@@ -209,6 +255,10 @@ CONNECTION_KEYS = _by_path([
         bool,
         False,
         "accept MQTT 3.1 client ids longer than 23 characters",
+        doc=(
+            "Many 3.1 client libraries generate longer ones, and mosquitto "
+            "accepts them."
+        ),
     ),
 ])
 
@@ -225,6 +275,16 @@ BROKER_KEYS = _by_path([
         "a CONNECT with the client id of another identity's session: refuse it,"
         " or new_session (that session is discarded)",
         choices=("refuse", "new_session"),
+        doc=(
+            "An identity owns its session: a persistent session belongs to "
+            "the user (password, token subject or certificate identity) that "
+            "made it, or to anonymous.  A CONNECT by another identity with "
+            "its client id is refused (MQTT 3.1/3.1.1 CONNACK 5, 5.0 reason "
+            "0x87), and never takes over the owner's live connection; "
+            "``new_session`` instead discards the unconnected session (its "
+            "queue with it) and starts a new one.  What a session delivers is"
+            " checked against its reader's current rights."
+        ),
     ),
     Key(
         "limits",
@@ -234,6 +294,7 @@ BROKER_KEYS = _by_path([
         "unacknowledged QoS 1/2 messages per client",
         1,
         65535,
+        doc="Further messages wait in the client's queue.",
     ),
     Key(
         "limits",
@@ -243,6 +304,10 @@ BROKER_KEYS = _by_path([
         "persistent sessions kept at once; a client that would start one more"
         " gets CONNACK 3 (0: no limit)",
         0,
+        doc=(
+            "CONNACK 3 means server unavailable; sessions that exist may "
+            "always come back."
+        ),
     ),
     Key(
         "limits",
@@ -252,6 +317,10 @@ BROKER_KEYS = _by_path([
         "retained messages kept at once; beyond it a new retained topic is"
         " delivered but not retained (0: no limit)",
         0,
+        doc=(
+            "``$SYS`` topics are not counted.  A retained publish beyond it "
+            "is counted and logged (rate-limited)."
+        ),
     ),
     Key(
         "limits",
@@ -269,6 +338,7 @@ BROKER_KEYS = _by_path([
         1000,
         "members of one shared subscription group; beyond it one more is refused",
         1,
+        doc="SUBACK 0x97 (quota exceeded) for 5.0 clients, 0x80 for 3.1.1.",
     ),
     Key(
         "limits",
@@ -278,6 +348,12 @@ BROKER_KEYS = _by_path([
         "messages queued per client beyond the in-flight window (no 0 for"
         " unlimited, as in mosquitto: every queue here has a bound)",
         1,
+        doc=(
+            "While it is offline (persistent sessions) or while its socket is"
+            " full.  Beyond this, new messages for that client are dropped, "
+            "counted and logged.  Unlike mosquitto's, 0 does not mean "
+            "unlimited: it is refused."
+        ),
     ),
     Key(
         "limits",
@@ -286,6 +362,7 @@ BROKER_KEYS = _by_path([
         16 * 1024 * 1024,
         "payload bytes queued per client (at least 1: no unlimited queue)",
         1,
+        doc="The same rule as max_queued_messages.",
     ),
     Key(
         "limits",
@@ -294,6 +371,12 @@ BROKER_KEYS = _by_path([
         10_000,
         "topic filters one client may hold; more are refused (SUBACK 0x80)",
         1,
+        doc=(
+            "A SUBSCRIBE over it, or over max_subscription_bytes, gets "
+            "failure (0x80) for the filters beyond, one log line per packet, "
+            "and counts them (``mqttgw_subscriptions_refused``); an MQTT 3.1 "
+            "client, which has no failure code, is disconnected."
+        ),
     ),
     Key(
         "limits",
@@ -302,6 +385,7 @@ BROKER_KEYS = _by_path([
         1024 * 1024,
         "UTF-8 bytes of topic filters one client may hold; more are refused",
         1,
+        doc="The same rule as max_subscriptions.",
     ),
     Key(
         "mqtt",
@@ -309,6 +393,7 @@ BROKER_KEYS = _by_path([
         bool,
         False,
         "queue QoS 0 messages for offline persistent sessions",
+        doc="As mosquitto's queue_qos0_messages.",
     ),
     Key(
         "mqtt",
@@ -318,6 +403,11 @@ BROKER_KEYS = _by_path([
         "highest QoS granted to subscriptions (and, to 5.0 clients, the maximum QoS they may publish)",
         0,
         2,
+        doc=(
+            "Requests above it are downgraded.  5.0 clients are told it in "
+            "CONNACK (Maximum QoS); one publishing above it gets DISCONNECT "
+            "0x9B."
+        ),
     ),
     Key(
         "mqtt",
@@ -326,6 +416,11 @@ BROKER_KEYS = _by_path([
         20.0,
         "seconds before an unacknowledged message is re-sent (0: only on reconnect)",
         0.0,
+        doc=(
+            "An outbound QoS 1/2 message (or PUBREL) is sent again with DUP "
+            "set; the interval doubles on each retry, up to "
+            "retry_max_interval."
+        ),
     ),
     Key(
         "mqtt",

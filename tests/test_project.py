@@ -27,6 +27,33 @@ def test_ci_runs_exactly_the_readme_test_command():
     assert test in lines
 
 
+REGENERATE = "python -m mqttgw.service.example --output deploy/mqttgw.toml"
+
+
+def test_example_config_is_the_one_written_from_the_schema():
+    from mqttgw.service.example import render
+
+    text = (REPO / "deploy" / "mqttgw.toml").read_text()
+    assert text == render(), f"deploy/mqttgw.toml is out of date with the schema rows: {REGENERATE}"
+
+
+def test_example_config_tables_load_once_uncommented(tmp_path):
+    """The commented [[listener]] and [[bridge]] tables are usable as they stand."""
+    from mqttgw.bridges import settings as bridge_settings
+
+    text = (REPO / "deploy" / "mqttgw.toml").read_text()
+    tables = []
+    for name in ("listener", "bridge"):
+        block = text.split(f"\n# [[{name}]]\n", 1)[1].split("\n\n", 1)[0]
+        tables += [f"[[{name}]]"] + [line.removeprefix("# ") for line in block.splitlines()]
+    path = tmp_path / "tables.toml"
+    path.write_text("\n".join(tables) + "\n")
+    values = config.build(config.load_file(str(path)), {})
+    assert [t["kind"] for t in values["listener_tables"]] == ["tcp"]
+    (bridge,) = values["bridges"]
+    assert bridge_settings.check(bridge).name == "central"
+
+
 def test_example_config_documents_every_key_with_its_default():
     path = REPO / "deploy" / "mqttgw.toml"
     values = config.build(config.load_file(str(path)), {})

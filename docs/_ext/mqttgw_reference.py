@@ -89,39 +89,44 @@ class ConfigReference(_Generated):
         from mqttgw.bridges.settings import BRIDGE_KEYS
         from mqttgw.pipeline import settings as pipeline
         from mqttgw.service.config import KEYS, LISTENER_KEYS
+        from mqttgw.service.example import sections
         from mqttgw.service.reload import NEEDS_RESTART
 
-        sections = []
-        for key in KEYS:
-            if key.section not in sections:
-                sections.append(key.section)
-        for section in sections:
+        for section in sections():
             yield from _heading(f"[{section}]")
+            yield from _introduction(section)
             for key in KEYS:
                 if key.section == section:
                     yield from key_lines(key, restart=NEEDS_RESTART)
         yield from _heading("[[listener]]")
-        yield "One table per listener; what it leaves out comes from the sections above."
-        yield "A reload leaves listeners as they are: a change needs a restart."
-        yield ""
+        yield from _introduction("listener")
         for key in LISTENER_KEYS:
             yield from key_lines(key, flags=False, restart=None)
         yield from _heading("[[bridge]]")
-        yield "One table per bridge; a reload starts, stops or restarts only the bridges"
-        yield "added, removed or changed."
-        yield ""
+        yield from _introduction("bridge")
         for key in BRIDGE_KEYS:
             yield from key_lines(key, flags=False, restart=None)
         yield from _heading("[pipeline]")
-        yield "Read by ``mqttgw-pipeline --config``; the gateway only checks it at start-up."
-        yield ""
+        yield from _introduction("pipeline")
         for name, (kind, default, text) in pipeline.KEYS.items():
             yield f"``pipeline.{name}``"
             yield f"   {_sentence(text)}"
+            if name in pipeline.DOCS:
+                yield ""
+                yield f"   {_one_line(pipeline.DOCS[name])}"
             yield ""
             kind_name = {list: "a list of strings", dict: "a table", bool: "true or false", str: "a string"}[kind]
             yield f"   Type: {kind_name}; default: {_literal(default) if kind is not dict else '``{}``'}."
             yield ""
+
+
+def _introduction(section):
+    """A section's introduction, shared with the example file."""
+    from mqttgw.service.example import INTRODUCTIONS
+
+    if section in INTRODUCTIONS:
+        yield _one_line(INTRODUCTIONS[section])
+        yield ""
 
 
 def _heading(title, underline="-"):

@@ -1,6 +1,6 @@
 """
-A [[bridge]] table: its keys (the schema rows deploy/mqttgw.toml
-documents), its topic rules as mosquitto reads them, and the checked
+A [[bridge]] table: its keys (the schema rows deploy/mqttgw.toml is
+written from), its topic rules as mosquitto reads them, and the checked
 settings a bridge runs from.
 """
 
@@ -122,39 +122,176 @@ class BridgeSettings:
     max_sparkplug_wills = attr.ib(default=0)
 
 
-# [[bridge]] keys; deploy/mqttgw.toml documents each.
+# [[bridge]] keys; deploy/mqttgw.toml shows each (mqttgw.service.example).
 BRIDGE_KEYS = [
-    Key("bridge", "kind", str, "mqtt", "the bridge kind (a plugin's name)"),
-    Key("bridge", "name", str, REQUIRED, "the bridge's name"),
-    Key("bridge", "addresses", list, REQUIRED, "upstream HOST:PORT, tried in turn"),
-    Key("bridge", "rules", list, REQUIRED, "'PATTERN in|out|both QOS [LOCAL_PREFIX REMOTE_PREFIX]'"),
-    Key("bridge", "protocol", str, "mqttv311", "MQTT version spoken upstream", choices=tuple(PROTOCOLS)),
-    Key("bridge", "protocol_version", int, 0, "MQTT protocol level upstream, 3, 4 or 5 (instead of protocol)", choices=(0, 3, 4, 5)),
-    Key("bridge", "session_expiry_interval", int, 0xFFFFFFFF, "5.0: how long the upstream keeps the session after a link drop, s", 0, 0xFFFFFFFF),
-    Key("bridge", "client_id", str, "", "client id upstream (default HOSTNAME.NAME, as mosquitto's)"),
+    Key(
+        "bridge", "kind", str, "mqtt", "the bridge kind (a plugin's name)",
+        doc="Found with Twisted's plugin system; ``mqtt`` is built in.",
+    ),
+    Key(
+        "bridge", "name", str, REQUIRED, "the bridge's name",
+        doc="Unique among the bridges.",
+    ),
+    Key(
+        "bridge", "addresses", list, REQUIRED, "upstream HOST:PORT, tried in turn",
+        doc="Failover: the next is tried when one cannot be reached.",
+    ),
+    Key(
+        "bridge", "rules", list, REQUIRED, "'PATTERN in|out|both QOS [LOCAL_PREFIX REMOTE_PREFIX]'",
+        doc=(
+            "Rules with mosquitto's meaning, ``PATTERN [in|out|both [QOS "
+            "[LOCAL_PREFIX REMOTE_PREFIX]]]``.  out: local "
+            "LOCAL_PREFIX+PATTERN goes upstream as REMOTE_PREFIX+PATTERN; in:"
+            ' the reverse; both: either way.  Use ``""`` for an empty part.  '
+            "A message brought in by a bridge is never sent back out by it."
+        ),
+    ),
+    Key(
+        "bridge", "protocol", str, "mqttv311", "MQTT version spoken upstream", choices=tuple(PROTOCOLS),
+        doc=(
+            "``mqttv311``, ``mqttv31`` or ``mqttv5`` (``mqttv50``, "
+            "mosquitto's spelling, too).  Over 5.0 the bridge reads the "
+            "upstream's limits from its CONNACK (receive maximum, maximum "
+            "packet size, maximum QoS, retain available) and keeps to them, "
+            "subscribes with no local instead of try_private, carries message"
+            " properties both ways, and logs and counts the reason codes it "
+            "is answered with."
+        ),
+    ),
+    Key(
+        "bridge", "protocol_version", int, 0, "MQTT protocol level upstream, 3, 4 or 5 (instead of protocol)", choices=(0, 3, 4, 5),
+        doc="0: as protocol says.",
+    ),
+    Key(
+        "bridge", "session_expiry_interval", int, 0xFFFFFFFF, "5.0: how long the upstream keeps the session after a link drop, s", 0, 0xFFFFFFFF,
+        doc=(
+            "Its subscriptions and what they queue; 4294967295 is for ever.  "
+            "A clean_session bridge asks for none."
+        ),
+    ),
+    Key(
+        "bridge", "client_id", str, "", "client id upstream (default HOSTNAME.NAME, as mosquitto's)",
+        doc=(
+            "As with mosquitto, two bridges sharing one id take over each "
+            "other's session upstream."
+        ),
+    ),
     Key("bridge", "username", str, "", "user name upstream"),
     Key("bridge", "password", str, "", "password upstream"),
     Key("bridge", "clean_session", bool, False, "a clean session upstream"),
     Key("bridge", "keepalive", int, 60, "keepalive upstream, seconds", 1, 65535),
-    Key("bridge", "try_private", bool, True, "announce itself as a bridge (mosquitto's try_private)"),
-    Key("bridge", "tls", bool, False, "TLS to the upstream"),
+    Key(
+        "bridge", "try_private", bool, True, "announce itself as a bridge (mosquitto's try_private)",
+        doc=(
+            "So the upstream does not echo our own messages back; falls back "
+            "if refused."
+        ),
+    ),
+    Key(
+        "bridge", "tls", bool, False, "TLS to the upstream",
+        doc=(
+            "TLS 1.2 at least; the server's host name is checked too, and its"
+            " certificate against ca."
+        ),
+    ),
     Key("bridge", "ca", str, "", "authorities the upstream's certificate is checked against"),
-    Key("bridge", "cert", str, "", "client certificate (PEM)"),
+    Key(
+        "bridge", "cert", str, "", "client certificate (PEM)",
+        doc="Optional, with key.",
+    ),
     Key("bridge", "key", str, "", "client key (PEM)"),
-    Key("bridge", "ciphers", str, INTERMEDIATE_CIPHERS, "TLS 1.2 cipher suites offered upstream (OpenSSL cipher string)"),
-    Key("bridge", "queue_qos0", bool, False, "queue QoS 0 messages while the upstream is away (qos0_policy memory)"),
-    Key("bridge", "qos0_policy", str, "", "QoS 0 while the upstream is away: drop, memory or store", choices=("", "drop", "memory", "store")),
-    Key("bridge", "drop_policy", str, "oldest", "which message a full queue drops: oldest or newest", choices=("oldest", "newest")),
-    Key("bridge", "drain_messages_per_second", int, 0, "backlog drained at most this fast, live messages first (0: unpaced)", 0),
+    Key(
+        "bridge", "ciphers", str, INTERMEDIATE_CIPHERS, "TLS 1.2 cipher suites offered upstream (OpenSSL cipher string)",
+        doc=(
+            "The default is that of tls.ciphers, forward-secret AEAD suites "
+            "only."
+        ),
+    ),
+    Key(
+        "bridge", "queue_qos0", bool, False, "queue QoS 0 messages while the upstream is away (qos0_policy memory)",
+        doc='The same as ``qos0_policy = "memory"``.',
+    ),
+    Key(
+        "bridge", "qos0_policy", str, "", "QoS 0 while the upstream is away: drop, memory or store", choices=("", "drop", "memory", "store"),
+        doc=(
+            "Dropped (``drop``), kept in ``memory`` (bounded by the queue "
+            "bounds, lost at a restart, sent ahead of the QoS 1/2 backlog), "
+            "or kept in the ``store`` with the QoS 1/2 ones (in order with "
+            "them, kept across restarts, sent at QoS 0).  Empty: ``drop``, or"
+            " ``memory`` with queue_qos0."
+        ),
+    ),
+    Key(
+        "bridge", "drop_policy", str, "oldest", "which message a full queue drops: oldest or newest", choices=("oldest", "newest"),
+        doc=(
+            "``oldest``: the newest readings get through; ``newest``: what "
+            "waited longest gets through."
+        ),
+    ),
+    Key(
+        "bridge", "drain_messages_per_second", int, 0, "backlog drained at most this fast, live messages first (0: unpaced)", 0,
+        doc=(
+            "Drain pacing: once the upstream is back, what waited (the "
+            "backlog) goes at most this many messages (and "
+            "drain_bytes_per_second bytes) a second, and what arrives "
+            "meanwhile goes first, so the newest readings are not behind the "
+            "backlog.  Order then holds within the backlog and within the "
+            "live messages, not between them.  0: unpaced, one order for "
+            "everything."
+        ),
+    ),
     Key("bridge", "drain_bytes_per_second", int, 0, "backlog payload bytes drained a second at most (0: unpaced)", 0),
-    Key("bridge", "max_queued_messages", int, 100_000, "outage queue bound, messages", 1),
+    Key(
+        "bridge", "max_queued_messages", int, 100_000, "outage queue bound, messages", 1,
+        doc=(
+            "Beyond the outage queue's bounds the oldest messages are "
+            "dropped, counted and logged (drop_policy)."
+        ),
+    ),
     Key("bridge", "max_queued_bytes", int, 256 * 1024 * 1024, "outage queue bound, bytes", 1),
-    Key("bridge", "max_inflight_messages", int, 20, "unacknowledged messages upstream", 1, 65535),
-    Key("bridge", "state_topic", str, "", "local state topic (default mqttgw/bridge/NAME/state)"),
-    Key("bridge", "remote_state_topic", str, "", "upstream state topic (default mosquitto's)"),
-    Key("bridge", "reconnect_initial", float, 1.0, "first reconnect delay, seconds", 0.001),
+    Key(
+        "bridge", "max_inflight_messages", int, 20, "unacknowledged messages upstream", 1, 65535,
+        doc=(
+            "At most what the upstream takes from one client (mosquitto: its "
+            "max_inflight_messages, 20 by default); MQTT 3.1.1 gives the "
+            "bridge no way to ask, 5.0 does (the upstream's receive maximum, "
+            "when lower, is used instead)."
+        ),
+    ),
+    Key(
+        "bridge", "state_topic", str, "", "local state topic (default mqttgw/bridge/NAME/state)",
+        doc=(
+            "Retained: ``1`` connected, ``0`` not.  Only the gateway writes "
+            "under ``mqttgw/bridge/``."
+        ),
+    ),
+    Key(
+        "bridge", "remote_state_topic", str, "", "upstream state topic (default mosquitto's)",
+        doc=(
+            "The same upstream, there through the bridge's will.  Default, as"
+            " mosquitto's notification topic: "
+            "``$SYS/broker/connection/CLIENT_ID/state``, which an mqttgw "
+            "upstream lets each client write for its own client id."
+        ),
+    ),
+    Key(
+        "bridge", "reconnect_initial", float, 1.0, "first reconnect delay, seconds", 0.001,
+        doc=(
+            "Reconnect with full jitter: after the n-th failed round, a wait "
+            "drawn uniformly between reconnect_initial and min(reconnect_max,"
+            " reconnect_initial * 2**n) seconds."
+        ),
+    ),
     Key("bridge", "reconnect_max", float, 60.0, "longest reconnect delay, seconds", 0.001),
-    Key("bridge", "max_sparkplug_wills", int, 100, "Sparkplug edge nodes whose NDEATH is held upstream as a will, one connection each (0: none)", 0, 65535),
+    Key(
+        "bridge", "max_sparkplug_wills", int, 100, "Sparkplug edge nodes whose NDEATH is held upstream as a will, one connection each (0: none)", 0, 65535,
+        doc=(
+            "For each node whose NBIRTH this bridge forwarded, one more "
+            "connection upstream (client id CLIENT_ID/N) with that node's "
+            "NDEATH as its will, so that the upstream's host applications see"
+            " the node die if the uplink is lost for good."
+        ),
+    ),
 ]
 
 

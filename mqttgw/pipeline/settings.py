@@ -29,6 +29,36 @@ KEYS = {
     "username": (str, "mqttgw-pipeline", "user name for publishing"),
 }
 
+# More than a key's help says, for the example file and the manual
+# (reStructuredText).
+DOCS = {
+    "archive": (
+        "Several (one per gateway, or gathered copies) are combined by their"
+        " ``gateway_id``."
+    ),
+    "out": "Needed by every run.",
+    "json_fields": "A JSON path such as ``$.a.b`` names a nested field.",
+    "tables": (
+        "The ``sparkplug_`` tables only from archives that hold ``spBv1.0``"
+        " topics."
+    ),
+    "master": (
+        "The flags ``--master`` and ``--remote`` win over master and remote, and"
+        " spark-submit's master or ``$SPARK_REMOTE`` over these keys."
+    ),
+    "class_cache": (
+        "Only a driver started here, not spark-submit's nor Connect's; the flag"
+        " ``--no-class-cache`` turns it off."
+    ),
+    "checkpoint": "For the stream command.",
+    "trigger": "For the stream command.",
+    "publish": (
+        "The newest rollups, field statistics and last values, as retained"
+        " messages under ``prefix``; the password is read from"
+        " ``$MQTTGW_PASSWORD``."
+    ),
+}
+
 
 class SettingsError(ValueError):
     pass

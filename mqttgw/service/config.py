@@ -20,13 +20,27 @@ from mqttgw.schema import (
 )
 from mqttgw.transports.tlsprofile import INTERMEDIATE_CIPHERS
 
-# The schema; deploy/mqttgw.toml documents each key.
+# The schema; deploy/mqttgw.toml is written from it (mqttgw.service.example).
 KEYS = [
     Key("listeners", "tcp", list, [], "TCP listener: a port or endpoint string"),
-    Key("listeners", "tls", list, [], "TLS listener: a port or endpoint string"),
-    Key("listeners", "ws", list, [], "WebSocket listener: a port or endpoint string"),
     Key(
-        "listeners", "wss", list, [], "WebSocket over TLS listener: a port or endpoint string"
+        "listeners", "tls", list, [], "TLS listener: a port or endpoint string",
+        doc='MQTT over TLS; needs tls.cert and tls.key.  E.g. ``["8883"]``.',
+    ),
+    Key(
+        "listeners", "ws", list, [], "WebSocket listener: a port or endpoint string",
+        doc=(
+            "MQTT over WebSocket, on any request path (browsers use "
+            "``/mqtt``); the same port answers ``GET /healthz`` with a JSON "
+            'status.  E.g. ``["8080"]``.'
+        ),
+    ),
+    Key(
+        "listeners", "wss", list, [], "WebSocket over TLS listener: a port or endpoint string",
+        doc=(
+            "MQTT over WebSocket over TLS; needs tls.cert and tls.key.  E.g. "
+            '``["8443"]``.'
+        ),
     ),
     Key(
         "auth",
@@ -34,14 +48,35 @@ KEYS = [
         str,
         "",
         "password file in mosquitto's format (mosquitto_passwd, python -m mqttgw.passwd)",
+        doc=(
+            "Files written by mosquitto_passwd are read as they are (``$7$`` "
+            "PBKDF2-SHA512 and ``$6$`` SHA-512 entries).  Empty: no passwords"
+            " are checked."
+        ),
     ),
-    Key("auth", "acl_file", str, "", "access control list in mosquitto's acl_file format"),
+    Key(
+        "auth", "acl_file", str, "", "access control list in mosquitto's acl_file format",
+        doc=(
+            "What each client may publish and subscribe to: ``topic "
+            "[read|write|readwrite|deny] FILTER`` lines (before any ``user`` "
+            "line: for anonymous clients), ``user NAME`` lines, and "
+            "``pattern`` lines for every client with ``%u`` (user name) and "
+            "``%c`` (client id).  A deny rule wins over any grant.  Empty: "
+            "everything allowed."
+        ),
+    ),
     Key(
         "auth",
         "allow_anonymous",
         bool,
         None,
         "accept clients without a user name (default: only when no password file is set)",
+        doc=(
+            "Left to that default with no password file set, start-up logs a "
+            "warning for each listener; setting jwt_secret_file or "
+            "jwt_public_key turns anonymous access off by default too.  "
+            "``--no-anonymous`` sets it to false."
+        ),
     ),
     Key(
         "auth",
@@ -49,6 +84,18 @@ KEYS = [
         str,
         "",
         "file holding the HS256 secret that signed tokens (JWT) sent as passwords are checked with",
+        doc=(
+            "Signed tokens are for browsers and services, sent as the MQTT "
+            "password with any user name.  The secret is at least 32 bytes; "
+            "jwt_public_key checks RS256 and ES256 tokens instead.  The "
+            "``exp`` claim is required and enforced: the connection is closed"
+            " when the token expires. jwt_username_claim names the user (for "
+            "the ACL); optional claims ``mqtt_publish`` and "
+            "``mqtt_subscribe`` (lists of topic filters) narrow what its "
+            "holder may publish and read, so a dashboard page can hold a "
+            "short-lived, read-only token.  Setting this key or "
+            "jwt_public_key turns anonymous access off by default."
+        ),
     ),
     Key(
         "auth",
@@ -56,6 +103,10 @@ KEYS = [
         str,
         "",
         "PEM public key (RSA or EC) that RS256/ES256 tokens sent as passwords are checked with",
+        doc=(
+            "The tokens' claims are read as with jwt_secret_file.  Setting it"
+            " turns anonymous access off by default."
+        ),
     ),
     Key(
         "auth",
@@ -64,6 +115,12 @@ KEYS = [
         [],
         "MQTT 5.0 enhanced authentication methods offered (installed plugins' names)",
         flag_name="auth-method",
+        doc=(
+            "Over AUTH packets.  A plugin offers a method by providing "
+            "``mqttgw.security.enhanced.IAuthenticationMethod``; none is "
+            "offered by default, and a CONNECT naming one not offered gets "
+            "CONNACK 0x8C."
+        ),
     ),
     Key("auth", "jwt_username_claim", str, "sub", "the token claim that names the user"),
     Key("auth", "jwt_audience", str, "", "the audience (aud) tokens must name (empty: not checked)"),
@@ -74,11 +131,27 @@ KEYS = [
         ["mqttgw-pipeline"],
         "user names that may write $analytics/... (the pipeline's)",
         flag_name="analytics-writer",
+        doc=(
+            "The pipeline publishes its rollups there as ``mqttgw-pipeline``."
+            "  No client may write ``$SYS/...`` or a bridge's state topic."
+        ),
     ),
     BROKER_KEYS["auth.session_owner_mismatch"],
-    Key("tls", "cert", str, "", "server certificate (PEM), its chain after it"),
+    Key(
+        "tls", "cert", str, "", "server certificate (PEM), its chain after it",
+        doc=(
+            "Read and checked at start-up, as is the key.  TLS 1.2 is the "
+            "oldest version accepted."
+        ),
+    ),
     Key("tls", "key", str, "", "server private key (PEM)"),
-    Key("tls", "ca", str, "", "authorities client certificates are checked against (PEM)"),
+    Key(
+        "tls", "ca", str, "", "authorities client certificates are checked against (PEM)",
+        doc=(
+            "With a ca but without require_client_cert, a certificate is "
+            "checked when a client offers one."
+        ),
+    ),
     Key(
         "tls",
         "require_client_cert",
@@ -92,6 +165,14 @@ KEYS = [
         str,
         INTERMEDIATE_CIPHERS,
         "TLS 1.2 cipher suites, an OpenSSL cipher string (default: forward-secret AEAD only)",
+        doc=(
+            "As mosquitto's ciphers.  The default is Mozilla's intermediate "
+            "profile: forward-secret key exchange with AES-GCM or "
+            "ChaCha20-Poly1305 only, so no plain RSA key exchange and no CBC "
+            "suites.  Widen it for old clients by adding suites, e.g. "
+            "``:AES128-SHA`` at its end.  TLS 1.3 suites are OpenSSL's own, "
+            "whatever this says.  A string naming no suite stops start-up."
+        ),
     ),
     Key(
         "tls",
@@ -99,6 +180,10 @@ KEYS = [
         bool,
         False,
         "take the MQTT user name from the client certificate's common name",
+        doc=(
+            "As mosquitto's use_identity_as_username; a client without one is"
+            " refused (CONNACK 5)."
+        ),
     ),
     Key(
         "websocket",
@@ -106,6 +191,11 @@ KEYS = [
         list,
         [],
         "proxy addresses whose X-Forwarded-For names the real client",
+        doc=(
+            "Addresses or networks (``10.0.0.0/8``); the right-most address "
+            "of the header is used.  From any other peer the header is "
+            "ignored."
+        ),
     ),
     Key(
         "websocket",
@@ -114,14 +204,25 @@ KEYS = [
         1024 * 1024 + 1024,
         "largest WebSocket message accepted, in bytes",
         1,
+        doc="Each frame is held to it too.",
     ),
-    Key("websocket", "compression", bool, False, "accept permessage-deflate"),
+    Key(
+        "websocket", "compression", bool, False, "accept permessage-deflate",
+        doc=(
+            "Off by default: MQTT payloads are often small or already "
+            "compressed, and it costs CPU on every message."
+        ),
+    ),
     Key(
         "websocket",
         "dashboard",
         bool,
         False,
         "serve the dashboard and the admin API (always with credentials) on WebSocket listeners",
+        doc=(
+            "The dashboard at ``/``, the admin API under ``/api/``; MQTT "
+            "stays on every WebSocket upgrade."
+        ),
     ),
     Key(
         "websocket",
@@ -130,6 +231,12 @@ KEYS = [
         [],
         "origins of web pages that may connect besides the gateway's own ('*': any)",
         flag_name="allowed-origin",
+        doc=(
+            "By origin, e.g. ``https://dashboard.example.net``.  Requests "
+            "without an Origin header (clients that are not browsers) are "
+            "accepted.  Without this check any page a user opens could talk "
+            "to the gateway from their browser."
+        ),
     ),
     Key(
         "simple_bridge",
@@ -155,8 +262,27 @@ KEYS = [
         "keep retained messages and persistent sessions on disk",
         flag_name="no-persistence",
         flag_help="keep everything in memory only: no store on disk",
+        doc=(
+            "In a SQLite store: retained messages, and persistent sessions "
+            "(clean session 0) with their subscriptions, queued and in-flight"
+            " QoS 1/2 messages and inbound QoS 2 ids, so they survive a "
+            "restart or a crash.  A QoS 1/2 publish that must outlive a crash"
+            " (retained, or queued for a persistent session) is acknowledged "
+            "only once it is committed; traffic between clean sessions never "
+            "waits for the disk."
+        ),
     ),
-    Key("persistence", "data_dir", str, "./mqttgw-data", "directory of the store"),
+    Key(
+        "persistence", "data_dir", str, "./mqttgw-data", "directory of the store",
+        doc=(
+            "It holds ``mqttgw.db`` and ``mqttgw.db.state``, the store's "
+            "record of which database it is and how far it was committed.  "
+            "The systemd unit uses ``/var/lib/mqttgw``.  A store that cannot "
+            "be opened or read, or that is missing, empty, another database "
+            "or older than its record (a lost ``-wal``), stops start-up with "
+            "a message naming the file; it is never replaced."
+        ),
+    ),
     Key(
         "persistence",
         "recover",
@@ -167,6 +293,13 @@ KEYS = [
         flag_name="store-recover",
         flag_help="set a store refused as damaged aside (renamed, never deleted) and start"
         " with a new, empty one, logging what it held",
+        doc=(
+            "Its files are renamed with a time suffix "
+            "(``mqttgw.db.20261126T130807Z``, ``...-wal``, ``....state``), "
+            "never deleted; the gateway starts with a new, empty store and "
+            "logs what the record and the database held.  For one start: "
+            "leave it off after."
+        ),
     ),
     Key(
         "archive",
@@ -175,6 +308,11 @@ KEYS = [
         "",
         "record messages as Parquet segments in this directory (empty: off)",
         flag_name="archive",
+        doc=(
+            "Segments are partitioned ``date=YYYY-MM-DD/hour=HH/`` (UTC), for"
+            " the PySpark pipeline (``python -m mqttgw.pipeline``).  Needs "
+            "the ``archive`` extra (pyarrow)."
+        ),
     ),
     Key("archive", "include", list, ["#"], "topic filters to record", flag_name="archive-include"),
     Key("archive", "exclude", list, [], "topic filters not to record", flag_name="archive-exclude"),
@@ -185,10 +323,31 @@ KEYS = [
         ["in", "bridge_in", "bridge_out"],
         "what to record: in, out, bridge_in, bridge_out",
         flag_name="archive-direction",
+        doc=(
+            "``in``: published by clients; ``out``: each delivery to a "
+            "client, one row per subscriber; ``bridge_in``: brought in by "
+            "bridges; ``bridge_out``: forwarded upstream."
+        ),
     ),
-    Key("archive", "roll_seconds", float, 60.0, "seconds before a segment is closed", 0.001),
-    Key("archive", "roll_rows", int, 100_000, "rows before a segment is closed", 1),
-    Key("archive", "gateway_id", str, "", "this gateway's id in the archive (default: host name)"),
+    Key(
+        "archive", "roll_seconds", float, 60.0, "seconds before a segment is closed", 0.001,
+        doc=(
+            "A segment is closed (and renamed in from ``_tmp/``) after "
+            "roll_seconds or roll_rows, whichever comes first, at each hour "
+            "boundary, and on shutdown."
+        ),
+    ),
+    Key(
+        "archive", "roll_rows", int, 100_000, "rows before a segment is closed", 1,
+        doc="Whichever of roll_seconds and roll_rows comes first closes it.",
+    ),
+    Key(
+        "archive", "gateway_id", str, "", "this gateway's id in the archive (default: host name)",
+        doc=(
+            "The archive's ``gateway_id`` column, by which the pipeline tells"
+            " gateways' archives apart."
+        ),
+    ),
     Key(
         "sparkplug",
         "aware",
@@ -197,6 +356,14 @@ KEYS = [
         "Sparkplug Aware MQTT Server: keep births on $sparkplug/certificates/, track edge state",
         flag_name="no-sparkplug",
         flag_help="carry Sparkplug B messages as any others: no certificates, no edge state",
+        doc=(
+            "Sparkplug B 3.0: every NBIRTH and DBIRTH is kept, byte for byte,"
+            " as the retained message of ``$sparkplug/certificates/<its "
+            "topic>``, readable by whoever may read the birth's topic; edge "
+            "nodes and devices are tracked from their births and deaths "
+            "(``$SYS/broker/sparkplug/...``, ``/metrics``, "
+            "``/api/sparkplug``)."
+        ),
     ),
     Key(
         "sparkplug",
@@ -205,14 +372,20 @@ KEYS = [
         False,
         "replace an NDEATH's timestamp with the time the gateway delivers it",
         flag_name="sparkplug-ndeath-timestamp",
+        doc="The specification allows it.",
     ),
     Key(
         "sparkplug", "max_nodes", int, 10_000, "Sparkplug edge nodes whose state is tracked", 1,
         flag_name="sparkplug-max-nodes",
+        doc=(
+            "Past it, or past max_devices, births are still carried and kept,"
+            " their state is not (offline nodes are forgotten first)."
+        ),
     ),
     Key(
         "sparkplug", "max_devices", int, 100_000, "Sparkplug devices whose state is tracked, in all", 1,
         flag_name="sparkplug-max-devices",
+        doc="The same rule as max_nodes.",
     ),
     Key(
         "persistence",
@@ -221,6 +394,13 @@ KEYS = [
         "fsync",
         "what an acknowledged message survives: fsync (power loss) or os (a crash)",
         choices=("fsync", "os"),
+        doc=(
+            "``fsync``: every commit is flushed to the disk (SQLite "
+            "synchronous=FULL); ``os``: a crash of the gateway, not of the "
+            "machine (synchronous=NORMAL).  Commits are grouped, so the cost "
+            "is per batch, not per message; README.rst gives the measured "
+            "figures."
+        ),
     ),
     CONNECTION_KEYS["limits.max_packet_size"],
     CONNECTION_KEYS["limits.max_connect_size"],
@@ -232,6 +412,12 @@ KEYS = [
         0,
         "connections held at once (0: the open-file limit less a reserve)",
         0,
+        doc=(
+            "WebSocket connections still upgrading included; further "
+            "connections are closed on accept.  The open-file limit is raised"
+            " to its hard limit at start-up; the reserve is 100, for the "
+            "store, archive and bridges; the figure is logged at start-up."
+        ),
     ),
     Key(
         "limits",
@@ -241,6 +427,15 @@ KEYS = [
         "connections the kernel queues for each listener before they are accepted"
         " (0: limits.max_connections); the kernel caps it at net.core.somaxconn",
         0,
+        doc=(
+            "Queueing as many as max_connections means every client coming "
+            "back at once after a restart is queued rather than made to retry"
+            " its SYN a second later.  A listener given as an endpoint string"
+            " with its own ``backlog=`` keeps it.  The kernel's cap is said "
+            "once at start-up when it applies; TCP listeners take a storm's "
+            "connections out of the kernel's queue as they come, up to "
+            "max_connections, whatever the cap."
+        ),
     ),
     Key(
         "limits",
@@ -250,6 +445,10 @@ KEYS = [
         "new connections a second from one address (an IPv6 /64), a burst of as"
         " many; more are closed before a byte is read (0: no limit)",
         0.0,
+        doc=(
+            "Refusals are logged once per address per log.refusal_interval "
+            "with a count.  mosquitto has no such limit."
+        ),
     ),
     Key(
         "limits",
@@ -258,6 +457,7 @@ KEYS = [
         False,
         "apply max_connection_rate to loopback clients too",
         flag_help="apply --max-connection-rate to loopback clients too",
+        doc="Local processes are exempt otherwise.",
     ),
     Key(
         "limits",
@@ -267,6 +467,14 @@ KEYS = [
         "seconds the answer to a failed login waits, doubled for each earlier"
         " failure of its address or user name",
         0.0,
+        doc=(
+            "The login throttle.  The wait is at most max_login_delay, and "
+            "the answer comes after the answers already due for the same "
+            "address or user name: parallel guesses are answered one after "
+            "another, not at once.  A success waits for the answers due for "
+            "its user name (at most max_login_delay) and clears nothing: "
+            "failures are forgotten 10 minutes after the last."
+        ),
     ),
     Key(
         "limits",
@@ -284,6 +492,12 @@ KEYS = [
         "logins one address (an IPv6 /64) may have checked or waiting for their"
         " answer at once; more get CONNACK 3 (5.0: 0x89) unchecked",
         1,
+        doc=(
+            "Enough for a site's devices behind one NAT address reconnecting "
+            "together.  The refusals waiting are answered one after another: "
+            "for an address's own failures a place comes free at least every "
+            "max_login_delay."
+        ),
     ),
     Key(
         "limits",
@@ -293,6 +507,11 @@ KEYS = [
         "logins one user name may have checked or waiting for their answer at"
         " once, from any address; more get CONNACK 3 (5.0: 0x89) unchecked",
         1,
+        doc=(
+            "So only this many guesses at one user's password are checked "
+            "before the first is answered.  Devices sharing one user name "
+            "past it are told CONNACK 3 and retry."
+        ),
     ),
     Key(
         "limits",
@@ -302,6 +521,7 @@ KEYS = [
         "addresses and user names the login throttle (and addresses the connection"
         " rate) remembers, about 400 bytes each",
         1,
+        doc="The least recently seen is forgotten first.",
     ),
     BROKER_KEYS["limits.max_inflight_messages"],
     BROKER_KEYS["limits.max_persistent_sessions"],
@@ -314,6 +534,11 @@ KEYS = [
         "payload bytes queued across every session and bridge at once; beyond it"
         " a message that would be queued is dropped, counted and logged (0: no limit)",
         0,
+        doc=(
+            "mosquitto bounds memory as a whole with memory_limit.  Drops are"
+            " counted in ``mqttgw_messages_dropped_at_total_bound`` and "
+            "logged, rate-limited; a bridge's queue drops its oldest first."
+        ),
     ),
     BROKER_KEYS["limits.max_shared_groups"],
     BROKER_KEYS["limits.max_shared_group_members"],
@@ -340,6 +565,11 @@ KEYS = [
         "seconds over which the refused connections of one address are logged"
         " as one line with a count",
         0.1,
+        doc=(
+            "Refused connections and CONNECTs: the first in full, then one "
+            "line with how many more and the last reason; never a line per "
+            "connection."
+        ),
     ),
     Key(
         "log",
@@ -349,6 +579,7 @@ KEYS = [
         "lowest level logged",
         choices=("debug", "info", "warn", "error", "critical"),
         flag_name="log-level",
+        doc="SIGHUP applies a change.",
     ),
     Key(
         "log",
@@ -358,6 +589,14 @@ KEYS = [
         "text lines, or JSON lines with stable field names",
         choices=("text", "json"),
         flag_name="log-format",
+        doc=(
+            "``json``: one object per line with the fields time (UTC, ISO "
+            "8601), level, namespace, message, traceback (failures) and the "
+            "event's own fields (client_id, peer, topic...).  Warnings that "
+            "can repeat many times a second (protocol errors from a flood of "
+            "bad clients, refused connections) are logged 10 times a minute "
+            "at most, then counted in one line."
+        ),
     ),
     Key(
         "http",
@@ -367,6 +606,19 @@ KEYS = [
         "admin HTTP listener (metrics, health, admin API): PORT (loopback),"
         " HOST:PORT or an endpoint string; empty: off",
         flag_name="http",
+        doc=(
+            "It answers ``GET /healthz`` (alive), ``/readyz`` (listeners "
+            "bound, store committing, archive writing: else 503 and the "
+            "reasons), ``/metrics`` (Prometheus) and the JSON API under "
+            "``/api/`` that ``python -m mqttgw.ctl`` speaks.  A bare port "
+            'listens on loopback only (``"9883"``); elsewhere ``/metrics`` '
+            "and ``/api/`` ask for HTTP Basic credentials (the password file)"
+            " or a Bearer token of a user in admin_users.  On loopback reads "
+            "need none, but changes (PUT, DELETE, POST) always do, or come "
+            "through the Unix socket (http.socket).  It also serves the "
+            "dashboard at ``/`` (open it in a browser) and the dashboard's "
+            "MQTT over WebSocket at ``/mqtt``."
+        ),
     ),
     Key(
         "http",
@@ -375,6 +627,10 @@ KEYS = [
         [],
         "user names that may use the admin API when it asks for credentials",
         flag_name="admin-user",
+        doc=(
+            "They may read ``/metrics`` too, and are admins in the dashboard "
+            "(see clients, kick them, clear retained topics, publish)."
+        ),
     ),
     Key(
         "http",
@@ -384,6 +640,11 @@ KEYS = [
         "user names that may read the admin API's overview, bridges and Sparkplug edge"
         " and use the dashboard read-only",
         flag_name="read-user",
+        doc=(
+            "In the dashboard they see the data the ACL lets them read, the "
+            "overview, the bridges and the Sparkplug edge, and may not "
+            "publish."
+        ),
     ),
     Key(
         "http",
@@ -392,6 +653,10 @@ KEYS = [
         300.0,
         "seconds a dashboard sign-in token lasts (the page renews it while open)",
         10.0,
+        doc=(
+            "The tokens are signed with a key made at start-up, so a restart "
+            "signs every page out."
+        ),
     ),
     Key(
         "http",
@@ -400,6 +665,14 @@ KEYS = [
         12_000,
         "messages a second sent at most to each dashboard page; beyond, dropped for the page",
         1,
+        doc=(
+            "A dashboard page is an MQTT connection naming itself by the "
+            "WebSocket subprotocol ``mqttgw-dashboard``, here or on a "
+            "WebSocket listener serving the dashboard.  The page shows each "
+            "topic's latest value, so it loses little, and a gateway carrying"
+            " 100,000 messages a second does not deliver each a second time "
+            "to every open page."
+        ),
     ),
     Key(
         "http",
@@ -409,6 +682,13 @@ KEYS = [
         "host names the HTTP listeners answer to besides their own addresses, the"
         " loopback names (on loopback) and the machine's name ('*': any)",
         flag_name="allowed-host",
+        doc=(
+            "The names a browser or a proxy uses for them.  Any other Host is"
+            " answered 421, and a WebSocket page of another origin is "
+            "refused, so a web page whose name an attacker re-points at this "
+            "machine (DNS rebinding) can use nothing.  Start-up says when any"
+            " name is accepted."
+        ),
     ),
     Key(
         "http",
@@ -418,6 +698,10 @@ KEYS = [
         "origins of web pages that may change things through the admin listener"
         " or use its /mqtt besides its own",
         flag_name="http-allowed-origin",
+        doc=(
+            "Origins as ``scheme://host:port``, such as the address of a TLS "
+            "proxy in front of it."
+        ),
     ),
     Key(
         "http",
@@ -428,6 +712,13 @@ KEYS = [
         " most a quarter of the open-file limit less the reserve); more are closed at accept",
         1,
         flag_name="http-max-connections",
+        doc=(
+            "Each its own, so busy HTTP clients never lock ``python -m "
+            "mqttgw.ctl`` out.  The reserve is the descriptors kept for the "
+            "store, the archive and the bridges; these connections are "
+            "subtracted from limits.max_connections, so no HTTP client can "
+            "take those."
+        ),
     ),
     Key(
         "http",
@@ -446,6 +737,7 @@ KEYS = [
         "Unix socket (mode 0600) of the admin API that python -m mqttgw.ctl uses, with"
         " the admin listener; a relative path is in persistence.data_dir (empty: none)",
         flag_name="http-socket",
+        doc="Whoever may open it may change everything without credentials.",
     ),
     Key(
         "mqtt",
@@ -454,6 +746,12 @@ KEYS = [
         10.0,
         "seconds between updates of the $SYS topics (0: none)",
         0.0,
+        doc=(
+            "mosquitto's topics (clients, messages, bytes, load averages, "
+            "retained and stored counts) and mqttgw's own under "
+            "``$SYS/broker/bridge/NAME/`` and ``$SYS/broker/store/``.  Values"
+            " are retained and published when they change."
+        ),
     ),
     Key(
         "persistence",
@@ -462,6 +760,12 @@ KEYS = [
         "",
         "remove persistent sessions whose client has been away longer than"
         " this (as mosquitto's: 90m, 12h, 2d, 1w, 3m, 1y; empty: never)",
+        doc=(
+            "A number of seconds, or with a unit h (hours), d (days), w "
+            "(weeks), m (months, not minutes) or y (years), e.g. ``2d``.  The"
+            " store records when each session was last seen, so the clock "
+            "runs across restarts.  Bridges' own sessions never expire."
+        ),
     ),
     CONNECTION_KEYS["mqtt.allow_long_client_ids"],
     BROKER_KEYS["mqtt.retry_interval"],
@@ -518,20 +822,55 @@ def _tables(value, path, name):
     return value
 
 
-# [[listener]] tables: a listener with its own security settings.
 # [[listener]] tables: one listener each, with settings of its own.
 LISTENER_KEYS = [
-    Key("listener", "kind", str, REQUIRED, "tcp, tls, ws or wss", choices=("tcp", "tls", "ws", "wss")),
+    Key(
+        "listener", "kind", str, REQUIRED, "the listener's kind: tcp, tls, ws or wss", choices=("tcp", "tls", "ws", "wss"),
+        doc=(
+            "``tls`` and ``wss`` need a certificate and key, here or in "
+            "``[tls]``."
+        ),
+    ),
     Key("listener", "address", (str, int), REQUIRED, "a port or an endpoint string"),
-    Key("listener", "allow_anonymous", bool, None, "accept clients without a user name here"),
-    Key("listener", "cert", str, "", "this listener's certificate (PEM)"),
-    Key("listener", "key", str, "", "this listener's private key (PEM)"),
-    Key("listener", "ca", str, "", "authorities its client certificates are checked against"),
-    Key("listener", "require_client_cert", bool, False, "refuse clients without a certificate"),
+    Key(
+        "listener", "allow_anonymous", bool, None, "accept clients without a user name here",
+        doc="Left out: auth.allow_anonymous.",
+    ),
+    Key(
+        "listener", "cert", str, "", "this listener's certificate (PEM)",
+        doc="Left out: tls.cert.",
+    ),
+    Key(
+        "listener", "key", str, "", "this listener's private key (PEM)",
+        doc="Left out: tls.key.",
+    ),
+    Key(
+        "listener", "ca", str, "", "authorities its client certificates are checked against",
+        doc="Left out: tls.ca.",
+    ),
+    Key(
+        "listener", "require_client_cert", bool, False, "refuse clients without a certificate",
+        doc="Left out: tls.require_client_cert.",
+    ),
     Key("listener", "ciphers", str, "", "its TLS 1.2 cipher suites (OpenSSL cipher string; default tls.ciphers)"),
-    Key("listener", "use_identity_as_username", bool, False, "user name from the certificate"),
-    Key("listener", "allowed_origins", list, [], "web page origins that may connect (ws, wss)"),
-    Key("listener", "auth", list, ["password", "token"], "what logins it accepts: password, token"),
+    Key(
+        "listener", "use_identity_as_username", bool, False, "user name from the certificate",
+        doc=(
+            "Its common name, as tls.use_identity_as_username; left out: that"
+            " key."
+        ),
+    ),
+    Key(
+        "listener", "allowed_origins", list, [], "web page origins that may connect (ws, wss)",
+        doc="Left out: websocket.allowed_origins.",
+    ),
+    Key(
+        "listener", "auth", list, ["password", "token"], "what logins it accepts: password, token",
+        doc=(
+            "``password``: a user name and password from the password file; "
+            "``token``: a signed token (JWT) as the password."
+        ),
+    ),
 ]
 
 
