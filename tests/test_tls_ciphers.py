@@ -112,6 +112,20 @@ def test_a_cipher_string_naming_no_suite_stops_start_up_naming_the_key(tmp_path,
     assert len(out.stderr.strip().splitlines()) == 1, out.stderr
 
 
+def test_an_empty_listener_ciphers_means_tls_ciphers(tmp_path, pki):
+    """A [[listener]] table's ``ciphers = ""`` is the row's default: tls.ciphers, not no suite."""
+    from mqttgw.service import build, config
+
+    path = tmp_path / "c.toml"
+    path.write_text(
+        f'[tls]\ncert = "{pki["cert"]}"\nkey = "{pki["key"]}"\nciphers = "{MODERN}:{OLD}"\n'
+        '[[listener]]\nkind = "tls"\naddress = "8884"\nciphers = ""\n'
+    )
+    settings = config.build(config.load_file(str(path)), {})
+    [table] = build.check_listener_tables(settings)
+    assert table["tls_files"][4:] == (f"{MODERN}:{OLD}", "tls.ciphers")
+
+
 class OldUpstream:
     """``openssl s_server`` on TLS 1.2 with one old suite: what a bridge's handshake with it shows."""
 

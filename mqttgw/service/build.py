@@ -254,8 +254,9 @@ def check_listener_tables(settings):
                 key,
                 table.get("ca", tls["ca"]) or None,
                 table.get("require_client_cert", tls["require_client_cert"]),
-                table.get("ciphers", tls["ciphers"]),
-                f"{where}: listener.ciphers" if "ciphers" in table else "tls.ciphers",
+                # Empty, as the row's default: tls.ciphers.
+                table.get("ciphers") or tls["ciphers"],
+                f"{where}: listener.ciphers" if table.get("ciphers") else "tls.ciphers",
             )
             from mqttgw.transports.tls import server_options
 

@@ -398,8 +398,8 @@ KEYS = [
             "``fsync``: every commit is flushed to the disk (SQLite "
             "synchronous=FULL); ``os``: a crash of the gateway, not of the "
             "machine (synchronous=NORMAL).  Commits are grouped, so the cost "
-            "is per batch, not per message; README.rst gives the measured "
-            "figures."
+            "is per batch, not per message; the manual's durability page gives "
+            "the measured figures."
         ),
     ),
     CONNECTION_KEYS["limits.max_packet_size"],
