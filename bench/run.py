@@ -474,20 +474,24 @@ def _run_once(name, scenario, args, workdir, auth_files, broker_cpu, load_cpu, r
         if scenario == DASHBOARD:
             with dashboard_open(http_port, Path(workdir), load_cpu) as page:
                 before = page.metrics()
-                r = run_throughput(broker, 4, 1, 0, args.duration, cpu=load_cpu)
+                r = run_throughput(
+                    broker, 4, 1, 0, args.duration, probe_count=_probes(args), cpu=load_cpu
+                )
                 after = page.metrics()
                 r["page_busy"] = round(
                     (after["TaskDuration"] - before["TaskDuration"]) / args.duration, 2
                 )
             print(
                 f"{r['per_second']:,.0f}/s lost {r['lost']}, page main thread"
-                f" {r['page_busy']:.0%} busy (broker CPU {r['broker_cpu']:.0%})",
+                f" {r['page_busy']:.0%} busy (broker CPU {r['broker_cpu']:.0%}); {beside(r)}",
                 flush=True,
             )
         elif scenario in THROUGHPUT:
             pubs, subs, qos = THROUGHPUT[scenario]
+            # Over WebSocket too, the probe connects over TCP: it measures
+            # the broker's delay beside the load, not the transport's.
             r = run_throughput(
-                broker, pubs, subs, qos, args.duration, cpu=load_cpu,
+                broker, pubs, subs, qos, args.duration, probe_count=_probes(args), cpu=load_cpu,
                 websocket=(
                     None if not scenario.endswith(" ws")
                     else "publishers" if pubs > 1 else "subscribers"
@@ -498,14 +502,14 @@ def _run_once(name, scenario, args, workdir, auth_files, broker_cpu, load_cpu, r
             )
             print(
                 f"{r['per_second']:,.0f}/s lost {r['lost']}"
-                f" (broker CPU {r['broker_cpu']:.0%}, load CPU {r['load_cpu']:.0%})",
+                f" (broker CPU {r['broker_cpu']:.0%}, load CPU {r['load_cpu']:.0%}); {beside(r)}",
                 flush=True,
             )
         elif scenario == "latency":
             rate = rates.get("latency") or 10_000
             r = run_throughput(
                 broker, 4, 1, 0, args.duration, rate=rate,
-                probe_count=int(args.duration * 100), cpu=load_cpu,
+                probe_count=_probes(args), cpu=load_cpu,
             )
             r["rate"] = rate
             print(f"p50 {r.get('p50_ms', 0):.2f} ms p99 {r.get('p99_ms', 0):.2f} ms at {rate:,.0f}/s", flush=True)
@@ -514,7 +518,7 @@ def _run_once(name, scenario, args, workdir, auth_files, broker_cpu, load_cpu, r
             rate = share * rates["qos1"] if share and rates.get("qos1") else None
             r = run_throughput(
                 broker, 4, 1, 1, args.duration, rate=rate,
-                probe_count=int(args.duration * 100), cpu=load_cpu,
+                probe_count=_probes(args), cpu=load_cpu,
             )
             if share is None and name == "mqttgw":
                 rates["qos1"] = r["per_second"]
@@ -575,6 +579,21 @@ def _run_once(name, scenario, args, workdir, auth_files, broker_cpu, load_cpu, r
         return r
     finally:
         broker.stop()
+
+
+def _probes(args):
+    """Round trips a probe makes in a run: 100 a second."""
+    return int(args.duration * 100)
+
+
+def beside(r):
+    """A throughput run's probe percentiles and broker CPU per message, for its printed line."""
+    probe = (
+        f"probe p50 {r['p50_ms']:.2f} p99 {r['p99_ms']:.2f} max {r['max_ms']:.2f} ms"
+        if r.get("probes") else "probe: no round trip"
+    )
+    cpu = r.get("cpu_us_per_message")
+    return probe + (f", broker {cpu:.1f} us/msg" if cpu is not None else ", nothing delivered")
 
 
 def _footprint(name, args, workdir, broker_cpu, load_cpu, options):
