@@ -398,15 +398,35 @@ def rst(report, argv):
         + (f", ``{options}``):" if options else "):"),
         "",
     ]
-    text = table(report["results"]).split("\n")
-    border = text[1].replace("-", "=")
-    rows = text[2:text.index("")] if "" in text else text[2:]
-    lines += [border, text[0].rstrip(), border] + [r.rstrip() for r in rows] + [border, ""]
-    # What follows the table (notes, 5.0 ratios, connections): a paragraph each.
-    for line in text[len(rows) + 2:]:
-        if line:
-            lines += [line, ""]
+    for block in _blocks(table(report["results"])):
+        lines += _rst_block(block)
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _blocks(text):
+    """``text``'s runs of lines between blank lines."""
+    block = []
+    for line in text.split("\n") + [""]:
+        if line:
+            block.append(line)
+        elif block:
+            yield block
+            block = []
+
+
+def _rst_block(block):
+    """
+    A block of the table's text as reStructuredText: a table (its header
+    over a line of dashes) as a simple table; every other line (notes,
+    5.0 ratios, connections, a table's title) a paragraph of its own.
+    """
+    rule = next((i for i, line in enumerate(block) if i and "-" in line and not line.strip("- ")), None)
+    if rule is None:
+        return [x for line in block for x in (line, "")]
+    border = block[rule].replace("-", "=")
+    rows = [r.rstrip() for r in block[rule + 1:]]
+    paragraphs = [x for line in block[:rule - 1] for x in (line, "")]
+    return paragraphs + [border, block[rule - 1].rstrip(), border] + rows + [border, ""]
 
 
 def _repeats(scenario, args):
@@ -708,6 +728,9 @@ def table(results):
     out = [line(header), line(["-" * w for w in widths])] + [line(r) for r in rows]
     if notes:
         out += [""] + notes
+    beside_load = load_table(results)
+    if beside_load:
+        out += [""] + beside_load
     versions = [n for n in names if "fan-in qos1" in results[n] and results[n].keys() & V5_SCENARIOS]
     if versions:
         out.append("")
@@ -738,6 +761,49 @@ def table(results):
             r = results[n]["connections"]
             out.append(f"{n}: {r['connections']} idle connections held, {r['connects_per_second']:,.0f} connects/s")
     return "\n".join(out)
+
+
+def load_table(results):
+    """
+    The lines of the table beside the rates: rows, the throughput scenarios
+    run with a probe; columns, each broker's probe p99 and CPU per message
+    delivered, then mqttgw's ratios of p99 (lower is better).  ASCII only:
+    it goes to the README and the manual too.
+    """
+    names = list(results)
+    others = [n for n in names if n != "mqttgw"] if "mqttgw" in names else []
+    scenarios = [s for s in THROUGHPUT if any(_beside(results[n].get(s)) for n in names)]
+    if not scenarios:
+        return []
+    header = ["scenario"]
+    for n in names:
+        header += [f"{n} p99 ms", f"{n} us/msg"]
+    header += [f"mqttgw/{o} p99" for o in others]
+    rows = []
+    for s in scenarios:
+        p99 = {n: results[n].get(s, {}).get("p99_ms") for n in names}
+        row = [s]
+        for n in names:
+            cpu = results[n].get(s, {}).get("cpu_us_per_message")
+            row += [_cell(p99[n]), _cell(cpu)]
+        row += [_cell(p99["mqttgw"] / p99[o] if p99["mqttgw"] and p99[o] else None) for o in others]
+        rows.append(row)
+    widths = [max(len(x) for x in col) for col in zip(header, *rows)]
+    line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths))  # noqa: E731
+    return [
+        "Beside the load: the probe's p99 round trip in ms (QoS 0 over TCP, 100 a second)"
+        " and the broker's CPU per message delivered in us.",
+        line(header), line(["-" * w for w in widths]),
+    ] + [line(r) for r in rows]
+
+
+def _beside(r):
+    """Whether a throughput result has figures beside its rate (older reports have none)."""
+    return r is not None and ("p99_ms" in r or r.get("cpu_us_per_message") is not None)
+
+
+def _cell(figure):
+    return "-" if figure is None else f"{figure:.2f}"
 
 
 if __name__ == "__main__":
