@@ -151,10 +151,11 @@ def publisher_process(ctx, broker, shared, index, publishers, qos, rate=None, cp
 
 def run_throughput(broker, publishers, subscribers, qos, duration, rate=None, probe_count=0, cpu=None, websocket=None, persistent=False, v5=False, alias=False):
     """
-    Deliveries per second, lost messages, and probe latencies (ms).
-    ``websocket`` is "publishers" or "subscribers": those connect over
-    WebSocket, the others over TCP.  ``v5``: every client speaks MQTT
-    5.0; ``alias``: the publishers send their topic by alias.
+    Deliveries per second, lost messages, the broker's CPU, and probe
+    latencies (ms).  ``websocket`` is "publishers" or "subscribers": those
+    connect over WebSocket, the others (the probe too) over TCP.  ``v5``:
+    every client but the probe speaks MQTT 5.0; ``alias``: the publishers
+    send their topic by alias.
     """
     ctx = _ctx()
     shared = loadgen.Shared(ctx, publishers, subscribers)
@@ -174,6 +175,9 @@ def run_throughput(broker, publishers, subscribers, qos, duration, rate=None, pr
         for i in range(publishers)
     ]
     latencies = ctx.RawArray("q", probe_count) if probe_count else None
+    # The probe's topic, "probe/t", is outside the subscribers' "bench/+",
+    # and it writes none of the publishers' and subscribers' counters: the
+    # window and the rate count the same messages with it as without.
     probe = (
         ctx.Process(
             target=_pinned,
@@ -191,7 +195,7 @@ def run_throughput(broker, publishers, subscribers, qos, duration, rate=None, pr
     # The clock starts when every publisher is connected and has its
     # packets made (a WebSocket publisher masks 65,535 frames first).
     _wait_ready(broker, shared, shared.publishers_ready, publishers, "publishers ready", pubs + clients)
-    broker_cpu = broker.cpu_seconds()
+    cpu_before = broker.cpu_seconds()
     started = time.perf_counter_ns()
     shared.go.value = 1
     time.sleep(duration)
@@ -211,6 +215,7 @@ def run_throughput(broker, publishers, subscribers, qos, duration, rate=None, pr
     last = max(shared.last) or started
     elapsed = (last - started) / 1e9
     wall = (time.perf_counter_ns() - started) / 1e9
+    cpu = broker.cpu_seconds() - cpu_before
     result = {
         "sent": sent,
         "delivered": received,
@@ -218,16 +223,29 @@ def run_throughput(broker, publishers, subscribers, qos, duration, rate=None, pr
         "per_second": received / elapsed if elapsed > 0 else 0.0,
         "errors": shared.errors.value,
         # Share of one core used while the scenario ran (and drained).
-        "broker_cpu": round((broker.cpu_seconds() - broker_cpu) / wall, 2),
+        "broker_cpu": round(cpu / wall, 2),
+        # The same CPU time per message delivered, drain included; the
+        # probe's 100 round trips a second are in it, a small share at
+        # any rate worth measuring.
+        "cpu_us_per_message": round(cpu / received * 1e6, 2) if received else None,
         "load_cpu": round(sum(shared.cpu) / wall, 2),
     }
     if probe_count:
-        values = sorted(v / 1e6 for v in latencies if v > 0)
-        result["probes"] = len(values)
-        if values:
-            result["p50_ms"] = statistics.median(values)
-            result["p99_ms"] = values[min(len(values) - 1, int(len(values) * 0.99))]
+        result.update(_percentiles(latencies))
     return result
+
+
+def _percentiles(latencies):
+    """The probe's round trips (ns, 0 where none came back): count, and p50/p99/max in ms."""
+    values = sorted(v / 1e6 for v in latencies if v > 0)
+    if not values:
+        return {"probes": 0}
+    return {
+        "probes": len(values),
+        "p50_ms": statistics.median(values),
+        "p99_ms": values[min(len(values) - 1, int(len(values) * 0.99))],
+        "max_ms": values[-1],
+    }
 
 
 @contextlib.contextmanager
@@ -380,15 +398,35 @@ def rst(report, argv):
         + (f", ``{options}``):" if options else "):"),
         "",
     ]
-    text = table(report["results"]).split("\n")
-    border = text[1].replace("-", "=")
-    rows = text[2:text.index("")] if "" in text else text[2:]
-    lines += [border, text[0].rstrip(), border] + [r.rstrip() for r in rows] + [border, ""]
-    # What follows the table (notes, 5.0 ratios, connections): a paragraph each.
-    for line in text[len(rows) + 2:]:
-        if line:
-            lines += [line, ""]
+    for block in _blocks(table(report["results"])):
+        lines += _rst_block(block)
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _blocks(text):
+    """``text``'s runs of lines between blank lines."""
+    block = []
+    for line in text.split("\n") + [""]:
+        if line:
+            block.append(line)
+        elif block:
+            yield block
+            block = []
+
+
+def _rst_block(block):
+    """
+    A block of the table's text as reStructuredText: a table (its header
+    over a line of dashes) as a simple table; every other line (notes,
+    5.0 ratios, connections, a table's title) a paragraph of its own.
+    """
+    rule = next((i for i, line in enumerate(block) if i and "-" in line and not line.strip("- ")), None)
+    if rule is None:
+        return [x for line in block for x in (line, "")]
+    border = block[rule].replace("-", "=")
+    rows = [r.rstrip() for r in block[rule + 1:]]
+    paragraphs = [x for line in block[:rule - 1] for x in (line, "")]
+    return paragraphs + [border, block[rule - 1].rstrip(), border] + rows + [border, ""]
 
 
 def _repeats(scenario, args):
@@ -456,20 +494,24 @@ def _run_once(name, scenario, args, workdir, auth_files, broker_cpu, load_cpu, r
         if scenario == DASHBOARD:
             with dashboard_open(http_port, Path(workdir), load_cpu) as page:
                 before = page.metrics()
-                r = run_throughput(broker, 4, 1, 0, args.duration, cpu=load_cpu)
+                r = run_throughput(
+                    broker, 4, 1, 0, args.duration, probe_count=_probes(args), cpu=load_cpu
+                )
                 after = page.metrics()
                 r["page_busy"] = round(
                     (after["TaskDuration"] - before["TaskDuration"]) / args.duration, 2
                 )
             print(
                 f"{r['per_second']:,.0f}/s lost {r['lost']}, page main thread"
-                f" {r['page_busy']:.0%} busy (broker CPU {r['broker_cpu']:.0%})",
+                f" {r['page_busy']:.0%} busy (broker CPU {r['broker_cpu']:.0%}); {beside(r)}",
                 flush=True,
             )
         elif scenario in THROUGHPUT:
             pubs, subs, qos = THROUGHPUT[scenario]
+            # Over WebSocket too, the probe connects over TCP: it measures
+            # the broker's delay beside the load, not the transport's.
             r = run_throughput(
-                broker, pubs, subs, qos, args.duration, cpu=load_cpu,
+                broker, pubs, subs, qos, args.duration, probe_count=_probes(args), cpu=load_cpu,
                 websocket=(
                     None if not scenario.endswith(" ws")
                     else "publishers" if pubs > 1 else "subscribers"
@@ -480,14 +522,14 @@ def _run_once(name, scenario, args, workdir, auth_files, broker_cpu, load_cpu, r
             )
             print(
                 f"{r['per_second']:,.0f}/s lost {r['lost']}"
-                f" (broker CPU {r['broker_cpu']:.0%}, load CPU {r['load_cpu']:.0%})",
+                f" (broker CPU {r['broker_cpu']:.0%}, load CPU {r['load_cpu']:.0%}); {beside(r)}",
                 flush=True,
             )
         elif scenario == "latency":
             rate = rates.get("latency") or 10_000
             r = run_throughput(
                 broker, 4, 1, 0, args.duration, rate=rate,
-                probe_count=int(args.duration * 100), cpu=load_cpu,
+                probe_count=_probes(args), cpu=load_cpu,
             )
             r["rate"] = rate
             print(f"p50 {r.get('p50_ms', 0):.2f} ms p99 {r.get('p99_ms', 0):.2f} ms at {rate:,.0f}/s", flush=True)
@@ -496,7 +538,7 @@ def _run_once(name, scenario, args, workdir, auth_files, broker_cpu, load_cpu, r
             rate = share * rates["qos1"] if share and rates.get("qos1") else None
             r = run_throughput(
                 broker, 4, 1, 1, args.duration, rate=rate,
-                probe_count=int(args.duration * 100), cpu=load_cpu,
+                probe_count=_probes(args), cpu=load_cpu,
             )
             if share is None and name == "mqttgw":
                 rates["qos1"] = r["per_second"]
@@ -557,6 +599,21 @@ def _run_once(name, scenario, args, workdir, auth_files, broker_cpu, load_cpu, r
         return r
     finally:
         broker.stop()
+
+
+def _probes(args):
+    """Round trips a probe makes in a run: 100 a second."""
+    return int(args.duration * 100)
+
+
+def beside(r):
+    """A throughput run's probe percentiles and broker CPU per message, for its printed line."""
+    probe = (
+        f"probe p50 {r['p50_ms']:.2f} p99 {r['p99_ms']:.2f} max {r['max_ms']:.2f} ms"
+        if r.get("probes") else "probe: no round trip"
+    )
+    cpu = r.get("cpu_us_per_message")
+    return probe + (f", broker {cpu:.1f} us/msg" if cpu is not None else ", nothing delivered")
 
 
 def _footprint(name, args, workdir, broker_cpu, load_cpu, options):
@@ -671,6 +728,9 @@ def table(results):
     out = [line(header), line(["-" * w for w in widths])] + [line(r) for r in rows]
     if notes:
         out += [""] + notes
+    beside_load = load_table(results)
+    if beside_load:
+        out += [""] + beside_load
     versions = [n for n in names if "fan-in qos1" in results[n] and results[n].keys() & V5_SCENARIOS]
     if versions:
         out.append("")
@@ -701,6 +761,49 @@ def table(results):
             r = results[n]["connections"]
             out.append(f"{n}: {r['connections']} idle connections held, {r['connects_per_second']:,.0f} connects/s")
     return "\n".join(out)
+
+
+def load_table(results):
+    """
+    The lines of the table beside the rates: rows, the throughput scenarios
+    run with a probe; columns, each broker's probe p99 and CPU per message
+    delivered, then mqttgw's ratios of p99 (lower is better).  ASCII only:
+    it goes to the README and the manual too.
+    """
+    names = list(results)
+    others = [n for n in names if n != "mqttgw"] if "mqttgw" in names else []
+    scenarios = [s for s in THROUGHPUT if any(_beside(results[n].get(s)) for n in names)]
+    if not scenarios:
+        return []
+    header = ["scenario"]
+    for n in names:
+        header += [f"{n} p99 ms", f"{n} us/msg"]
+    header += [f"mqttgw/{o} p99" for o in others]
+    rows = []
+    for s in scenarios:
+        p99 = {n: results[n].get(s, {}).get("p99_ms") for n in names}
+        row = [s]
+        for n in names:
+            cpu = results[n].get(s, {}).get("cpu_us_per_message")
+            row += [_cell(p99[n]), _cell(cpu)]
+        row += [_cell(p99["mqttgw"] / p99[o] if p99["mqttgw"] and p99[o] else None) for o in others]
+        rows.append(row)
+    widths = [max(len(x) for x in col) for col in zip(header, *rows)]
+    line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths))  # noqa: E731
+    return [
+        "Beside the load: the probe's p99 round trip in ms (QoS 0 over TCP, 100 a second)"
+        " and the broker's CPU per message delivered in us.",
+        line(header), line(["-" * w for w in widths]),
+    ] + [line(r) for r in rows]
+
+
+def _beside(r):
+    """Whether a throughput result has figures beside its rate (older reports have none)."""
+    return r is not None and ("p99_ms" in r or r.get("cpu_us_per_message") is not None)
+
+
+def _cell(figure):
+    return "-" if figure is None else f"{figure:.2f}"
 
 
 if __name__ == "__main__":

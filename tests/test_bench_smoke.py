@@ -54,6 +54,7 @@ def test_benchmark_reports_every_figure_and_loses_nothing(tmp_path, monkeypatch)
                 assert r["lost"] == 0, (broker, scenario, r)
             else:
                 assert 0 <= r["lost"] <= r["sent"] * subs, (broker, scenario, r)
+            check_beside_the_load(broker, scenario, r)
         if broker == "mqttgw":
             assert 0 < results[run.DASHBOARD]["page_busy"] < 1.5
         latency = results["latency"]
@@ -90,6 +91,60 @@ def test_benchmark_reports_every_figure_and_loses_nothing(tmp_path, monkeypatch)
         check_footprint(results[run.FOOTPRINT], 300)
         check_storm(results[run.STORM], 300, 2)
     assert "mqttgw/mosquitto" in run.table(report["results"])
+    rate_rows, load_rows = rst_tables(run.rst(report, ["--duration", "1"]))
+    assert rate_rows[0] == ["scenario", "mqttgw", "mosquitto", "mqttgw/mosquitto"]
+    assert load_rows[0] == [
+        "scenario", "mqttgw p99 ms", "mqttgw us/msg", "mosquitto p99 ms", "mosquitto us/msg",
+        "mqttgw/mosquitto p99",
+    ]
+    assert [row[0] for row in load_rows[1:]] == list(run.THROUGHPUT)
+
+
+def check_beside_the_load(broker, scenario, r):
+    """A throughput run's probe percentiles and broker CPU per message (no timing asserted)."""
+    assert "probes" in r, (broker, scenario, r)
+    if broker == "mqttgw":
+        # The probe runs beside every scenario of mqttgw's, and it delivers.
+        assert r["probes"] > 0 and r["cpu_us_per_message"] > 0, (broker, scenario, r)
+    if r["probes"]:
+        assert r["max_ms"] >= r["p99_ms"] >= r["p50_ms"] > 0, (broker, scenario, r)
+    # Per message delivered: none where nothing was.
+    assert (r["cpu_us_per_message"] is None) == (r["delivered"] == 0), (broker, scenario, r)
+
+
+def rst_tables(text):
+    """The rows of each table in ``text``, which must be reStructuredText without an error."""
+    import docutils.core
+
+    document = docutils.core.publish_doctree(text, settings_overrides={"halt_level": 2, "report_level": 2})
+    return [
+        [[entry.astext() for entry in row.children] for row in table.findall(lambda n: n.tagname == "row")]
+        for table in document.findall(lambda n: n.tagname == "table")
+    ]
+
+
+def test_the_table_beside_the_load_gives_p99_cpu_per_message_and_p99_ratios():
+    results = {
+        "mqttgw": {
+            "fan-in qos0": {"per_second": 300.0, "lost": 0, "p99_ms": 1.5, "cpu_us_per_message": 2.25},
+            run.DASHBOARD: {"per_second": 250.0, "lost": 0, "p99_ms": 2.0, "cpu_us_per_message": 3.0},
+        },
+        "mosquitto": {"fan-in qos0": {"per_second": 200.0, "lost": 4, "p99_ms": 3.0, "cpu_us_per_message": 5.0}},
+    }
+    report = {"machine": {"cpus": 2, "python": "3.11.7", "platform": "Linux"}, "results": results}
+    rate_rows, load_rows = rst_tables(run.rst(report, ["--duration", "8"]))
+    assert rate_rows[1][:3] == ["fan-in qos0 (msg/s)", "300", "200 (lost 4)"]
+    assert load_rows[1:] == [
+        ["fan-in qos0", "1.50", "2.25", "3.00", "5.00", "0.50"],
+        # mqttgw alone: no figure, no ratio (a "-" cell is an empty list item).
+        [run.DASHBOARD, "2.00", "3.00", "", "", ""],
+    ]
+    assert run.table(results).isascii()
+    # A report without probes (an older one) has the rate table alone.
+    del results["mqttgw"][run.DASHBOARD]
+    for r in (results["mqttgw"]["fan-in qos0"], results["mosquitto"]["fan-in qos0"]):
+        del r["p99_ms"], r["cpu_us_per_message"]
+    assert len(rst_tables(run.rst(report, []))) == 1
 
 
 def check_storm(r, count, runs):
