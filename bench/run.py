@@ -30,7 +30,7 @@ PAYLOAD = 64
 RESULTS = Path(__file__).resolve().parent / "results" / "latest.rst"
 README = RESULTS.parent.parent.parent / "README.rst"
 # The README's comment lines around its copy of RESULTS.
-RESULTS_BEGIN = ".. The last run's table: python -m bench writes it here from bench/results/latest.rst."
+RESULTS_BEGIN = ".. The last run's table: python -m bench writes it here from bench/results/latest.rst's first."
 RESULTS_END = ".. End of the last run's table."
 
 # Messages sent but not yet received by every subscriber, by QoS.  QoS 1/2
@@ -368,12 +368,22 @@ def main(argv=None):
     text = rst(report, argv)
     path.with_suffix(".rst").write_text(text)
     if path.with_suffix(".rst").resolve() == RESULTS:
-        # The README shows the same table as the manual's performance page.
-        README.write_text(with_results(README.read_text(), text))
+        # The README shows the rates table of the manual's performance page.
+        README.write_text(with_results(README.read_text(), headline(text)))
     print()
     print(table(results))
     print(f"\nfigures written to {path} and {path.with_suffix('.rst')}")
     return report
+
+
+def headline(results):
+    """
+    The results file's opening line and first table (the rates and
+    ratios): what the README shows of it, the rest being the manual's.
+    """
+    lines = results.split("\n")
+    borders = [i for i, line in enumerate(lines) if line.startswith("=")]
+    return "\n".join(lines[: borders[2] + 1]) + "\n" if len(borders) >= 3 else results
 
 
 def readme_results(readme):
