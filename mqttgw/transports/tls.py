@@ -62,7 +62,7 @@ def server_options(
     try:
         private_key = crypto.load_privatekey(
             crypto.FILETYPE_PEM, read_file(key, "tls.key")
-        )
+        ).to_cryptography_key()
     except crypto.Error as e:
         raise ConfigError(f"tls.key {key}: not a valid private key: {e}") from None
     authorities = pem_certificates(read_file(ca, "tls.ca"), ca, "tls.ca") if ca else None
@@ -70,9 +70,11 @@ def server_options(
         raise ConfigError("tls.require_client_cert needs tls.ca")
     try:
         options = ssl.CertificateOptions(
+            # pyOpenSSL wants cryptography's objects for these (its own are
+            # deprecated there); the authorities stay its own, for its store.
             privateKey=private_key,
-            certificate=chain[0],
-            extraCertChain=chain[1:],
+            certificate=chain[0].to_cryptography(),
+            extraCertChain=[c.to_cryptography() for c in chain[1:]],
             verify=bool(authorities),
             caCerts=authorities,
             requireCertificate=require_client_cert,
