@@ -345,14 +345,13 @@ BROKER_KEYS = _by_path([
         "max_queued_messages",
         int,
         1000,
-        "messages queued per client beyond the in-flight window (no 0 for"
-        " unlimited, as in mosquitto: every queue here has a bound)",
+        "messages queued per client beyond the in-flight window (every queue"
+        " has a bound: mosquitto's 0 for unlimited is refused)",
         1,
         doc=(
             "While it is offline (persistent sessions) or while its socket is"
             " full.  Beyond this, new messages for that client are dropped, "
-            "counted and logged.  Unlike mosquitto's, 0 does not mean "
-            "unlimited: it is refused."
+            "counted and logged."
         ),
     ),
     Key(

@@ -759,7 +759,7 @@ KEYS = [
         str,
         "",
         "remove persistent sessions whose client has been away longer than"
-        " this (as mosquitto's: 90m, 12h, 2d, 1w, 3m, 1y; empty: never)",
+        " this (as mosquitto's: 12h, 2d, 1w, 3m, 1y; m is months; empty: never)",
         doc=(
             "A number of seconds, or with a unit h (hours), d (days), w "
             "(weeks), m (months, not minutes) or y (years), e.g. ``2d``.  The"
