@@ -16,6 +16,7 @@ import json
 import multiprocessing
 import os
 import platform
+import re
 import statistics
 import sys
 import tempfile
@@ -424,6 +425,9 @@ def _blocks(text):
             block = []
 
 
+_NO_FIGURE = re.compile(r"(^|  )-(?= |$)")
+
+
 def _rst_block(block):
     """
     A block of the table's text as reStructuredText: a table (its header
@@ -434,7 +438,9 @@ def _rst_block(block):
     if rule is None:
         return [x for line in block for x in (line, "")]
     border = block[rule].replace("-", "=")
-    rows = [r.rstrip() for r in block[rule + 1:]]
+    # A cell that is or begins with a lone "-" would be a bullet list there:
+    # an en dash, as wide, reads the same.
+    rows = [_NO_FIGURE.sub("\\1\u2013", r.rstrip()) for r in block[rule + 1:]]
     paragraphs = [x for line in block[:rule - 1] for x in (line, "")]
     return paragraphs + [border, block[rule - 1].rstrip(), border] + rows + [border, ""]
 

@@ -136,9 +136,10 @@ def test_the_table_beside_the_load_gives_p99_cpu_per_message_and_p99_ratios():
     assert rate_rows[1][:3] == ["fan-in qos0 (msg/s)", "300", "200 (lost 4)"]
     assert load_rows[1:] == [
         ["fan-in qos0", "1.50", "2.25", "3.00", "5.00", "0.50"],
-        # mqttgw alone: no figure, no ratio (a "-" cell is an empty list item).
-        [run.DASHBOARD, "2.00", "3.00", "", "", ""],
+        # mqttgw alone: no figure, no ratio (a dash, not an empty list item).
+        [run.DASHBOARD, "2.00", "3.00", "\u2013", "\u2013", "\u2013"],
     ]
+    assert rate_rows[2][2:] == ["\u2013", "\u2013"]
     assert run.table(results).isascii()
     # A report without probes (an older one) has the rate table alone.
     del results["mqttgw"][run.DASHBOARD]
