@@ -25,6 +25,7 @@ from pathlib import Path
 
 from bench import hostile
 from bench.brokers import Mosquitto, Mqttgw, ensure_mosquitto
+from bench.percentile import nearest_rank
 from mqttgw.security.passwords import hash_password
 from mqttgw.wire import packets as P
 from mqttgw.wire.framing import Framer
@@ -166,7 +167,9 @@ class Neighbour:
 
 
 def percentile(values, share):
-    return values[min(len(values) - 1, int(len(values) * share))] * 1000 if values else None
+    """Of sorted round trips in seconds, in ms."""
+    figure = nearest_rank(values, share)
+    return None if figure is None else figure * 1000
 
 
 class FloodedMqttgw(Mqttgw):

@@ -470,9 +470,12 @@ def subscriber(port, index, topic_filter, qos, psize, shared, persistent=False, 
 
 def probe(port, topic, interval, shared, results):
     """
-    A low-rate latency probe: publishes its send time on ``topic`` and
-    records, in ``results``, how long each took to come back.
+    A low-rate latency probe: publishes its send time on ``topic`` until
+    the load stops and records, in ``results``, how long each took to come
+    back; it waits for those under way until the drain ends, and marks
+    the ones that never came back -1.
     """
+    count = sent = 0
     try:
         sub = connect(port, f"bench-probe-sub-{os.getpid()}")
         subscribe(sub, topic, 0)
@@ -480,17 +483,22 @@ def probe(port, topic, interval, shared, results):
         shared.ready[len(shared.ready) - 1] = 1
         while not shared.go.value:
             time.sleep(0.001)
-        count = 0
         buffered = b""
         next_send = time.perf_counter()
-        while not shared.stop.value and count < len(results):
-            now = time.perf_counter()
-            if now >= next_send:
+        # The run sets stop 1 when the load stops, 2 when its drain ends.
+        while not shared.stop.value or (shared.stop.value == 1 and count < sent):
+            sending = not shared.stop.value and sent < len(results)
+            if sending and time.perf_counter() >= next_send:
                 pub.sendall(P.Publish(topic, struct.pack(">q", time.perf_counter_ns())).encode())
+                sent += 1
                 next_send += interval
-            readable, _, _ = select.select([sub], [], [], max(0, next_send - time.perf_counter()))
+            wait = max(0, next_send - time.perf_counter()) if sending else 0.05
+            readable, _, _ = select.select([sub], [], [], wait)
             if readable:
-                data = buffered + sub.recv(65536)
+                chunk = sub.recv(65536)
+                if not chunk:
+                    raise ConnectionError("the broker closed the probe's subscriber")
+                data = buffered + chunk
                 arrived = time.perf_counter_ns()
                 size = 2 + 2 + len(topic) + 8
                 whole = len(data) - len(data) % size
@@ -506,6 +514,8 @@ def probe(port, topic, interval, shared, results):
         shared.errors.value += 1
         print(f"probe: {e!r}", flush=True)
     finally:
+        for i in range(count, sent):
+            results[i] = -1
         shared.cpu[len(shared.cpu) - 1] = time.process_time()
 
 

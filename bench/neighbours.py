@@ -12,6 +12,7 @@ import threading
 import time
 
 from bench import hostile
+from bench.percentile import nearest_rank
 from mqttgw.wire import packets as P
 
 # Well-behaved traffic: QoS 1 messages at a steady rate, each carrying its
@@ -64,7 +65,7 @@ def calm_traffic(port, duration, shared, results):
     values = sorted(received)
     if values:
         results[2] = statistics.median(values)
-        results[3] = values[min(len(values) - 1, int(len(values) * 0.99))]
+        results[3] = nearest_rank(values, 0.99)
 
 
 # Each neighbour misbehaves again this long after its last round ends: all

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from bench import burst, drain, footprint, loadgen, logins, neighbours, retained
 from bench.brokers import BROKERS, MAX_INFLIGHT, MAX_QUEUED, free_port
+from bench.percentile import nearest_rank
 
 PAYLOAD = 64
 RESULTS = Path(__file__).resolve().parent / "results" / "latest.rst"
@@ -237,14 +238,21 @@ def run_throughput(broker, publishers, subscribers, qos, duration, rate=None, pr
 
 
 def _percentiles(latencies):
-    """The probe's round trips (ns, 0 where none came back): count, and p50/p99/max in ms."""
+    """
+    The probe's round trips (ns; -1 for one sent that never came back, 0
+    for one never sent): how many came back and how many did not, and
+    p50/p99/max in ms, those that did not ranked above the slowest.
+    """
     values = sorted(v / 1e6 for v in latencies if v > 0)
+    lost = sum(1 for v in latencies if v < 0)
     if not values:
-        return {"probes": 0}
+        return {"probes": 0, "probes_lost": lost}
     return {
         "probes": len(values),
-        "p50_ms": statistics.median(values),
-        "p99_ms": values[min(len(values) - 1, int(len(values) * 0.99))],
+        "probes_lost": lost,
+        "p50_ms": nearest_rank(values, 0.5, lost),
+        "p99_ms": nearest_rank(values, 0.99, lost),
+        # Of those that came back.
         "max_ms": values[-1],
     }
 
@@ -624,8 +632,9 @@ def _probes(args):
 
 def beside(r):
     """A throughput run's probe percentiles and broker CPU per message, for its printed line."""
+    lost = f", {r['probes_lost']} never back" if r.get("probes_lost") else ""
     probe = (
-        f"probe p50 {r['p50_ms']:.2f} p99 {r['p99_ms']:.2f} max {r['max_ms']:.2f} ms"
+        f"probe p50 {_cell(r['p50_ms'])} p99 {_cell(r['p99_ms'])} max {r['max_ms']:.2f} ms{lost}"
         if r.get("probes") else "probe: no round trip"
     )
     cpu = r.get("cpu_us_per_message")
@@ -800,8 +809,10 @@ def load_table(results):
         p99 = {n: results[n].get(s, {}).get("p99_ms") for n in names}
         row = [s]
         for n in names:
-            cpu = results[n].get(s, {}).get("cpu_us_per_message")
-            row += [_cell(p99[n]), _cell(cpu)]
+            r = results[n].get(s, {})
+            lost = r.get("probes_lost")
+            # A p99 among the probes that never came back is no figure.
+            row += [_cell(p99[n]) + (f" (lost {lost})" if lost else ""), _cell(r.get("cpu_us_per_message"))]
         row += [_cell(p99["mqttgw"] / p99[o] if p99["mqttgw"] and p99[o] else None) for o in others]
         rows.append(row)
     widths = [max(len(x) for x in col) for col in zip(header, *rows)]

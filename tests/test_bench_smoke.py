@@ -463,3 +463,28 @@ def test_flood_benchmark_reports_every_figure_beside_mosquitto(tmp_path, monkeyp
         assert r["good_login_after_s"] is not None, (broker, r)
     assert results["mqttgw"]["tracebacks"] == 0
     assert "mqttgw/mosquitto" in flood.table(results)
+
+
+def test_a_percentile_is_the_nearest_rank_with_the_unreturned_ranked_last():
+    from bench.percentile import nearest_rank
+
+    values = [float(v) for v in range(1, 101)]
+    assert nearest_rank(values, 0.99) == 99.0
+    assert nearest_rank(values, 0.5) == 50.0
+    assert nearest_rank(values[:1], 0.99) == 1.0
+    assert nearest_rank([], 0.99) is None
+    # 2 of 100 never came back: the 99th rank is one of them.
+    assert nearest_rank(values[:98], 0.99, missing=2) is None
+    assert nearest_rank(values[:99], 0.99, missing=1) == 99.0
+
+
+def test_a_probe_that_never_came_back_is_counted_not_dropped():
+    # Round trips in ns: 98 back, 2 sent and never back (-1), the rest never sent (0).
+    latencies = [int(ms * 1e6) for ms in range(1, 99)] + [-1, -1] + [0] * 20
+    r = run._percentiles(latencies)
+    assert (r["probes"], r["probes_lost"], r["p50_ms"], r["p99_ms"], r["max_ms"]) == (98, 2, 50.0, None, 98.0)
+    results = {"mqttgw": {"fan-in qos0": {"per_second": 300.0, "lost": 0, "cpu_us_per_message": 2.0, **r}}}
+    report = {"machine": {"cpus": 2, "python": "3.11.7", "platform": "Linux"}, "results": results}
+    _, load_rows = rst_tables(run.rst(report, []))
+    assert load_rows[1] == ["fan-in qos0", "\u2013 (lost 2)", "2.00"]
+    assert "p99 - max 98.00 ms, 2 never back" in run.beside(results["mqttgw"]["fan-in qos0"])
