@@ -112,18 +112,23 @@ def test_a_cipher_string_naming_no_suite_stops_start_up_naming_the_key(tmp_path,
     assert len(out.stderr.strip().splitlines()) == 1, out.stderr
 
 
-def test_an_empty_listener_ciphers_means_tls_ciphers(tmp_path, pki):
-    """A [[listener]] table's ``ciphers = ""`` is the row's default: tls.ciphers, not no suite."""
+def test_an_empty_listener_ciphers_or_ca_means_the_tls_sections(tmp_path, pki):
+    """
+    A [[listener]] table's ``ciphers = ""`` or ``ca = ""`` (the example
+    file's values) is the row's default: tls.ciphers, not no suite, and
+    tls.ca, not unchecked client certificates.
+    """
     from mqttgw.service import build, config
 
     path = tmp_path / "c.toml"
     path.write_text(
-        f'[tls]\ncert = "{pki["cert"]}"\nkey = "{pki["key"]}"\nciphers = "{MODERN}:{OLD}"\n'
-        '[[listener]]\nkind = "tls"\naddress = "8884"\nciphers = ""\n'
+        f'[tls]\ncert = "{pki["cert"]}"\nkey = "{pki["key"]}"\nca = "{pki["ca"]}"\n'
+        f'require_client_cert = true\nciphers = "{MODERN}:{OLD}"\n'
+        '[[listener]]\nkind = "tls"\naddress = "8884"\nciphers = ""\nca = ""\n'
     )
     settings = config.build(config.load_file(str(path)), {})
     [table] = build.check_listener_tables(settings)
-    assert table["tls_files"][4:] == (f"{MODERN}:{OLD}", "tls.ciphers")
+    assert table["tls_files"][2:] == (pki["ca"], True, f"{MODERN}:{OLD}", "tls.ciphers")
 
 
 class OldUpstream:

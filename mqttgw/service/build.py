@@ -252,7 +252,8 @@ def check_listener_tables(settings):
             table["tls_files"] = (
                 cert,
                 key,
-                table.get("ca", tls["ca"]) or None,
+                # Empty, as cert and key: tls.ca.
+                table.get("ca") or tls["ca"] or None,
                 table.get("require_client_cert", tls["require_client_cert"]),
                 # Empty, as the row's default: tls.ciphers.
                 table.get("ciphers") or tls["ciphers"],
