@@ -566,9 +566,13 @@ KEYS = [
         " as one line with a count",
         0.1,
         doc=(
-            "Refused connections and CONNECTs: the first in full, then one "
-            "line with how many more and the last reason; never a line per "
-            "connection."
+            "Refused CONNECTs, connections over limits.max_connection_rate "
+            "and connections closed for sending no CONNECT in time: the "
+            "first from an address in full, then one line with how many more"
+            " and the last reason; never a line per connection.  Refusals at"
+            " limits.max_connections are a warning of the whole gateway "
+            "instead: at most 10 lines a minute, then one with how many were"
+            " not logged."
         ),
     ),
     Key(
@@ -838,15 +842,15 @@ LISTENER_KEYS = [
     ),
     Key(
         "listener", "cert", str, "", "this listener's certificate (PEM)",
-        doc="Left out: tls.cert.",
+        doc="Left out or empty: tls.cert.",
     ),
     Key(
         "listener", "key", str, "", "this listener's private key (PEM)",
-        doc="Left out: tls.key.",
+        doc="Left out or empty: tls.key.",
     ),
     Key(
         "listener", "ca", str, "", "authorities its client certificates are checked against",
-        doc="Left out: tls.ca.",
+        doc="Left out or empty: tls.ca.",
     ),
     Key(
         "listener", "require_client_cert", bool, False, "refuse clients without a certificate",

@@ -90,6 +90,8 @@ EXAMPLES = {
     "listener.allow_anonymous": True,
     "bridge.name": "central",
     "bridge.addresses": ["central.example.net:8883", "central-2.example.net:8883"],
+    # 8883 is MQTT over TLS: a copy that uncomments the table keeps it so.
+    "bridge.tls": True,
     "bridge.rules": ["sensors/# out 1 site-7/ field/site-7/", "commands/# in 2 site-7/ field/site-7/"],
 }
 
@@ -117,6 +119,11 @@ def comment(text, prefix="# "):
     ]
 
 
+def toml_key(name):
+    """A TOML key: bare when it may be, quoted otherwise (``spark.sql.x`` is one key, not three)."""
+    return name if re.fullmatch(r"[A-Za-z0-9_-]+", name) else toml(name)
+
+
 def toml(value):
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -128,7 +135,7 @@ def toml(value):
     if isinstance(value, list):
         return "[" + ", ".join(toml(v) for v in value) + "]"
     if isinstance(value, dict):
-        return "{" + ", ".join(f"{k} = {toml(v)}" for k, v in value.items()) + "}"
+        return "{" + ", ".join(f"{toml_key(k)} = {toml(v)}" for k, v in value.items()) + "}"
     raise TypeError(f"no TOML for {value!r}")
 
 
