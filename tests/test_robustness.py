@@ -323,6 +323,32 @@ def test_upgrading_connections_count_against_max_connections(gateway_with, tmp_p
     sock.close()
 
 
+def test_a_tcp_listener_at_max_connections_refuses_and_keeps_serving(gateway_with, tmp_path):
+    """
+    Full, a TCP listener takes each new connect out of the kernel's queue
+    and closes it with a log line (not left unanswered there); the clients
+    it holds are served, and a place freed is taken again.
+    """
+    config = tmp_path / "c.toml"
+    config.write_text("[limits]\nmax_connections = 2\n")
+    gw = start(gateway_with, "--config", str(config))
+    before = sockets_held(gw)
+    held = [hostile.mqtt_connect(gw.port, f"held-{i}") for i in range(2)]
+    refused = [hostile.connection(gw.port) for _ in range(5)]
+    assert all(hostile.closed_by_peer(s, 5) for s in refused)
+    gw.wait_for_log("2 connections is the limit")
+    for sock, framer in held:
+        sock.sendall(P.Pingreq().encode())
+        [answer] = hostile.recv_packets(sock, framer, 1)
+        assert isinstance(answer, P.Pingresp)
+    held.pop()[0].close()
+    # Its place is free once the gateway has let it go.
+    wait_for_sockets(gw, before + 1)
+    sock, _ = hostile.mqtt_connect(gw.port, "fits-again")
+    sock.close()
+    held[0][0].close()
+
+
 # 9. Reconnect storms.
 
 
