@@ -267,3 +267,20 @@ def test_one_listener_given_twice_is_one_line(tmp_path):
     assert out.returncode != 0
     assert "tcp listener tcp:0:interface=127.0.0.1: given twice" in out.stdout + out.stderr
     assert "Traceback" not in out.stdout + out.stderr
+
+
+def test_a_listener_table_takes_what_it_leaves_out_from_the_main_sections(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text(
+        '[tls]\nuse_identity_as_username = true\n'
+        '[websocket]\nallowed_origins = ["https://site.example"]\n'
+        '[[listener]]\nkind = "ws"\naddress = "8081"\n'
+        '[[listener]]\nkind = "ws"\naddress = "8082"\nallowed_origins = []\nuse_identity_as_username = false\n'
+    )
+    settings = config.build(config.load_file(str(path)), {})
+    left_out, own = (config.with_inherited(t, settings) for t in settings["listener_tables"])
+    assert (left_out["allowed_origins"], left_out["use_identity_as_username"]) == (["https://site.example"], True)
+    # A value of its own stays, an empty list included: no origin beyond its own.
+    assert (own["allowed_origins"], own["use_identity_as_username"]) == ([], False)
+    # Left to be worked out at start-up (no password file yet): not filled in.
+    assert "allow_anonymous" not in left_out

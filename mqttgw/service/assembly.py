@@ -285,18 +285,18 @@ class Assembly:
             for address in settings[f"listeners.{kind}"]:
                 anonymous = self.allow_anonymous and not (kind in ("tls", "wss") and identity)
                 self.listen(kind, address, make(), anonymous)
-        # Each table with its own factory, portal and TLS.
+        # Each table with its own factory, portal and TLS; what it leaves
+        # out is the main sections' (config.with_inherited).
         for table in self.options.listener_tables:
             kind = table["kind"]
+            # Left to be worked out at start-up, it is this one's.
             anonymous = table.get("allow_anonymous", self.allow_anonymous)
             listener_factory = self.mqtt_factory(
-                kind,
-                self.portal_for(anonymous, table.get("auth")),
-                table.get("use_identity_as_username", identity),
+                kind, self.portal_for(anonymous, table.get("auth")), table["use_identity_as_username"]
             )
             made_ = listener_factory
             if kind in ("ws", "wss"):
-                made_ = self.site(listener_factory, kind == "wss", table.get("allowed_origins"))
+                made_ = self.site(listener_factory, kind == "wss", table["allowed_origins"])
             if kind in ("tls", "wss"):
                 made_ = self.tls(made_, table["tls_options"], table["tls_files"])
             self.listen(kind, table["address"], made_, anonymous)

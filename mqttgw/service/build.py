@@ -240,24 +240,21 @@ def check_bridges(settings, tables=None):
 def check_listener_tables(settings):
     """[[listener]] tables with their addresses and TLS files checked."""
     checked = []
-    tls = settings.section("tls")
     for table in settings["listener_tables"]:
         where = f"listener {table['kind']} {table['address']}"
         check_endpoint(table["address"], where)
-        table = dict(table)
+        own_ciphers = table.get("ciphers")
+        table = config.with_inherited(table, settings)
         if table["kind"] in ("tls", "wss"):
-            cert, key = table.get("cert") or tls["cert"], table.get("key") or tls["key"]
-            if not (cert and key):
+            if not (table["cert"] and table["key"]):
                 raise config.ConfigError(f"{where}: a TLS listener needs cert and key (or tls.cert, tls.key)")
             table["tls_files"] = (
-                cert,
-                key,
-                # Empty, as cert and key: tls.ca.
-                table.get("ca") or tls["ca"] or None,
-                table.get("require_client_cert", tls["require_client_cert"]),
-                # Empty, as the row's default: tls.ciphers.
-                table.get("ciphers") or tls["ciphers"],
-                f"{where}: listener.ciphers" if table.get("ciphers") else "tls.ciphers",
+                table["cert"],
+                table["key"],
+                table["ca"] or None,
+                table["require_client_cert"],
+                table["ciphers"],
+                f"{where}: listener.ciphers" if own_ciphers else "tls.ciphers",
             )
             from mqttgw.transports.tls import server_options
 

@@ -878,6 +878,33 @@ LISTENER_KEYS = [
 ]
 
 
+# The main sections a [[listener]] key of the same name falls back to.
+INHERITED_FROM = ("auth", "tls", "websocket")
+
+
+def inherited_key(name):
+    """The main section's key a [[listener]] key ``name`` falls back to, or None."""
+    for section in INHERITED_FROM:
+        key = KEYS_BY_PATH.get(f"{section}.{name}")
+        if key is not None:
+            return key
+    return None
+
+
+def with_inherited(table, settings):
+    """
+    A [[listener]] table with each key it leaves out, or sets to "", taken
+    from the main section's key of the same name; one worked out at
+    start-up (auth.allow_anonymous unset) stays out.
+    """
+    table = dict(table)
+    for key in LISTENER_KEYS:
+        source = inherited_key(key.name)
+        if source is not None and table.get(key.name, "") == "" and settings[source.path] is not None:
+            table[key.name] = settings[source.path]
+    return table
+
+
 def check_listener(table, where):
     """A [[listener]] table with its keys checked; the message names the key."""
     values = check_table(LISTENER_KEYS, table, where)

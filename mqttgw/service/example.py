@@ -20,7 +20,7 @@ import textwrap
 from mqttgw.bridges.settings import BRIDGE_KEYS
 from mqttgw.pipeline import settings as pipeline
 from mqttgw.schema import REQUIRED
-from mqttgw.service.config import KEYS, KEYS_BY_PATH, LISTENER_KEYS
+from mqttgw.service.config import KEYS, LISTENER_KEYS, inherited_key
 
 WIDTH = 76
 
@@ -95,9 +95,6 @@ EXAMPLES = {
     "bridge.rules": ["sensors/# out 1 site-7/ field/site-7/", "commands/# in 2 site-7/ field/site-7/"],
 }
 
-# A [[listener]] key of the same name as a key of these sections takes
-# that key's value when the table leaves it out.
-INHERITED_FROM = ("auth", "tls", "websocket")
 
 
 def plain(text):
@@ -173,21 +170,10 @@ def explanation(key, flags=True):
     return "  ".join(t for t in texts if t)
 
 
-def inherited(key):
-    """The main section's key a [[listener]] key falls back to, if any."""
-    if key.section != "listener":
-        return None
-    for section in INHERITED_FROM:
-        source = KEYS_BY_PATH.get(f"{section}.{key.name}")
-        if source is not None:
-            return source
-    return None
-
-
 def key_lines(key, flags=True, prefix=""):
     """A key's explanation and its ``name = value``; commented out when its
     value is worked out at start-up."""
-    source = inherited(key)
+    source = inherited_key(key.name) if key.section == "listener" else None
     if key.path in EXAMPLES:
         value = EXAMPLES[key.path]
     elif source is not None:
