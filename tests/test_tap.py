@@ -218,6 +218,7 @@ def test_twist_runs_the_plugin_too(tmp_path):
         ('kind = "tcp"\naddress = 1883\nallow_anonymous = "yes"', "listener.allow_anonymous must be true or false"),
         ('kind = "tls"\naddress = 8883', "a TLS listener needs cert and key"),
         ('kind = "tcp"\naddress = 1883\nallowed_origins = ["*"]', "allowed_origins is for ws and wss"),
+        ('kind = "ws"\naddress = 8080\nuse_identity_as_username = true', "use_identity_as_username is for tls and wss"),
     ],
 )
 def test_bad_listener_tables_are_one_line_errors(tmp_path, table, message):
@@ -274,8 +275,8 @@ def test_a_listener_table_takes_what_it_leaves_out_from_the_main_sections(tmp_pa
     path.write_text(
         '[tls]\nuse_identity_as_username = true\n'
         '[websocket]\nallowed_origins = ["https://site.example"]\n'
-        '[[listener]]\nkind = "ws"\naddress = "8081"\n'
-        '[[listener]]\nkind = "ws"\naddress = "8082"\nallowed_origins = []\nuse_identity_as_username = false\n'
+        '[[listener]]\nkind = "wss"\naddress = "8081"\n'
+        '[[listener]]\nkind = "wss"\naddress = "8082"\nallowed_origins = []\nuse_identity_as_username = false\n'
     )
     settings = config.build(config.load_file(str(path)), {})
     left_out, own = (config.with_inherited(t, settings) for t in settings["listener_tables"])

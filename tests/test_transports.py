@@ -391,6 +391,41 @@ def test_mosquitto_clients_with_a_required_client_certificate(gateway_with, pki)
     gw.wait_for_log("user device-1)")
 
 
+def test_listener_tables_take_the_tls_identity_only_where_there_is_a_certificate(gateway_with, pki, tmp_path):
+    """
+    With tls.use_identity_as_username, a [[listener]] tls table that leaves
+    it out takes it (a certificate's name, nobody without one, and no
+    "anonymous" warning), while a tcp table, with no certificate to read,
+    logs clients in as the main TCP listener does.
+    """
+    tls, tcp = free_port(), free_port()
+    config = tmp_path / "c.toml"
+    config.write_text(
+        f'[tls]\ncert = "{pki["cert"]}"\nkey = "{pki["key"]}"\nca = "{pki["ca"]}"\n'
+        "require_client_cert = true\nuse_identity_as_username = true\n"
+        f'[[listener]]\nkind = "tls"\naddress = "{endpoint(tls)}"\n'
+        f'[[listener]]\nkind = "tcp"\naddress = "{endpoint(tcp)}"\n'
+    )
+    gw = gateway_with("--config", str(config))
+    gw.wait_for_log(f"listener {endpoint(tcp)} (tcp) accepts anonymous clients")
+    assert f"listener {endpoint(tls)} (tls) accepts anonymous" not in gw.log()
+    common = ["-h", LOCAL, "-t", "c", "-m", "x"]
+    certified = subprocess.run(
+        [require_program("mosquitto_pub"), *common, "-p", str(tls), "-i", "certified", "--cafile", pki["ca"],
+         "--cert", pki["client_cert"], "--key", pki["client_key"]],
+        capture_output=True, text=True, timeout=10,
+    )
+    assert certified.returncode == 0, certified.stderr
+    gw.wait_for_log("client certified connected from 127.0.0.1")
+    gw.wait_for_log("user device-1)")
+    plain = subprocess.run(
+        [require_program("mosquitto_pub"), *common, "-p", str(tcp), "-i", "plain"],
+        capture_output=True, text=True, timeout=10,
+    )
+    assert plain.returncode == 0, plain.stderr
+    gw.wait_for_log("client plain connected from 127.0.0.1")
+
+
 def test_tls_client_with_the_wrong_ca_is_refused(gateway_with, pki):
     tls = free_port()
     gateway_with("--tls", endpoint(tls), "--cert", pki["cert"], "--key", pki["key"])

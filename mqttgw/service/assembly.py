@@ -289,11 +289,11 @@ class Assembly:
         # out is the main sections' (config.with_inherited).
         for table in self.options.listener_tables:
             kind = table["kind"]
-            # Left to be worked out at start-up, it is this one's.
-            anonymous = table.get("allow_anonymous", self.allow_anonymous)
-            listener_factory = self.mqtt_factory(
-                kind, self.portal_for(anonymous, table.get("auth")), table["use_identity_as_username"]
-            )
+            identity_ = kind in ("tls", "wss") and table["use_identity_as_username"]
+            # Left to be worked out at start-up, it is this one's; with the
+            # certificate as the user name nobody logs in without one.
+            anonymous = table.get("allow_anonymous", self.allow_anonymous) and not identity_
+            listener_factory = self.mqtt_factory(kind, self.portal_for(anonymous, table.get("auth")), identity_)
             made_ = listener_factory
             if kind in ("ws", "wss"):
                 made_ = self.site(listener_factory, kind == "wss", table["allowed_origins"])

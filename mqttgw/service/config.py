@@ -858,10 +858,11 @@ LISTENER_KEYS = [
     ),
     Key("listener", "ciphers", str, "", "its TLS 1.2 cipher suites (OpenSSL cipher string; default tls.ciphers)"),
     Key(
-        "listener", "use_identity_as_username", bool, False, "user name from the certificate",
+        "listener", "use_identity_as_username", bool, False, "user name from the certificate (tls, wss)",
         doc=(
             "Its common name, as tls.use_identity_as_username; left out: that"
-            " key."
+            " key.  A tcp or ws listener has no certificate to read: there it"
+            " is refused, and the main key does not apply."
         ),
     ),
     Key(
@@ -913,6 +914,8 @@ def check_listener(table, where):
         raise ConfigError(f"{where}: listener.auth takes password and token, not {sorted(unknown)[0]!r}")
     if values["kind"] in ("tcp", "tls") and "allowed_origins" in table:
         raise ConfigError(f"{where}: listener.allowed_origins is for ws and wss listeners")
+    if values["kind"] in ("tcp", "ws") and "use_identity_as_username" in table:
+        raise ConfigError(f"{where}: listener.use_identity_as_username is for tls and wss listeners")
     # Only what the table sets: what it leaves out comes from the main sections.
     return dict(table, address=str(values["address"]))
 
