@@ -79,11 +79,12 @@ def payloads(client, topic_prefix, count, timeout=30):
     return got
 
 
-def wait_for_in_rule(central_publisher, local_subscriber, timeout=15):
+def wait_for_in_rule(central_publisher, local_subscriber, timeout=15, gateways=()):
     """
-    Publish upstream until a message comes in through the bridge: its
-    subscription upstream follows the CONNACK, and what is published
-    upstream before it is not the bridge's.
+    Publish upstream until a message comes in through the bridge (of one
+    of ``gateways``, whose log a failure shows): its subscription upstream
+    follows the CONNACK, and what is published upstream before it is not
+    the bridge's.
     """
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -94,7 +95,7 @@ def wait_for_in_rule(central_publisher, local_subscriber, timeout=15):
             continue
         if m.topic == "cmd/probe":
             return time.monotonic()
-    raise AssertionError(f"nothing came in through the bridge within {timeout} s")
+    raise AssertionError(f"nothing came in through the bridge within {timeout} s{bridge_log(gateways)}")
 
 
 def exchange_both_ways(clients, gateway_port, central_port, login=None, count=100):
@@ -176,6 +177,20 @@ class Arrivals:
         return max((b - a for a, b in zip(times, times[1:])), default=0.0)
 
 
+def bridge_log(gateways):
+    """The last lines the gateways' bridges logged, for a failure's message."""
+    lines = [line for gw in gateways for line in gw.log().splitlines() if "bridge" in line]
+    return "; the bridges logged:\n" + "\n".join(lines[-40:])
+
+
+def waiting_on(gateways, condition, timeout, what):
+    """wait_until, failing with what the gateways' bridges logged."""
+    try:
+        wait_until(condition, timeout, what)
+    except AssertionError as e:
+        raise AssertionError(f"{e}{bridge_log(gateways)}") from None
+
+
 def bridge_client_id(name):
     """The bridge's default client id upstream (HOSTNAME.NAME)."""
     return f"{socket.gethostname()}.{name}"
@@ -229,10 +244,10 @@ def test_a_bridge_moves_to_the_other_rabbitmq_node_when_its_node_dies_and_loses_
         down_at = time.monotonic()
         # Moved: what the device published once the node was dead reaches
         # the centre, and what the centre publishes comes in.
-        wait_until(lambda: arrivals.first_of(topic, device.published_after(down_at)), 30,
+        waiting_on([gw], lambda: arrivals.first_of(topic, device.published_after(down_at)), 30,
                    "a message published after the kill reaching the centre")
         moved = arrivals.first_of(topic, device.published_after(down_at)) - down_at
-        in_again = wait_for_in_rule(central_publisher, local, timeout=30) - down_at
+        in_again = wait_for_in_rule(central_publisher, local, timeout=30, gateways=[gw]) - down_at
         assert rabbitmq.nodes_serving(gw.process.pid) == [survivor]
 
         rabbitmq.restart(doomed)
@@ -241,13 +256,15 @@ def test_a_bridge_moves_to_the_other_rabbitmq_node_when_its_node_dies_and_loses_
     finally:
         device.stop()
     acknowledged = device.acknowledged
-    wait_until(lambda: acknowledged <= set(arrivals.numbers(topic)), 60, "every acknowledged message at the centre")
-    got = arrivals.numbers(topic)
-    report([
-        f"out again after {moved:.1f} s, in again after {in_again:.1f} s, node back after {rejoined:.1f} s;"
-        f" {len(acknowledged)} acknowledged, {len(set(got))} arrived, {len(got) - len(set(got))} twice;"
-        f" longest gap at the centre {arrivals.longest_gap(topic):.1f} s",
-    ])
+    try:
+        wait_until(lambda: acknowledged <= set(arrivals.numbers(topic)), 60, "every acknowledged message at the centre")
+    finally:
+        got = arrivals.numbers(topic)
+        report([
+            f"out again after {moved:.1f} s, in again after {in_again:.1f} s, node back after {rejoined:.1f} s;"
+            f" {len(acknowledged)} acknowledged, {len(acknowledged - set(got))} of them lost,"
+            f" {len(got) - len(set(got))} twice; longest gap at the centre {arrivals.longest_gap(topic):.1f} s",
+        ])
     assert moved <= FAILOVER_SECONDS, moved
     assert in_again <= FAILOVER_SECONDS, in_again
 
@@ -281,7 +298,7 @@ def test_a_fleet_of_ten_gateways_loses_nothing_when_a_rabbitmq_node_dies_and_ret
                     moved.setdefault(d.topic, first - down_at)
             return len(moved) == FLEET
 
-        wait_until(all_moved, 60, "every gateway's messages reaching the centre through the other node")
+        waiting_on(gateways, all_moved, 60, "every gateway's messages reaching the centre through the other node")
         serving = [rabbitmq.nodes_serving(gw.process.pid) for gw in gateways]
         rabbitmq.restart(doomed)
         rejoined = time.monotonic() - down_at
@@ -289,22 +306,31 @@ def test_a_fleet_of_ten_gateways_loses_nothing_when_a_rabbitmq_node_dies_and_ret
     finally:
         for d in devices:
             d.stop()
-    for d in devices:
-        wait_until(lambda: d.acknowledged <= set(arrivals.numbers(d.topic)), 60,
-                   f"{d.topic}: every acknowledged message at the centre")
-
-    rows = [f"{doomed.name} killed; back in the cluster {rejoined:.1f} s later",
-            f"{'site':8} {'moved to':>8} {'after s':>8} {'stalled s':>9} {'acked':>6} {'arrived':>7} {'twice':>6}"]
-    for site, d, nodes in zip(sites, devices, serving):
-        got = arrivals.numbers(d.topic)
-        rows.append(
-            f"{site:8} {'other' if nodes == [survivor] else str(nodes):>8} {moved[d.topic]:8.1f}"
-            f" {arrivals.longest_gap(d.topic):9.1f} {len(d.acknowledged):6} {len(set(got)):7} {len(got) - len(set(got)):6}"
-        )
-    report(rows)
+    try:
+        wait_until(lambda: all(d.acknowledged <= set(arrivals.numbers(d.topic)) for d in devices), 60,
+                   "every acknowledged message at the centre")
+    finally:
+        report(fleet_table(rabbitmq, doomed, rejoined, sites, devices, serving, moved, arrivals))
     assert serving == [[survivor]] * FLEET, serving
     assert max(moved.values()) <= FAILOVER_SECONDS, moved
     assert max(arrivals.longest_gap(d.topic) for d in devices) <= FAILOVER_SECONDS + 1
+
+
+def fleet_table(cluster, doomed, rejoined, sites, devices, serving, moved, arrivals):
+    """Per gateway: the node it was on and moved to, after how long, its stall, what it lost."""
+    index = cluster.nodes.index
+    rows = [
+        f"node {index(doomed)} ({doomed.name}) killed under every bridge; back in the cluster {rejoined:.1f} s later",
+        f"{'site':8} {'node':>6} {'moved after s':>13} {'stalled s':>9} {'acked':>6} {'lost':>5} {'twice':>6}",
+    ]
+    for site, d, nodes in zip(sites, devices, serving):
+        got = arrivals.numbers(d.topic)
+        rows.append(
+            f"{site:8} {index(doomed):>1} -> {','.join(str(index(n)) for n in nodes) or '-':<1}"
+            f" {moved[d.topic]:13.1f} {arrivals.longest_gap(d.topic):9.1f} {len(d.acknowledged):6}"
+            f" {len(d.acknowledged - set(got)):5} {len(got) - len(set(got)):6}"
+        )
+    return rows
 
 
 # ejabberd and mosquitto
