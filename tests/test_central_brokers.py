@@ -220,6 +220,15 @@ def test_a_default_bridge_carries_qos1_both_ways_through_a_rabbitmq_cluster(tmp_
 def test_a_bridge_moves_to_the_other_rabbitmq_node_when_its_node_dies_and_loses_nothing(
     tmp_path, rabbitmq, gateway_with, clients, report
 ):
+    """
+    RabbitMQ 3.10's MQTT plugin keeps a subscription in a queue named
+    mqtt-subscription-CLIENT_IDqos1 on the node the client subscribed on.
+    With that node dead, the other accepts the bridge's CONNECT (clean
+    session or not: CONNACK 0, session present 0) and its PUBLISHes, and
+    closes the connection unanswered at a QoS 1 SUBSCRIBE, whose queue it
+    cannot declare ("home node ... of durable queue ... is down or
+    inaccessible" in its log), until the node is back.
+    """
     # The bridge is put on the node that does not lead the MQTT plugin's
     # client-id tracker: restarted, that one rejoins in seconds.
     doomed = rabbitmq.mqtt_follower()
@@ -338,6 +347,12 @@ def fleet_table(cluster, doomed, rejoined, sites, devices, serving, moved, arriv
 
 @pytest.mark.parametrize("protocol", ["mqttv5", None], ids=["5.0", "default"])
 def test_a_bridge_carries_qos1_both_ways_through_ejabberd(tmp_path, ejabberd, gateway_with, clients, protocol):
+    """
+    ejabberd 23.01's mod_mqtt answers try_private's protocol level (0x84)
+    with CONNACK 1, and refuses a will on a $ topic (the default remote
+    state topic is mosquitto's $SYS/broker/connection/...): CONNACK 0x90
+    over 5.0, 0x80 over 3.1.1; a 5.0 PUBLISH there gets PUBACK 0x90.
+    """
     settings = dict(username=EJABBERD_LOGIN[0], password=EJABBERD_LOGIN[1])
     if protocol:
         settings["protocol"] = protocol
