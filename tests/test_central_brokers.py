@@ -205,7 +205,12 @@ def the_other(cluster, node):
 
 
 def test_a_default_bridge_carries_qos1_both_ways_through_a_rabbitmq_cluster(tmp_path, rabbitmq, gateway_with, clients):
-    """As issue 54's reporter ran it: the address list and the rules on the command line, nothing else."""
+    """
+    As issue 54's reporter ran it: the address list and the rules on the
+    command line, nothing else.  RabbitMQ 3.10 closes the connection
+    unanswered at try_private's protocol level, 0x84 ("protocol_header_corrupt"
+    in its log), as it does at a 5.0 CONNECT ("cannot parse a frame").
+    """
     first, second = rabbitmq.nodes
     gw = gateway_with(
         "--bridge", first.address, "--bridge", second.address,
@@ -214,6 +219,12 @@ def test_a_default_bridge_carries_qos1_both_ways_through_a_rabbitmq_cluster(tmp_
     gw.wait_for_log("bridge default: upstream accepted CONNECT", timeout=20)
     wait_until(lambda: rabbitmq.node_of(bridge_client_id("default")) is first, 10, "the bridge on the first node")
     # Out to a subscriber on the other node, in from a publisher there.
+    exchange_both_ways(clients, gw.port, second.mqtt_port)
+
+
+def test_a_5_0_bridge_carries_qos1_both_ways_through_a_rabbitmq_cluster(tmp_path, rabbitmq, gateway_with, clients):
+    first, second = rabbitmq.nodes
+    gw = start_bridged(gateway_with, tmp_path, "five", [first.address, second.address], protocol="mqttv5")
     exchange_both_ways(clients, gw.port, second.mqtt_port)
 
 
