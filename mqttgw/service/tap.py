@@ -42,7 +42,7 @@ class Options(usage.Options):
     synopsis = "[--tcp PORT]... [--ws PORT]... [--tls PORT --cert F --key F]... [options]"
     longdesc = (
         "Run the mqttgw MQTT broker.  Listener options (--tcp, --tls, --ws,"
-        " --wss) take a port or a Twisted endpoint string and may repeat;"
+        " --wss) take a port, HOST:PORT ([::1]:PORT) or a Twisted endpoint string and may repeat;"
         " with none, it listens on TCP port 1883.  Every option has a key in"
         " the --config TOML file; options given here win over the file."
     )
