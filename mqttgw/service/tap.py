@@ -8,7 +8,6 @@ from twisted.logger import Logger
 from twisted.python import usage
 
 from mqttgw import __version__
-from mqttgw.compiled import build
 from mqttgw.schema import ConfigError, check_value, type_name
 from mqttgw.service import collector, config, footprint, logs
 from mqttgw.service.build import (
@@ -60,7 +59,7 @@ class Options(usage.Options):
         import twisted
 
         print(
-            f"mqttgw {__version__} (Twisted {twisted.__version__}, Python {platform.python_version()}; {build()})"
+            f"mqttgw {__version__} (Twisted {twisted.__version__}, Python {platform.python_version()})"
         )
         sys.exit(0)
 
