@@ -170,9 +170,6 @@ class Broker:
 
 class Mqttgw(Broker):
     name = "mqttgw"
-    # The compiled build where it is installed, whatever the caller's
-    # environment says.
-    env = {"MQTTGW_NO_EXTENSIONS": "0"}
     # A file to write its long reactor turns to (bench/turns.py), or None,
     # and how long a turn must take to be written.
     turns_log = None
@@ -220,13 +217,6 @@ class MqttgwMemory(Mqttgw):
 
     def command(self):
         return super().command() + ["--no-persistence"]
-
-
-class MqttgwPure(Mqttgw):
-    """mqttgw's plain Python build (its hot path not compiled)."""
-
-    name = "mqttgw-pure"
-    env = {"MQTTGW_NO_EXTENSIONS": "1"}
 
 
 class Mosquitto(Broker):
@@ -290,4 +280,4 @@ class Amqtt(Broker):
         return [str(ensure_amqtt()), "-c", str(conf)]
 
 
-BROKERS = {b.name: b for b in (Mqttgw, MqttgwMemory, MqttgwPure, Mosquitto, Amqtt)}
+BROKERS = {b.name: b for b in (Mqttgw, MqttgwMemory, Mosquitto, Amqtt)}

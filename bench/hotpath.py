@@ -6,7 +6,6 @@ figure moves only when the code does.  The end-to-end scenarios of
 use this for a hot-path change's before/after.
 
     python -m bench.hotpath
-    python -m bench.hotpath --both    # the compiled build, then plain Python
 
 Wall-clock figures on a shared machine move by 20% or more between runs;
 for a small change, count instructions instead (valgrind --tool=callgrind
@@ -14,9 +13,6 @@ over two message counts, the difference divided by theirs).
 """
 
 import argparse
-import os
-import subprocess
-import sys
 import time
 
 from mqttgw.broker.session import SessionLimits
@@ -101,17 +97,7 @@ def main(argv=None):
     parser.add_argument("--messages", type=int, default=200_000)
     parser.add_argument("--repeat", type=int, default=5, help="best of this many runs")
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
-    parser.add_argument("--both", action="store_true", help="run on the compiled build, then on plain Python")
     args = parser.parse_args(argv)
-    if args.both:
-        rest = ["--messages", str(args.messages), "--repeat", str(args.repeat), "--cases", *args.cases]
-        for pure in (False, True):
-            env = dict(os.environ, MQTTGW_NO_EXTENSIONS="1" if pure else "0")
-            subprocess.run([sys.executable, "-m", "bench.hotpath", *rest], env=env, check=True)
-        return None
-    from mqttgw.compiled import build
-
-    print(build(), flush=True)
     results = {}
     for name in args.cases:
         best = min(microseconds_per_message(messages=args.messages, **CASES[name]) for _ in range(args.repeat))

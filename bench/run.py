@@ -473,7 +473,7 @@ def _run_once(name, scenario, args, workdir, auth_files, broker_cpu, load_cpu, r
     None where that broker cannot run it.  ``rates`` carries mqttgw's top
     rates to the scenarios held at a share of them.
     """
-    options = ["--durability", args.durability] if args.durability and name in ("mqttgw", "mqttgw-pure") else []
+    options = ["--durability", args.durability] if args.durability and name == "mqttgw" else []
     auth = None
     # Where the load generator's window bounds what is outstanding (at
     # most 1,000), no queue can reach a bound; mosquitto 2.0.11 miscounts

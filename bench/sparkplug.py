@@ -90,9 +90,6 @@ def main(argv=None):
     parser.add_argument("--messages", type=int, default=100_000)
     parser.add_argument("--repeat", type=int, default=5, help="best of this many runs of each")
     args = parser.parse_args(argv)
-    from mqttgw.compiled import build
-
-    print(build(), flush=True)
     timings = {"off": [], "on": []}
     for _ in range(args.repeat):
         # Alternating, so that both see the same machine.

@@ -6,11 +6,9 @@ from twisted.logger import formatEvent, globalLogPublisher
 
 from mqttgw.testing import FakeBroker
 
-# The tests of the hot path's modules, in process but for test_build's
-# last two: ``pytest -m unit``, which the README's test command runs again
-# on the plain Python build (MQTTGW_NO_EXTENSIONS=1).
+# The in-process tests of the hot path's modules: ``pytest -m unit``.
 UNIT_MODULES = {
-    "test_build", "test_framing", "test_framing5", "test_topics", "test_connect", "test_publish_qos",
+    "test_framing", "test_framing5", "test_topics", "test_connect", "test_publish_qos",
     "test_wills", "test_retained", "test_subscriptions", "test_flow_control", "test_bad_input",
     "test_mqtt5_bounds", "test_bridge_backoff", "test_bridge_mqtt5", "test_bridge_counters",
     "test_bridge_relay", "test_total_queue_bound", "test_enhanced_auth", "test_websocket_frames",

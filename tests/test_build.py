@@ -1,67 +1,42 @@
 """
-The build: the hot path compiled by Cython where a C compiler was at
-install time, plain Python where none was or MQTTGW_NO_EXTENSIONS=1 asked
-for it (at install time or at run time), and the start-up log and
---version saying which runs.
+The build: plain Python, one wheel for every platform, no C compiler
+wanted at install; --version and the start-up line say what runs.
 """
 
-import os
-import runpy
+import platform
 import subprocess
 import sys
 
-from mqttgw.compiled import HOT_PATH, build, compiled_modules, pure_requested, stale
+import twisted
+
+from mqttgw import __version__
 from tests.gateway import REPO, TWISTD, Gateway, gateway_env
 
-SETUP = os.path.join(REPO, "setup.py")
 
-
-def test_the_build_is_the_one_asked_for():
-    line = build()
-    if pure_requested():
-        assert compiled_modules() == [] and line == "pure Python build"
-    elif os.environ.get("CI") == "true":
-        # CI installs with a compiler: every hot-path module is compiled,
-        # so the suite is not run twice on plain Python unawares.
-        assert compiled_modules() == list(HOT_PATH), line
-        assert line == f"compiled build: {len(HOT_PATH)} hot-path modules in C (Cython)", line
-
-
-def test_no_compiled_module_is_older_than_its_source():
-    build()
-    assert stale() == [], "edited since compiled: run pip install -e . again (or MQTTGW_NO_EXTENSIONS=1)"
-
-
-def test_the_environment_variable_turns_the_extensions_off_at_install_time(monkeypatch):
-    setup = runpy.run_path(SETUP, run_name="setup")
-    monkeypatch.setenv("MQTTGW_NO_EXTENSIONS", "1")
-    assert setup["extensions"]() == []
-    monkeypatch.setenv("MQTTGW_NO_EXTENSIONS", "0")
-    names = [e.name for e in setup["extensions"]()]
-    # Cython: a build requirement, and in the test extra.
-    assert names == list(HOT_PATH)
-
-
-def test_at_run_time_it_loads_the_plain_python_modules_beside_compiled_ones():
-    code = (
-        "import mqttgw.wire.framing as f, mqttgw.compiled as c;"
-        "print(f.__file__.endswith('framing.py'), c.compiled_modules(), c.build())"
+def test_the_package_builds_one_wheel_for_every_platform(tmp_path):
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(tmp_path), str(REPO)],
+        env=dict(gateway_env(), CC="/bin/false", CXX="/bin/false"),
+        capture_output=True, text=True, timeout=300, check=True,
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], env=dict(gateway_env(), MQTTGW_NO_EXTENSIONS="1"),
-        capture_output=True, text=True, timeout=60, check=True,
-    ).stdout
-    assert out.split()[:2] == ["True", "[]"] and out.strip().endswith("pure Python build")
+    wheels = [p.name for p in tmp_path.glob("*.whl")]
+    assert wheels == [f"mqttgw-{__version__}-py3-none-any.whl"]
 
 
-def test_version_and_the_start_up_line_name_the_build(tmp_path):
+def test_no_compiled_module_lies_in_the_package():
+    assert sorted(p.name for p in (REPO / "mqttgw").rglob("*") if p.suffix in (".so", ".pyd", ".c")) == []
+
+
+def test_version_and_the_start_up_line_name_what_runs(tmp_path):
     out = subprocess.run(
         [str(TWISTD), "mqttgw", "--version"], env=gateway_env(), capture_output=True, text=True,
         timeout=60, check=True,
     ).stdout
-    assert out.startswith("mqttgw ") and f"; {build()})" in out, out
+    assert out.strip() == (
+        f"mqttgw {__version__} (Twisted {twisted.__version__}, Python {platform.python_version()})"
+    )
     gw = Gateway(tmp_path, "--no-persistence")
     try:
-        gw.wait_for_log(f"({build()}) running:")
+        gw.wait_for_log(f"mqttgw {__version__} (Python {platform.python_version()}) running:")
     finally:
         gw.stop()

@@ -46,6 +46,29 @@ def test_service_listens_on_every_listener():
     service.stopService()
 
 
+def test_listener_flags_take_host_and_port():
+    reactor = MemoryReactor()
+    options = parse(
+        "--tcp", "127.0.0.1:1883", "--ws", "[::1]:8080", "--tcp", "localhost:1884",
+        "--tcp", "tcp:1885", "--no-persistence",
+    )
+    service = makeService(options, reactor)
+    service.startService()
+    ports = sorted((port, interface) for port, _, _, interface in reactor.tcpServers)
+    assert ports == [(1883, "127.0.0.1"), (1884, "localhost"), (1885, ""), (8080, "::1")]
+    service.stopService()
+
+
+def test_a_listener_that_is_no_address_is_one_line_naming_it(tmp_path):
+    out = subprocess.run(
+        [str(TWISTD), "-n", "--pidfile=", "mqttgw", "--tcp", "127.0.0.1:99999"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=60, env=gateway_env(),
+    )
+    assert out.returncode != 0
+    assert "listeners.tcp: '127.0.0.1:99999'" in out.stdout + out.stderr
+    assert "Traceback" not in out.stdout + out.stderr
+
+
 def test_config_file_sets_every_section(tmp_path):
     path = write(
         tmp_path,

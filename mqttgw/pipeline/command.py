@@ -5,8 +5,8 @@ from the installed package::
 
     mqttgw-pipeline submit [--dry-run] [--zip FILE] [SPARK-SUBMIT OPTIONS] -- batch|stream OPTIONS
 
-The driver's modules (``mqttgw/__init__.py``, ``compiled.py``, ``wire/``
-and ``pipeline/``) are zipped from the installed files for ``--py-files``,
+The driver's modules (``mqttgw/__init__.py``, ``wire/`` and
+``pipeline/``) are zipped from the installed files for ``--py-files``,
 the application is the installed ``mqttgw/pipeline/__main__.py`` and the
 driver's Python this one, so neither a source checkout nor a zip made by
 hand is needed.
@@ -33,7 +33,7 @@ DRIVER_PACKAGES = ("wire", "pipeline")
 def package_zip(path):
     """Writes the driver's modules, from the installed files, to ``path``."""
     root = Path(mqttgw.__file__).parent
-    files = [root / "__init__.py", root / "compiled.py"]
+    files = [root / "__init__.py"]
     for package in DRIVER_PACKAGES:
         # Subpackages too: the Sparkplug tables decode with wire/sparkplug/.
         files += sorted((root / package).rglob("*.py"))

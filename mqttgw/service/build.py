@@ -9,6 +9,7 @@ credentials files.  ``tap`` composes them into the running service, and
 import importlib.util
 import os
 import resource
+import socket
 import sys
 
 from twisted.logger import Logger
@@ -31,11 +32,13 @@ log = Logger()
 
 def endpoint_description(listener, backlog=None):
     """
-    A bare port number means TCP on every interface.  Listening endpoints
-    get ``backlog`` unless they name one: Twisted's default of 50 leaves a
-    site's devices reconnecting after a power cut waiting for minutes.
+    A bare port number means TCP on every interface, ``HOST:PORT`` (or
+    ``[::1]:PORT``) that host's address, anything else is an endpoint
+    string.  Listening endpoints get ``backlog`` unless they name one:
+    Twisted's default of 50 leaves a site's devices reconnecting after a
+    power cut waiting for minutes.
     """
-    description = f"tcp:{listener}" if listener.isdigit() else listener
+    description = f"tcp:{listener}" if listener.isdigit() else host_port_description(listener)
     kind = description.split(":", 1)[0]
     if (
         backlog is not None
@@ -166,6 +169,16 @@ def check_endpoint(listener, where):
     port = getattr(endpoint, "_port", None)
     if isinstance(port, int) and not 0 <= port <= 65535:
         raise config.ConfigError(f"{where}: {listener!r}: port {port} is not in 0-65535")
+    interface = getattr(endpoint, "_interface", "")
+    if interface:
+        # Start-up, before the reactor runs: a name that is no address
+        # here is one line now rather than a bind error later.
+        try:
+            socket.getaddrinfo(interface, None, type=socket.SOCK_STREAM)
+        except (OSError, UnicodeError) as e:
+            raise config.ConfigError(
+                f"{where}: {listener!r}: {interface} is not an address of this machine: {e}"
+            ) from None
     return endpoint
 
 
@@ -464,11 +477,26 @@ def http_description(address):
     """
     if address.isdigit():
         return f"tcp:{address}:interface=127.0.0.1"
+    return host_port_description(address)
+
+
+def host_port_description(address):
+    """
+    ``HOST:PORT`` or ``[IPv6]:PORT`` as a TCP endpoint string on that
+    address; anything else (an endpoint string) as it is.
+    """
     host, sep, port = address.rpartition(":")
-    if sep and port.isdigit() and not host.startswith(("tcp", "ssl", "unix")):
-        host = host.strip("[]")
-        return f"tcp{'6' if ':' in host else ''}:{port}:interface={host.replace(':', chr(92) + ':')}"
-    return address
+    if not (sep and port.isdigit() and host):
+        return address
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        # tcp6:1883, ssl:8883:..., unix:...: an endpoint string.
+        return address
+    elif host in ("tcp", "tcp6", "ssl", "unix", "systemd", "haproxy"):
+        return address
+    escaped = host.replace(":", "\\:")
+    return f"tcp{'6' if ':' in host else ''}:{port}:interface={escaped}"
 
 
 def admin_socket(settings):

@@ -22,13 +22,13 @@ from mqttgw.transports.tlsprofile import INTERMEDIATE_CIPHERS
 
 # The schema; deploy/mqttgw.toml is written from it (mqttgw.service.example).
 KEYS = [
-    Key("listeners", "tcp", list, [], "TCP listener: a port or endpoint string"),
+    Key("listeners", "tcp", list, [], "TCP listener: a port, HOST:PORT or endpoint string"),
     Key(
-        "listeners", "tls", list, [], "TLS listener: a port or endpoint string",
+        "listeners", "tls", list, [], "TLS listener: a port, HOST:PORT or endpoint string",
         doc='MQTT over TLS; needs tls.cert and tls.key.  E.g. ``["8883"]``.',
     ),
     Key(
-        "listeners", "ws", list, [], "WebSocket listener: a port or endpoint string",
+        "listeners", "ws", list, [], "WebSocket listener: a port, HOST:PORT or endpoint string",
         doc=(
             "MQTT over WebSocket, on any request path (browsers use "
             "``/mqtt``); the same port answers ``GET /healthz`` with a JSON "
@@ -36,7 +36,7 @@ KEYS = [
         ),
     ),
     Key(
-        "listeners", "wss", list, [], "WebSocket over TLS listener: a port or endpoint string",
+        "listeners", "wss", list, [], "WebSocket over TLS listener: a port, HOST:PORT or endpoint string",
         doc=(
             "MQTT over WebSocket over TLS; needs tls.cert and tls.key.  E.g. "
             '``["8443"]``.'
@@ -835,7 +835,7 @@ LISTENER_KEYS = [
             "``[tls]``."
         ),
     ),
-    Key("listener", "address", (str, int), REQUIRED, "a port or an endpoint string"),
+    Key("listener", "address", (str, int), REQUIRED, "a port, HOST:PORT or an endpoint string"),
     Key(
         "listener", "allow_anonymous", bool, None, "accept clients without a user name here",
         doc="Left out: auth.allow_anonymous.",

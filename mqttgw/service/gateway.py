@@ -5,6 +5,7 @@ bridges beside the router as children; the questions the admin API,
 some (the store probe, the session expiry sweep, the rate history).
 """
 
+import platform
 import time
 from collections import deque
 
@@ -14,7 +15,6 @@ from twisted.logger import Logger
 
 from mqttgw import __version__
 from mqttgw.broker.access import BRIDGE_STATE_PREFIX
-from mqttgw.compiled import build
 from mqttgw.service.runtime_bridges import RuntimeBridges
 from mqttgw.wire import packets as P
 
@@ -134,11 +134,11 @@ class Gateway(MultiService):
         retained, sessions = self.restored
         queued = sum(len(s.deliveries) for s in sessions)
         log.info(
-            "mqttgw {version} ({build}) running: listeners {listeners}; {store}; restored {sessions}"
+            "mqttgw {version} (Python {python}) running: listeners {listeners}; {store}; restored {sessions}"
             " persistent session(s) with {queued} queued message(s) and {retained} retained"
             " message(s); bridges {bridges}; archive {archive}; $SYS every {sys}s; log level {log_level_name}",
             version=__version__,
-            build=build(),
+            python=platform.python_version(),
             listeners=listeners,
             store=store,
             sessions=len(sessions),

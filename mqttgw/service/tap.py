@@ -8,7 +8,6 @@ from twisted.logger import Logger
 from twisted.python import usage
 
 from mqttgw import __version__
-from mqttgw.compiled import build
 from mqttgw.schema import ConfigError, check_value, type_name
 from mqttgw.service import collector, config, footprint, logs
 from mqttgw.service.build import (
@@ -42,7 +41,7 @@ class Options(usage.Options):
     synopsis = "[--tcp PORT]... [--ws PORT]... [--tls PORT --cert F --key F]... [options]"
     longdesc = (
         "Run the mqttgw MQTT broker.  Listener options (--tcp, --tls, --ws,"
-        " --wss) take a port or a Twisted endpoint string and may repeat;"
+        " --wss) take a port, HOST:PORT ([::1]:PORT) or a Twisted endpoint string and may repeat;"
         " with none, it listens on TCP port 1883.  Every option has a key in"
         " the --config TOML file; options given here win over the file."
     )
@@ -60,7 +59,7 @@ class Options(usage.Options):
         import twisted
 
         print(
-            f"mqttgw {__version__} (Twisted {twisted.__version__}, Python {platform.python_version()}; {build()})"
+            f"mqttgw {__version__} (Twisted {twisted.__version__}, Python {platform.python_version()})"
         )
         sys.exit(0)
 
