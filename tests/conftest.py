@@ -123,8 +123,10 @@ def gateway_with(tmp_path):
         return gw
 
     yield start
+    # All stopped before any is checked: a failed check leaves none running.
     for gw in started:
         gw.stop()
+    for gw in started:
         assert "Traceback" not in gw.log(), gw.log()
         check_log_is_readable(gw.log())
 
