@@ -281,7 +281,7 @@ def test_bridge_presents_a_client_certificate_to_an_upstream_that_requires_one(t
         cfg = bridge_config(workdir / "bridge.toml", [address], tls=True, ca=upstream_pki["ca"])
         gw = Gateway(workdir, "--config", cfg, "--no-persistence")
         try:
-            gw.wait_for_log(f"bridge up: upstream {address} unreachable")
+            gw.wait_for_log(f"bridge up: upstream {address} TLS handshake failed")
             assert "accepted CONNECT" not in gw.log()
         finally:
             gw.stop()
@@ -345,9 +345,9 @@ def test_tls_bridge_checks_the_ca_and_the_host_name(tmp_path, upstream_pki):
             cfg = bridge_config(workdir / "bridge.toml", [address], tls=True, ca=ca)
             gw = Gateway(workdir, "--config", cfg, "--no-persistence")
             try:
-                gw.wait_for_log(f"bridge up: upstream {address} unreachable")
-                line = [l for l in gw.log().splitlines() if f"upstream {address} unreachable" in l][0]
-                assert message in line
+                gw.wait_for_log(f"bridge up: upstream {address} TLS handshake failed")
+                line = [l for l in gw.log().splitlines() if f"upstream {address} TLS handshake failed" in l][0]
+                assert message in line and "check ca, cert, key" in line
                 assert "accepted CONNECT" not in gw.log()
             finally:
                 gw.stop()

@@ -49,6 +49,18 @@ def upstream_version(settings):
     return Upstream3(settings)
 
 
+def upstream_versions(settings):
+    """
+    The version objects a bridge may speak, by protocol level: its own,
+    and for a 5.0 bridge 3.1.1's, which an upstream that refuses 5.0 gets
+    instead (bridges.upstreams).
+    """
+    versions = {settings.protocol_level: upstream_version(settings)}
+    if settings.protocol_level == P.MQTT_5:
+        versions[P.MQTT_311] = Upstream3(settings, P.MQTT_311)
+    return versions
+
+
 class Upstream3:
     """MQTT 3.1 and 3.1.1 upstream: no properties, return codes only."""
 
@@ -56,14 +68,19 @@ class Upstream3:
     will_qos = 1
     will_retain = True
 
-    def __init__(self, settings):
+    def __init__(self, settings, level=None):
         self.settings = settings
+        # The level spoken: the settings', or 3.1.1 where 5.0 was refused.
+        self.level = level or (settings.protocol_level if settings is not None else P.MQTT_311)
 
-    def connect(self, try_private):
+    def connect(self, try_private, clean_session):
         """The CONNECT sent upstream; try_private marks it a bridge's."""
-        s = self.settings
-        level = s.protocol_level | (0x80 if try_private else 0)
-        return _connect(s, level, self, None, None)
+        level = self.level | (0x80 if try_private else 0)
+        return _connect(self.settings, level, clean_session, self, None, None)
+
+    def protocol_refused(self, code):
+        """Whether a CONNACK with ``code`` refuses the protocol level."""
+        return code == P.CONNACK_UNACCEPTABLE_PROTOCOL
 
     def attach(self, upstream, clock, session):
         """
@@ -132,13 +149,17 @@ class Upstream5(Upstream3):
         # The current link's framing and limits (Framing5).
         self.framing = None
 
-    def connect(self, try_private):
+    def connect(self, try_private, clean_session):
         # No try_private: no local does its work.
         s = self.settings
         properties = {"topic_alias_maximum": UPSTREAM_TOPIC_ALIASES}
-        if s.session_expiry_interval:
+        if s.session_expiry_interval and not clean_session:
             properties["session_expiry_interval"] = s.session_expiry_interval
-        return _connect(s, s.protocol_level, self, properties, {})
+        return _connect(s, self.level, clean_session, self, properties, {})
+
+    def protocol_refused(self, code):
+        # A 3.x CONNACK 1 is read as this too (wire.reasons.CONNACK_FROM_V3).
+        return code == R.UNSUPPORTED_PROTOCOL_VERSION
 
     def attach(self, upstream, clock, session):
         s = self.settings
@@ -213,12 +234,12 @@ class Upstream5(Upstream3):
         return False
 
 
-def _connect(s, level, will, properties, will_properties):
+def _connect(s, level, clean_session, will, properties, will_properties):
     return P.Connect(
         client_id=s.client_id,
         protocol_level=level,
-        protocol_name=P.PROTOCOL_NAMES[s.protocol_level],
-        clean_session=s.clean_session,
+        protocol_name=P.PROTOCOL_NAMES[level & 0x7F],
+        clean_session=clean_session,
         keepalive=s.keepalive,
         will_topic=s.remote_state_topic,
         will_message=b"0",
