@@ -18,6 +18,24 @@ UNIT_MODULES = {
 }
 
 
+# What tests report for people to read (tables of measurements), shown at
+# the end of the run whatever the tests' outcomes; see the ``report`` fixture.
+REPORTS = []
+
+
+def pytest_terminal_summary(terminalreporter):
+    for title, lines in REPORTS:
+        terminalreporter.section(title, sep="-")
+        for line in lines:
+            terminalreporter.line(line)
+
+
+@pytest.fixture
+def report(request):
+    """``report(lines)``: lines shown under the test's name in the run's summary."""
+    return lambda lines: REPORTS.append((request.node.nodeid, list(lines)))
+
+
 def pytest_collection_modifyitems(items):
     for item in items:
         if item.module.__name__.rpartition(".")[2] in UNIT_MODULES:
@@ -38,18 +56,19 @@ def logged():
     globalLogPublisher.removeObserver(events.append)
 
 
-def require_program(name):
+def require_program(name, path=None):
     """
-    The path of an outside program the test needs.  Missing, it skips the
-    test locally and fails it under CI, so nothing goes silently untested.
+    The path of an outside program the test needs (looked for in ``path``,
+    a directory list, if given; else in PATH).  Missing, it skips the test
+    locally and fails it under CI, so nothing goes silently untested.
     """
-    path = shutil.which(name)
-    if path is None:
+    found = shutil.which(name, path=path)
+    if found is None:
         message = f"{name} is not installed"
         if os.environ.get("CI") == "true":
             pytest.fail(message + " (required under CI)")
         pytest.skip(message)
-    return path
+    return found
 
 
 @pytest.fixture

@@ -27,6 +27,24 @@ def test_ci_runs_exactly_the_readme_test_command():
     assert test in lines
 
 
+def ci_packages():
+    """What .ci/run has apt-get install (its options and redirections left out)."""
+    script = (REPO / ".ci" / "run").read_text().replace("\\\n", " ")
+    packages = set()
+    for command in re.findall(r"apt-get install ([^>|&\n]+)", script):
+        packages.update(word for word in command.split() if not word.startswith("-"))
+    return packages
+
+
+def test_readme_names_the_debian_packages_ci_installs():
+    """The programs from outside the tests use: the README's list is what CI installs."""
+    text = (REPO / "README.rst").read_text()
+    listed = re.search(r"Some tests use programs from outside\s+\(Debian: ``apt-get install ([^`]+)``", text)
+    assert listed, "the README's list of Debian packages for the tests"
+    # The compiler and headers, which the README names as such.
+    assert set(listed.group(1).split()) == ci_packages() - {"build-essential", "python3-dev"}
+
+
 REGENERATE = "python -m mqttgw.service.example --output deploy/mqttgw.toml"
 
 
