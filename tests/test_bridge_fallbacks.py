@@ -212,6 +212,38 @@ def test_a_5_0_bridge_closed_before_connack_falls_back_to_3_1_1_then_leaves_try_
     assert cluster.levels(FIRST)[-1] == P.MQTT_311
 
 
+# The state topic's will refused
+
+
+def forbids_dollar_topics(cluster, upstream, connect):
+    """ejabberd's mod_mqtt: a will on a $ topic is refused, 0x90 in 5.0 and 128 in 3.1.1."""
+    if connect.protocol_level & 0x80:
+        upstream.send(P.Connack(P.CONNACK_UNACCEPTABLE_PROTOCOL))
+    elif connect.will_topic is not None and connect.will_topic.startswith("$"):
+        v5 = connect.protocol_level == P.MQTT_5
+        upstream.send(P.Connack(R.TOPIC_NAME_INVALID, properties={} if v5 else None))
+    else:
+        accepts(cluster, upstream, connect)
+
+
+@pytest.mark.parametrize("protocol", ["mqttv5", "mqttv311"])
+def test_an_upstream_refusing_the_state_topics_will_is_asked_again_without_it(router, reactor, logged, protocol):
+    bridge = start_bridge(router, reactor, addresses=[FIRST], protocol=protocol)
+    cluster = Cluster(reactor, **{FIRST: forbids_dollar_topics})
+    assert cluster.run(SETTLE_SECONDS, lambda: on(bridge, FIRST))
+    *_, (_, connect) = cluster.connects
+    assert connect.will_topic is None
+    # Nor the state message, which the upstream would refuse too.
+    assert not [p for p in cluster.links[-1].received() if isinstance(p, P.Publish)]
+    assert bridge.status()["fallbacks"][FIRST][-1] == "remote_state_topic off"
+    [line] = [line for line in logged() if "remote_state_topic to a topic" in line]
+    assert f"to a CONNECT whose will is on $SYS/broker/connection/{bridge.settings.client_id}/state" in line
+    # It stays so for that address.
+    cluster.links[-1].lose()
+    assert cluster.run(10, lambda: len(cluster.links) == 2)
+    assert cluster.connects[-1][1].will_topic is None
+
+
 # Clusters
 
 
@@ -227,7 +259,7 @@ def test_a_node_that_accepts_and_drops_the_connect_is_a_failed_attempt_and_the_n
 
 
 def test_a_killed_node_moves_the_bridge_to_another_within_10_s_with_a_clean_session(router, reactor, logged):
-    bridge = start_bridge(router, reactor, rules=["t/# out 1", "cmd/# in 1"], try_private=False)
+    bridge = start_bridge(router, reactor, rules=["t/# out 1", "cmd/# in 1"], try_private=False, client_id="site")
     cluster = Cluster(reactor, **{FIRST: accepts, SECOND: "dead"})
     assert cluster.run(SETTLE_SECONDS, lambda: on(bridge, FIRST))
     publisher = Listener.of(router, reactor).client("pub", keepalive=0)
@@ -240,9 +272,10 @@ def test_a_killed_node_moves_the_bridge_to_another_within_10_s_with_a_clean_sess
     publisher.send(P.Publish("t/a", b"meanwhile", 1, message_id=2))
     assert cluster.run(10, lambda: on(bridge, SECOND))
     assert reactor.seconds() - killed < 10
-    # Persistent first, then a clean session there.
+    # Persistent first, then a clean session there, under a client id of
+    # its own: the persistent session upstream is left as it is.
     address, connect = cluster.connects[-1]
-    assert (address, connect.clean_session) == (SECOND, True)
+    assert (address, connect.clean_session, connect.client_id) == (SECOND, True, "site/clean")
     assert any(a == SECOND and not c.clean_session for a, c in cluster.connects)
     upstream = cluster.links[-1]
     received = upstream.received()
@@ -253,6 +286,7 @@ def test_a_killed_node_moves_the_bridge_to_another_within_10_s_with_a_clean_sess
     assert status["clean_fallback"] is True
     [line] = [line for line in logged() if "no address resumed the persistent session" in line]
     assert 'session_fallback = "clean"' in line and "nothing held here is dropped" in line
+    assert "'site/clean'" in line
 
 
 def test_a_node_refusing_the_persistent_session_gets_a_clean_one(router, reactor):

@@ -208,10 +208,10 @@ class MQTTBridge(Service):
         )
         self._service.startService()
 
-    def _prepare(self, address, clean_session):
+    def _prepare(self, address, clean_fallback):
         """The next CONNECT, for ``address`` (bridges.upstreams): ``(connect, version)``."""
         version = self.versions[address.level]
-        connect = version.connect(address.try_private, clean_session)
+        connect = version.connect(address.try_private, clean_fallback, address.remote_state)
         self._factory.connect_packet = connect
         self._factory.version = version
         return connect, version
@@ -276,7 +276,8 @@ class MQTTBridge(Service):
         incoming = [(r.remote_filter, r.qos) for r in s.rules if r.incoming]
         if incoming:
             upstream.write(self.version.subscribe(incoming).encode())
-        upstream.write(self.version.state(s.remote_state_topic, b"1").encode())
+        if self.upstreams.current.remote_state:
+            upstream.write(self.version.state(s.remote_state_topic, b"1").encode())
         self._publish_local_state(b"1")
         # What waited while the upstream was away drains now, in order.
         self.session.attach(Relay(self, upstream), frames, receive_maximum)

@@ -22,6 +22,7 @@ from mqttgw.bridges.failures import (
 from mqttgw.bridges.settings import parse_address
 from mqttgw.bridges.tls import client_tls_options
 from mqttgw.bridges.upstreams import FALLBACK_NAMES
+from mqttgw.bridges.versions import fallback_client_id
 from mqttgw.wire import reasons as R
 
 log = Logger()
@@ -46,6 +47,11 @@ _FALLBACK_LINES = {
         ' there from now on (no properties, no reason codes); set protocol = "mqttv311" to'
         " start with it"
     ),
+    "remote_state": (
+        "bridge {name}: upstream {address} {reason} to a CONNECT whose will is on {topic}:"
+        " connecting there without it from now on (no state upstream); set"
+        " remote_state_topic to a topic the upstream lets the bridge publish to"
+    ),
 }
 
 
@@ -62,8 +68,9 @@ def address_endpoint(reactor, settings, address):
 class FailoverEndpoint:
     """
     ``upstreams``: the addresses (bridges.upstreams).  ``prepare(address,
-    clean_session)`` makes the factory's next CONNECT for ``address`` and
-    returns ``(connect, version)``; ``on_link(protocol, address,
+    clean_fallback)`` makes the factory's next CONNECT for ``address``, a
+    clean session standing in for the persistent one or not, and returns
+    ``(connect, version)``; ``on_link(protocol, address,
     clean_fallback)`` hears of each link that lasted.
     """
 
@@ -98,7 +105,7 @@ class FailoverEndpoint:
         failure = suspect = None
         for address in self.upstreams.round():
             try:
-                return (yield self._attempt(factory, address, s.clean_session, False))
+                return (yield self._attempt(factory, address, False))
             except AttemptFailed as e:
                 failure = e
                 if e.session_suspect and suspect is None:
@@ -106,7 +113,7 @@ class FailoverEndpoint:
         if suspect is not None and not s.clean_session and self._fall_back_to_clean(suspect):
             for address in self.upstreams.round(start=suspect):
                 try:
-                    return (yield self._attempt(factory, address, True, True))
+                    return (yield self._attempt(factory, address, True))
                 except AttemptFailed as e:
                     failure = e
         raise failure
@@ -120,26 +127,27 @@ class FailoverEndpoint:
             if clean:
                 log.warn(
                     "bridge {name}: no address resumed the persistent session (the first to fail"
-                    " it: {address}): connecting with a clean session (session_fallback = \"clean\")."
-                    " What the upstream held for the in rules is lost there; the out rules keep"
-                    " flowing and nothing held here is dropped; the persistent session is tried"
-                    " again at each reconnection",
-                    **fields,
+                    " it: {address}): connecting with a clean session as {client_id!r} instead"
+                    " (session_fallback = \"clean\"). The out rules keep flowing and nothing held"
+                    " here is dropped; the in rules get what is published from now on, and what"
+                    " the upstream holds for the persistent session comes once it is resumed (tried"
+                    " at each reconnection)",
+                    client_id=fallback_client_id(self.settings), **fields,
                 )
             else:
                 log.warn(
                     "bridge {name}: no address resumed the persistent session (the first to fail"
                     " it: {address}): nothing flows until one does (session_fallback = \"wait\");"
-                    " session_fallback = \"clean\" would connect with a clean session",
+                    " session_fallback = \"clean\" would connect with a clean session meanwhile",
                     **fields,
                 )
         return clean
 
     @inlineCallbacks
-    def _attempt(self, factory, address, clean_session, clean_fallback):
+    def _attempt(self, factory, address, clean_fallback):
         """One address: its link once it lasted, or AttemptFailed; its fallbacks taken at once."""
         for _ in range(MAX_CONNECTS):
-            connect, version = self.prepare(address, clean_session)
+            connect, version = self.prepare(address, clean_fallback)
             self.upstreams.trying(address, clean_fallback)
             try:
                 protocol = yield self._link(factory, address, clean_fallback)
@@ -183,15 +191,17 @@ class FailoverEndpoint:
                 retain="retained" if version.will_retain else "not retained",
             )
             return True
-        protocol_refused = isinstance(error, ClosedBeforeConnack) or (
-            isinstance(error, Refused) and version.protocol_refused(error.code)
-        )
-        step = address.fall_back() if protocol_refused else None
+        refused = isinstance(error, Refused)
+        step = None
+        if isinstance(error, ClosedBeforeConnack) or (refused and version.protocol_refused(error.code)):
+            step = address.fall_back()
+        elif refused and connect.will_topic is not None and version.will_topic_refused(error.code):
+            step = address.leave_state_out()
         if step is None:
             return False
         log.warn(
             _FALLBACK_LINES[step], name=name, address=address.text, reason=error.reason,
-            protocol_level=connect.protocol_level,
+            protocol_level=connect.protocol_level, topic=connect.will_topic,
         )
         return True
 

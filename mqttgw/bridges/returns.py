@@ -84,9 +84,9 @@ class Returns:
     def _probe(self):
         self._timer = None
         host, port = parse_address(self.upstreams.addresses[0].text)
-        probing = self._probing = HostnameEndpoint(self.reactor, host, port, timeout=5).connect(
-            Factory.forProtocol(_Probe)
-        )
+        factory = Factory.forProtocol(_Probe)
+        factory.noisy = False
+        probing = self._probing = HostnameEndpoint(self.reactor, host, port, timeout=5).connect(factory)
         probing.addCallbacks(lambda _: self._probed(True), lambda _: self._probed(False))
 
     def _probed(self, reachable):

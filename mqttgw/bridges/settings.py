@@ -205,13 +205,16 @@ BRIDGE_KEYS = [
             "An address resumes the persistent session (clean_session false)"
             " if it accepts CONNECT and keeps the link; where each address "
             "drops or refuses it (a cluster whose node holding the session "
-            "is down), ``clean`` connects with a clean session at once, "
-            "subscribing the in rules again: what the upstream held for them"
-            " is lost, but the out rules keep flowing, and nothing the "
-            "bridge holds for them is dropped.  ``wait`` keeps trying the "
-            "persistent session, and nothing flows meanwhile.  The persistent"
-            " session is tried again at each reconnection and every "
-            "session_fallback_retry seconds."
+            "is down), ``clean`` connects at once with a clean session under"
+            " the client id CLIENT_ID/clean, subscribing the in rules again:"
+            " the out rules keep flowing, and nothing the bridge holds for "
+            "them is dropped; the in rules get what is published from then "
+            "on, while what the upstream holds for the persistent session "
+            "(left as it is) comes only once that is resumed, if the "
+            "upstream kept it.  ``wait`` keeps trying the persistent session,"
+            " and nothing flows meanwhile.  The persistent session is tried "
+            "again at each reconnection and every session_fallback_retry "
+            "seconds."
         ),
     ),
     Key(

@@ -12,7 +12,9 @@ import attr
 from mqttgw.wire import packets as P
 
 # The fallbacks an address may be on, as status() names them.
-FALLBACK_NAMES = {"try_private": "try_private off", "mqttv311": "mqttv311"}
+FALLBACK_NAMES = {
+    "try_private": "try_private off", "mqttv311": "mqttv311", "remote_state": "remote_state_topic off",
+}
 
 
 @attr.s(slots=True)
@@ -23,6 +25,8 @@ class Address:
     # The protocol level spoken there, and whether the CONNECT announces a bridge.
     level = attr.ib()
     try_private = attr.ib()
+    # Whether the CONNECT's will (and the link's state message) goes to remote_state_topic.
+    remote_state = attr.ib(default=True)
     # The fallbacks in effect, in the order they were taken.
     fallbacks = attr.ib(factory=list)
     # Failed attempts, by kind (bridges.failures).
@@ -44,6 +48,14 @@ class Address:
             return None
         self.fallbacks.append(step)
         return step
+
+    def leave_state_out(self):
+        """After the upstream refused the will's topic: no will, no state message there."""
+        if not self.remote_state:
+            return None
+        self.remote_state = False
+        self.fallbacks.append("remote_state")
+        return "remote_state"
 
 
 class Upstreams:
