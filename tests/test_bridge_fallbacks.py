@@ -158,6 +158,28 @@ def test_try_private_is_left_out_per_address_and_said_once_for_each(router, reac
     assert bridge.status()["fallbacks"] == {FIRST: ["try_private off"]}
 
 
+def closes_everything(cluster, upstream, connect):
+    """A proxy whose broker is down: it accepts the connection and closes it."""
+    upstream.lose()
+
+
+@pytest.mark.parametrize("protocol", ["mqttv5", "mqttv311"])
+def test_a_close_that_is_not_about_the_protocol_changes_nothing(router, reactor, logged, protocol):
+    bridge = start_bridge(router, reactor, addresses=[FIRST], protocol=protocol, session_fallback="wait")
+    cluster = Cluster(reactor, **{FIRST: closes_everything})
+    cluster.run(30)
+    # Each step down was closed as well: each is taken back.
+    assert bridge.status()["fallbacks"] == {}
+    assert not [line for line in logged() if "from now on" in line]
+    assert any(line.startswith(f"bridge up: upstream {FIRST} closed the connection before CONNACK; ")
+               for line in logged())
+    # The broker behind it is back, and takes what was first asked for.
+    cluster.behaviours[FIRST] = accepts
+    first_level = cluster.levels(FIRST)[0]
+    assert cluster.run(120, lambda: on(bridge, FIRST))
+    assert cluster.levels(FIRST)[-1] == first_level == (P.MQTT_5 if protocol == "mqttv5" else PRIVATE_311)
+
+
 def test_try_private_false_sends_the_plain_level_from_the_start(router, reactor, logged):
     bridge = start_bridge(router, reactor, addresses=[FIRST], try_private=False)
     cluster = Cluster(reactor, **{FIRST: closes_unless_plain_311})

@@ -332,7 +332,9 @@ class MQTTBridge(Service):
                 self.deaths.link_lost()
             if self.session.connection is not None:
                 self.router.disconnect(self.session, publish_will=False)
-            self._publish_local_state(b"0")
+            # A stopped bridge's state topic is its successor's (stopService).
+            if self.running:
+                self._publish_local_state(b"0")
 
     def packet(self, upstream, packet):
         session = self.session

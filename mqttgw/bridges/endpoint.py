@@ -10,6 +10,7 @@ that accepts CONNECT and drops it at once is one that failed.
 
 from twisted.internet.defer import CancelledError, Deferred, inlineCallbacks
 from twisted.internet.endpoints import HostnameEndpoint
+from twisted.internet.error import ConnectingCancelledError
 from twisted.internet.interfaces import IStreamClientEndpoint
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -146,14 +147,30 @@ class FailoverEndpoint:
     @inlineCallbacks
     def _attempt(self, factory, address, clean_fallback):
         """One address: its link once it lasted, or AttemptFailed; its fallbacks taken at once."""
+        # Steps taken after a close before CONNACK: said once the next
+        # CONNECT is answered, taken back if it is closed too.
+        pending = []
+
+        def answered():
+            for step, error, connect in pending:
+                self._say(step, address, error, connect)
+            pending.clear()
+
         for _ in range(MAX_CONNECTS):
             connect, version = self.prepare(address, clean_fallback)
             self.upstreams.trying(address, clean_fallback)
             try:
-                protocol = yield self._link(factory, address, clean_fallback)
+                protocol = yield self._link(factory, address, clean_fallback, answered)
             except AttemptFailed as e:
                 failure = e
-                if self._fall_back(address, e, connect, version):
+                if isinstance(e, Refused):
+                    answered()
+                step = self._fall_back(address, e, connect, version)
+                if step in _FALLBACK_LINES and isinstance(e, ClosedBeforeConnack):
+                    pending.append((step, e, connect))
+                elif step in _FALLBACK_LINES:
+                    self._say(step, address, e, connect)
+                if step is not None:
                     continue
                 break
             self.upstreams.settled(address)
@@ -163,6 +180,8 @@ class FailoverEndpoint:
             if self.on_link is not None:
                 self.on_link(protocol, address, clean_fallback)
             return protocol
+        for step, _, _ in pending:
+            address.take_back(step)
         self.upstreams.failed(address, failure)
         advice = failure.advice(self.settings)
         log.warn(
@@ -178,44 +197,49 @@ class FailoverEndpoint:
 
     def _fall_back(self, address, error, connect, version):
         """
-        Whether to send CONNECT again at once: the upstream refused the
-        protocol it announced and a fallback is left (said once per
-        address), or a 5.0 will the upstream takes otherwise.
+        What to change before sending CONNECT again at once: a fallback
+        step at ``address`` (its name) where the upstream refused the
+        protocol or will topic the CONNECT announced, "will" where a 5.0
+        upstream takes the will otherwise; None when nothing is left.
         """
-        name = self.settings.name
-        if isinstance(error, Refused) and version.will_refused(error):
+        refused = isinstance(error, Refused)
+        if refused and version.will_refused(error):
             log.info(
                 "bridge {name}: upstream refused the will ({reason}); asking again with"
                 " will QoS {qos}, {retain}",
-                name=name, reason=R.name(error.code), qos=version.will_qos,
+                name=self.settings.name, reason=R.name(error.code), qos=version.will_qos,
                 retain="retained" if version.will_retain else "not retained",
             )
-            return True
-        refused = isinstance(error, Refused)
-        step = None
+            return "will"
         if isinstance(error, ClosedBeforeConnack) or (refused and version.protocol_refused(error.code)):
-            step = address.fall_back()
-        elif refused and connect.will_topic is not None and version.will_topic_refused(error.code):
-            step = address.leave_state_out()
-        if step is None:
-            return False
+            return address.fall_back()
+        if refused and connect.will_topic is not None and version.will_topic_refused(error.code):
+            return address.leave_state_out()
+        return None
+
+    def _say(self, step, address, error, connect):
+        """A fallback taken at ``address``, said once: what the upstream did, what avoids it."""
         log.warn(
-            _FALLBACK_LINES[step], name=name, address=address.text, reason=error.reason,
+            _FALLBACK_LINES[step], name=self.settings.name, address=address.text, reason=error.reason,
             protocol_level=connect.protocol_level, topic=connect.will_topic,
         )
-        return True
 
     @inlineCallbacks
-    def _link(self, factory, address, clean_fallback):
-        """Dial, CONNECT and wait for the link to last: the protocol, or AttemptFailed."""
+    def _link(self, factory, address, clean_fallback, answered):
+        """
+        Dial, CONNECT and wait for the link to last: the protocol, or
+        AttemptFailed; ``answered()`` once CONNECT is accepted.
+        """
         try:
             protocol = yield address_endpoint(self.reactor, self.settings, address.text).connect(factory)
-        except CancelledError:
-            raise
+        except (CancelledError, ConnectingCancelledError):
+            # Stopped: no other address is tried.
+            raise CancelledError() from None
         except Exception as e:
             raise Unreachable(e)
         try:
             yield self._connack(protocol)
+            answered()
             notes = [FALLBACK_NAMES[f] for f in address.fallbacks]
             if clean_fallback:
                 notes.append("clean session fallback")

@@ -96,7 +96,6 @@ class ClosedBeforeConnack(AttemptFailed):
     """The upstream took the CONNECT and closed the connection unanswered."""
 
     kind = "closed_before_connack"
-    session_suspect = True
 
     def __init__(self):
         super().__init__("closed the connection before CONNACK")
@@ -136,8 +135,8 @@ class Dropped(AttemptFailed):
         if self.taken_over:
             return f"another client connects as {settings.client_id!r}: each bridge needs its own client_id"
         return (
-            "it cannot serve this session there (a cluster node without the session's queue),"
-            f" or another client connects as {settings.client_id!r}"
+            "it went down, cannot serve this session there (a cluster node without the"
+            f" session's queue), or another client connects as {settings.client_id!r}"
         )
 
 

@@ -49,6 +49,18 @@ class Address:
         self.fallbacks.append(step)
         return step
 
+    def take_back(self, step):
+        """
+        A step taken after a close before CONNACK, undone: the next CONNECT
+        was closed the same way, so the close was not about the protocol
+        (a proxy whose broker is down closes every connection).
+        """
+        self.fallbacks.remove(step)
+        if step == "mqttv311":
+            self.level = P.MQTT_5
+        elif step == "try_private":
+            self.try_private = True
+
     def leave_state_out(self):
         """After the upstream refused the will's topic: no will, no state message there."""
         if not self.remote_state:
