@@ -175,6 +175,7 @@ COLUMNS = {
     "bridges": [
         ("NAME", "name", None),
         ("STATE", "connected", lambda v: "connected" if v else "down"),
+        ("UPSTREAM", "address", _dash),
         ("QUEUED", "queued", None),
         ("INFLIGHT", "inflight", None),
         ("DROPPED", "dropped", None),

@@ -11,7 +11,7 @@ UNIT_MODULES = {
     "test_framing", "test_framing5", "test_topics", "test_connect", "test_publish_qos",
     "test_wills", "test_retained", "test_subscriptions", "test_flow_control", "test_bad_input",
     "test_mqtt5_bounds", "test_bridge_backoff", "test_bridge_mqtt5", "test_bridge_counters",
-    "test_bridge_relay", "test_total_queue_bound", "test_enhanced_auth", "test_websocket_frames",
+    "test_bridge_relay", "test_bridge_fallbacks", "test_total_queue_bound", "test_enhanced_auth", "test_websocket_frames",
     "test_store", "test_session_flags", "test_session_owner",
 }
 

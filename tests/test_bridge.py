@@ -7,6 +7,7 @@ gateway restarts and SIGKILL), failover, backoff, the state topic, TLS.
 import re
 import signal
 import socket
+import threading
 import time
 
 import pytest
@@ -229,6 +230,105 @@ def test_failover_backoff_and_state_topic(tmp_path, upstream):
         gw.stop()
 
 
+class Sequence:
+    """A device publishing 0, 1, 2, ... at QoS 1, ``rate`` a second, from a thread of its own."""
+
+    def __init__(self, port, topic, rate=50):
+        self.topic = topic
+        self.client = client(port, "sequence-device")
+        # (number, when published, paho's MQTTMessageInfo)
+        self.sent = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(1.0 / rate,), daemon=True)
+        self._thread.start()
+
+    def _run(self, interval):
+        n = 0
+        while not self._stop.wait(interval):
+            self.sent.append((n, time.monotonic(), self.client.client.publish(self.topic, str(n).encode(), 1)))
+            n += 1
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join(10)
+        wait_for(lambda: all(info.is_published() for _, _, info in self.sent), 30, "the gateway's PUBACKs")
+        self.client.disconnect()
+
+    def after(self, moment):
+        return {n for n, at, _ in self.sent if at > moment}
+
+    @property
+    def acknowledged(self):
+        return {n for n, _, info in self.sent if info.is_published()}
+
+
+class Arrivals:
+    """What a subscriber upstream received: (when, number)."""
+
+    def __init__(self, port, client_id):
+        self.seen = []
+        self.client = PahoClient(port, client_id, "MQTTv311", clean_session=False)
+        self.client.client.on_message = lambda c, u, m: self.seen.append((time.monotonic(), int(m.payload)))
+        # Back soon after its broker restarts, for what it kept meanwhile.
+        self.client.connect(reconnect_delay=(1, 2))
+        self.client.subscribe("sensors/#", 1)
+
+    def numbers(self):
+        return [n for _, n in list(self.seen)]
+
+    def first_of(self, numbers):
+        return next((at for at, n in list(self.seen) if n in numbers), None)
+
+
+def wait_for(condition, timeout, what):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} not within {timeout} s"
+        time.sleep(0.05)
+
+
+def test_with_the_defaults_two_mosquittos_fail_over_within_10_s_and_back_losing_nothing(tmp_path, start_mosquitto):
+    first = start_mosquitto(tmp_path / "first")
+    second = start_mosquitto(tmp_path / "second")
+    workdir = tmp_path / "gw"
+    workdir.mkdir()
+    (workdir / "bridge.toml").write_text(
+        '[[bridge]]\nname = "up"\n'
+        f'addresses = ["127.0.0.1:{first.port}", "127.0.0.1:{second.port}"]\n'
+        'rules = ["sensors/# out 1"]\n'
+    )
+    gw = Gateway(workdir, "--config", str(workdir / "bridge.toml"), "--data-dir", str(tmp_path / "data"))
+    _started.append(gw)
+    gw.wait_for_log(f"bridge up: connected to 127.0.0.1:{first.port}")
+    at_first = Arrivals(first.port, "watch-first")
+    at_second = Arrivals(second.port, "watch-second")
+    device = Sequence(gw.port, "sensors/site/t")
+    try:
+        # Past the link's first 2 s, when a loss is one of a working link.
+        wait_for(lambda: len(at_first.numbers()) >= 150, 20, "150 messages at the first")
+        first.stop()
+        stopped = time.monotonic()
+        wait_for(lambda: at_second.first_of(device.after(stopped)), 10, "the bridge on the second")
+        assert at_second.first_of(device.after(stopped)) - stopped < 10
+        assert "bridge up: connected to 127.0.0.1:" + str(second.port) in gw.log()
+        # round_robin = false: back to the first once it takes connections.
+        first.start()
+        restarted = time.monotonic()
+        wait_for(lambda: at_first.first_of(device.after(restarted + 1)), 30, "the bridge back on the first")
+    finally:
+        device.stop()
+    # At least once: every message the gateway acknowledged reached one
+    # of them (the first's subscriber gets what it kept through its stop).
+    acknowledged = device.acknowledged
+    wait_for(lambda: acknowledged <= set(at_first.numbers()) | set(at_second.numbers()), 60,
+             "every acknowledged message upstream")
+    assert len(acknowledged) > 150
+    assert f"bridge up: 127.0.0.1:{first.port}, the first address, takes connections again" in gw.log()
+    for watcher in (at_first, at_second):
+        watcher.client.disconnect()
+    gw.stop()
+
+
 @pytest.fixture(scope="module")
 def upstream_pki(tmp_path_factory):
     ca = trustme.CA()
@@ -281,7 +381,7 @@ def test_bridge_presents_a_client_certificate_to_an_upstream_that_requires_one(t
         cfg = bridge_config(workdir / "bridge.toml", [address], tls=True, ca=upstream_pki["ca"])
         gw = Gateway(workdir, "--config", cfg, "--no-persistence")
         try:
-            gw.wait_for_log(f"bridge up: upstream {address} unreachable")
+            gw.wait_for_log(f"bridge up: upstream {address} TLS handshake failed")
             assert "accepted CONNECT" not in gw.log()
         finally:
             gw.stop()
@@ -345,9 +445,9 @@ def test_tls_bridge_checks_the_ca_and_the_host_name(tmp_path, upstream_pki):
             cfg = bridge_config(workdir / "bridge.toml", [address], tls=True, ca=ca)
             gw = Gateway(workdir, "--config", cfg, "--no-persistence")
             try:
-                gw.wait_for_log(f"bridge up: upstream {address} unreachable")
-                line = [l for l in gw.log().splitlines() if f"upstream {address} unreachable" in l][0]
-                assert message in line
+                gw.wait_for_log(f"bridge up: upstream {address} TLS handshake failed")
+                line = [l for l in gw.log().splitlines() if f"upstream {address} TLS handshake failed" in l][0]
+                assert message in line and "check ca, cert, key" in line
                 assert "accepted CONNECT" not in gw.log()
             finally:
                 gw.stop()

@@ -13,6 +13,7 @@ from twisted.internet.endpoints import HostnameEndpoint
 
 from mqttgw.bridges import bridge as bridge_module
 from mqttgw.bridges.bridge import MQTTBridgeKind
+from mqttgw.bridges.endpoint import SETTLE_SECONDS
 from mqttgw.wire import packets as P
 from tests import fake_network
 from tests.fake_network import Listener, accept, attempts
@@ -59,11 +60,13 @@ def refuse(reactor):
 def wait_for_attempt(reactor):
     """Seconds on the clock until the bridge dials again."""
     before, started = len(reactor.tcpClients), reactor.seconds()
-    while len(reactor.tcpClients) == before:
+    for _ in range(1000):
+        if len(reactor.tcpClients) != before:
+            return reactor.seconds() - started
         calls = reactor.getDelayedCalls()
         assert calls, "nothing scheduled: the bridge gave up"
         reactor.advance(min(c.getTime() for c in calls) - reactor.seconds())
-    return reactor.seconds() - started
+    raise AssertionError(f"no new attempt in {reactor.seconds() - started} s")
 
 
 def connected(reactor, index=-1):
@@ -95,36 +98,48 @@ def test_addresses_are_tried_in_turn_the_first_one_first(router, reactor, logged
     assert f"bridge up: connected to {SECOND}" in logged()
 
 
-def test_an_upstream_refusing_the_connect_counts_as_unreachable(router, reactor, logged):
-    start_bridge(router, reactor)
+def test_an_upstream_refusing_the_connect_moves_on_saying_the_code_and_what_to_check(router, reactor, logged):
+    start_bridge(router, reactor, client_id="site-7")
     upstream = accept(reactor)
     upstream.received()
     upstream.send(P.Connack(P.CONNACK_NOT_AUTHORIZED))
     assert upstream.closed
     assert attempts(reactor) == [FIRST, SECOND]
-    assert f"bridge up: upstream {FIRST} unreachable: CONNACK 5: not authorized" in logged()
+    assert (
+        f"bridge up: upstream {FIRST} refused CONNECT: CONNACK 5: not authorized; check username"
+        " and password, and the upstream's rights for client id 'site-7'"
+    ) in logged()
     connected(reactor)
     assert state(router) == b"1"
 
 
-def test_an_upstream_that_does_not_take_bridge_connects_is_asked_again_plainly(router, reactor):
+def test_an_upstream_that_does_not_take_bridge_connects_is_asked_again_plainly_at_once(router, reactor, logged):
     start_bridge(router, reactor, addresses=[FIRST])
     upstream = accept(reactor)
     [connect] = upstream.received()
     # try_private: mosquitto's bridge flag on the protocol level.
     assert connect.protocol_level == P.MQTT_311 | 0x80
     upstream.send(P.Connack(P.CONNACK_UNACCEPTABLE_PROTOCOL))
-    wait_for_attempt(reactor)
+    # Not a failed round: asked again at once, without waiting.
+    assert attempts(reactor) == [FIRST, FIRST]
     [again] = accept(reactor).received()
     assert again.protocol_level == P.MQTT_311
+    [line] = [line for line in logged() if "try_private" in line]
+    assert line.startswith(
+        f"bridge up: upstream {FIRST} refused CONNECT: CONNACK 1: unacceptable protocol version when"
+        " the CONNECT announced a bridge (try_private, protocol level 0x84)"
+    )
+    assert "set try_private = false" in line
 
 
-def test_a_connection_lost_before_its_connack_moves_on_to_the_next_address(router, reactor):
-    start_bridge(router, reactor)
+def test_a_connection_lost_before_its_connack_moves_on_to_the_next_address(router, reactor, logged):
+    start_bridge(router, reactor, try_private=False, session_fallback="wait")
     upstream = accept(reactor)
     upstream.lose()
     assert attempts(reactor) == [FIRST, SECOND]
     assert state(router) == b"0"
+    [line] = [line for line in logged() if line.startswith(f"bridge up: upstream {FIRST} ")]
+    assert line.startswith(f"bridge up: upstream {FIRST} closed the connection before CONNACK; ")
 
 
 # Backoff
@@ -167,6 +182,7 @@ def test_after_a_connection_that_worked_the_backoff_starts_over(router, reactor,
         waits.append(wait_for_attempt(reactor))
     assert waits == pytest.approx([2.0, 4.0, 8.0])
     upstream = connected(reactor)
+    reactor.advance(SETTLE_SECONDS)
     upstream.lose()
     # Lost after it worked: the waits begin again from the first.
     assert wait_for_attempt(reactor) == pytest.approx(2.0)
@@ -248,14 +264,17 @@ def test_a_3_1_bridge_keeps_its_default_client_id_to_23_characters(monkeypatch):
 def test_links_the_upstream_keeps_closing_at_once_suggest_a_shared_client_id(router, reactor, logged):
     # Another bridge with the same client id: the upstream closes this
     # one's connection each time the other connects.
-    start_bridge(router, reactor, addresses=[FIRST], client_id="site", reconnect_initial=0.5, reconnect_max=1.0)
+    start_bridge(
+        router, reactor, addresses=[FIRST], client_id="site", reconnect_initial=0.5, reconnect_max=1.0,
+        session_fallback="wait",
+    )
     for n in range(3):
         upstream = connected(reactor)
         reactor.advance(0.5)
         upstream.lose()
-        assert not [line for line in logged() if "another client" in line] or n == 2
+        assert not [line for line in logged() if "in a row" in line] or n == 2
         wait_for_attempt(reactor)
-    [warning] = [line for line in logged() if "another client" in line]
+    [warning] = [line for line in logged() if "in a row" in line]
     assert "3 connections in a row were lost within 2 s" in warning and "'site'" in warning
     # A link that lasts starts the count again: two more short ones are
     # not three in a row.
@@ -267,7 +286,7 @@ def test_links_the_upstream_keeps_closing_at_once_suggest_a_shared_client_id(rou
         upstream = connected(reactor)
         reactor.advance(0.5)
         upstream.lose()
-    assert len([line for line in logged() if "another client" in line]) == 1
+    assert len([line for line in logged() if "in a row" in line]) == 1
 
 
 def test_a_stall_of_the_gateway_is_not_the_upstreams_silence():

@@ -101,6 +101,6 @@ def test_a_bridge_names_itself_in_log_lines_and_keeps_its_password_out():
     [(_, bridge)] = options.bridges
     bridge = attr.evolve(bridge, password="s3cret")
     # ClientService logs its endpoint on every retry.
-    endpoint = repr(FailoverEndpoint(None, bridge, None))
+    endpoint = repr(FailoverEndpoint(None, bridge, None, None))
     assert endpoint == "bridge default upstream central:1883"
     assert "s3cret" not in repr(bridge)

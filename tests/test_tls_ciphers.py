@@ -168,7 +168,7 @@ def test_a_bridge_offers_forward_secret_aead_suites_unless_told_otherwise(tmp_pa
         address = f"localhost:{strict.port}"
         bridge_config(tmp_path / "strict.toml", [address], tls=True, ca=pki["ca"])
         gw = gateway_with("--config", str(tmp_path / "strict.toml"), "--no-persistence")
-        gw.wait_for_log(f"bridge up: upstream {address} unreachable")
+        gw.wait_for_log(f"bridge up: upstream {address} TLS handshake failed")
         strict.wait_for("no shared cipher")
         assert "CIPHER is" not in strict.log()
     finally:

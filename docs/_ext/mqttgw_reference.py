@@ -240,6 +240,8 @@ def _bridge_status():
         "drops": {"queue_full": 0, "too_large": 0, "expired": 0, "refused": 0},
         "link_changes": 0, "sent": 0, "received": 0, "refused": 1,
         "reason_codes": {"PUBACK quota_exceeded": 1}, "upstream_limits": {},
+        "address": "central:1883", "disconnected_since": None, "disconnected_s": None,
+        "last_failure": None, "failures": {}, "fallbacks": {}, "clean_fallback": False,
     }
 
 

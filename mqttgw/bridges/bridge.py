@@ -18,10 +18,12 @@ from twisted.logger import Logger
 from mqttgw.bridges import settings as bridge_settings
 from mqttgw.bridges.client import MQTTClientFactory
 from mqttgw.bridges.deaths import DeathCarriers
-from mqttgw.bridges.endpoint import FailoverEndpoint
+from mqttgw.bridges.endpoint import SETTLE_SECONDS, FailoverEndpoint
 from mqttgw.bridges.relay import Relay
+from mqttgw.bridges.returns import Returns
 from mqttgw.bridges.settings import LEVEL_NAMES
-from mqttgw.bridges.versions import upstream_version
+from mqttgw.bridges.upstreams import Upstreams
+from mqttgw.bridges.versions import upstream_versions
 from mqttgw.broker.delivery_policy import DeliveryPolicy, Pacer
 from mqttgw.broker.session import INTERNAL_PREFIX, SessionLimits
 from mqttgw.broker.acks import OrderedAcks
@@ -32,8 +34,8 @@ from mqttgw.wire import reasons as R
 log = Logger()
 
 # A link the upstream closes this soon after accepting it is counted as
-# a likely takeover of its client id.
-TAKEOVER_SECONDS = 2.0
+# a likely takeover of its client id, or a session it cannot serve.
+TAKEOVER_SECONDS = SETTLE_SECONDS
 
 
 def full_jitter(initial, maximum):
@@ -75,8 +77,10 @@ class MQTTBridge(Service):
         self.policy = None
         self.upstream = None
         self._acks = None
-        self._try_private = settings.try_private
         self._service = None
+        # Its addresses, what each made it fall back from, where it is.
+        self.upstreams = Upstreams(settings, reactor)
+        self._returns = Returns(reactor, settings, self.upstreams)
         # Sparkplug edge nodes' NDEATHs held upstream as wills (bridges.deaths).
         self.deaths = None
         if settings.max_sparkplug_wills:
@@ -85,8 +89,10 @@ class MQTTBridge(Service):
         self.sent = 0
         self.received = 0
         self.connected_since = None
-        # What differs with the MQTT version spoken upstream.
-        self.version = upstream_version(settings)
+        # What differs with the MQTT version spoken upstream: by level
+        # (bridges.versions), and the current link's.
+        self.versions = upstream_versions(settings)
+        self.version = self.versions[settings.protocol_level]
         # 5.0 reason codes the upstream answered with, other than success,
         # by "PACKET reason name"; and how many said a message was refused.
         self.reason_codes = Counter()
@@ -109,8 +115,12 @@ class MQTTBridge(Service):
         return {
             "name": self.settings.name,
             "kind": "mqtt",
-            "protocol": LEVEL_NAMES[self.settings.protocol_level],
+            # Spoken at the address it is on or trying (see fallbacks).
+            "protocol": LEVEL_NAMES[self.upstreams.current.level],
             "addresses": list(self.settings.addresses),
+            # address, disconnected_since/_s, last_failure, failures,
+            # fallbacks, clean_fallback: see bridges.upstreams.
+            **self.upstreams.status(),
             "connected": upstream is not None,
             "connected_since": self.connected_since,
             "queued": session.queued if session is not None else 0,
@@ -187,16 +197,24 @@ class MQTTBridge(Service):
         self.session = session
         self._subscribe_locally()
         self._publish_local_state(b"0")
-        self._factory = MQTTClientFactory(
-            self.version.connect(self._try_private), self, self.reactor, self.version
-        )
+        self._factory = MQTTClientFactory(None, self, self.reactor, self.version)
+        jitter = full_jitter(s.reconnect_initial, s.reconnect_max)
         self._service = ClientService(
-            FailoverEndpoint(self.reactor, s, self.connect_failed),
+            FailoverEndpoint(self.reactor, s, self.upstreams, self._prepare, self._returns.link),
             self._factory,
-            retryPolicy=full_jitter(s.reconnect_initial, s.reconnect_max),
+            # A move made on purpose (bridges.returns) does not wait.
+            retryPolicy=lambda failed: 0.0 if self.upstreams.at_once() else jitter(failed),
             clock=self.reactor,
         )
         self._service.startService()
+
+    def _prepare(self, address, clean_fallback):
+        """The next CONNECT, for ``address`` (bridges.upstreams): ``(connect, version)``."""
+        version = self.versions[address.level]
+        connect = version.connect(address.try_private, clean_fallback, address.remote_state)
+        self._factory.connect_packet = connect
+        self._factory.version = version
+        return connect, version
 
     def _subscribe_locally(self):
         """The bridge session's subscriptions: the out rules' local filters, at their QoS."""
@@ -213,6 +231,7 @@ class MQTTBridge(Service):
     def stopService(self):
         super().stopService()
         d = self._service.stopService() if self._service else None
+        self._returns.stop()
         if self.session is not None and self.session.connection is not None:
             self.router.disconnect(self.session, publish_will=False)
         if self.deaths is not None:
@@ -231,6 +250,7 @@ class MQTTBridge(Service):
         s = self.settings
         log.info("bridge {name}: upstream accepted CONNECT", name=s.name)
         self.upstream = upstream
+        self.version = upstream.version
         self.link_changes += 1
         self.connected_since = self.reactor.seconds()
         self._acks = OrderedAcks(self.router.store, self._write_upstream(upstream))
@@ -256,7 +276,8 @@ class MQTTBridge(Service):
         incoming = [(r.remote_filter, r.qos) for r in s.rules if r.incoming]
         if incoming:
             upstream.write(self.version.subscribe(incoming).encode())
-        upstream.write(self.version.state(s.remote_state_topic, b"1").encode())
+        if self.upstreams.current.remote_state:
+            upstream.write(self.version.state(s.remote_state_topic, b"1").encode())
         self._publish_local_state(b"1")
         # What waited while the upstream was away drains now, in order.
         self.session.attach(Relay(self, upstream), frames, receive_maximum)
@@ -295,7 +316,8 @@ class MQTTBridge(Service):
                 log.warn(
                     "bridge {name}: {count} connections in a row were lost within {seconds:g} s"
                     " of the upstream accepting them: is another client connecting as"
-                    " {client_id!r}? Each site's bridge needs its own client_id",
+                    " {client_id!r}? Each site's bridge needs its own client_id. Or the"
+                    " upstream cannot serve the session there (see session_fallback)",
                     name=self.settings.name, count=self.short_links, seconds=TAKEOVER_SECONDS,
                     client_id=self.settings.client_id,
                 )
@@ -310,7 +332,9 @@ class MQTTBridge(Service):
                 self.deaths.link_lost()
             if self.session.connection is not None:
                 self.router.disconnect(self.session, publish_will=False)
-            self._publish_local_state(b"0")
+            # A stopped bridge's state topic is its successor's (stopService).
+            if self.running:
+                self._publish_local_state(b"0")
 
     def packet(self, upstream, packet):
         session = self.session
@@ -394,24 +418,3 @@ class MQTTBridge(Service):
                 routed = message is not None and self.router.publish(message, sender=session)
                 durable = routed or session.store is not None
             self._acks.send(P.pubrec_bytes(mid), durable)
-
-    def connect_failed(self, error):
-        version = self.version
-        if version.will_refused(error):
-            log.info(
-                "bridge {name}: upstream refused the will ({reason}); asking again with"
-                " will QoS {qos}, {retain}",
-                name=self.settings.name,
-                reason=R.name(error.code),
-                qos=version.will_qos,
-                retain="retained" if version.will_retain else "not retained",
-            )
-            self._factory.connect_packet = version.connect(self._try_private)
-            return
-        if error.code == 1 and self._try_private:
-            log.info(
-                "bridge {name}: upstream does not take bridge CONNECTs; trying plain",
-                name=self.settings.name,
-            )
-            self._try_private = False
-            self._factory.connect_packet = version.connect(self._try_private)

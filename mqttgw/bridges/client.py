@@ -26,9 +26,13 @@ class ConnectRefused(Exception):
     a 5.0 reason code, as ``text`` says (see bridges.versions).
     """
 
-    def __init__(self, code, text):
+    def __init__(self, code, text, properties=None):
         super().__init__(text)
         self.code = code
+        properties = properties or {}
+        # 5.0: why, and where to go instead, if the upstream said.
+        self.reason_string = properties.get("reason_string")
+        self.server_reference = properties.get("server_reference")
 
 
 class MQTTClientProtocol(Protocol):
@@ -48,6 +52,11 @@ class MQTTClientProtocol(Protocol):
         self.framer = version.framer(connect, max_packet_size)
         # Fires with the CONNACK, or fails (refused, or lost before it).
         self.connack = Deferred()
+        # Fires once the connection is lost, whenever that is, with why
+        # (the exception, not a Failure: nothing waiting on it fails).
+        self.lost = Deferred()
+        # The upstream's last DISCONNECT (5.0: its reason code).
+        self.disconnect_packet = None
         # 5.0: the server's CONNACK properties, its limits among them.
         self.server_properties = {}
         # The keepalive in use: ours, or the server's keep alive (5.0).
@@ -82,6 +91,8 @@ class MQTTClientProtocol(Protocol):
                 if not self.is_connected:
                     self._connack(packet)
                 else:
+                    if type(packet) is P.Disconnect:
+                        self.disconnect_packet = packet
                     self.handler.packet(self, packet)
         except ProtocolViolation as e:
             log.warn("upstream sent a malformed packet: {reason}", reason=str(e))
@@ -103,6 +114,11 @@ class MQTTClientProtocol(Protocol):
             if out:
                 self.transport.write(b"".join(out))
 
+    def disconnect(self):
+        """Ends the link with DISCONNECT: the upstream discards the will."""
+        self.transport.write(P.Disconnect().encode())
+        self._close_gracefully()
+
     def _close_gracefully(self, timeout=5.0):
         if self._closing is None:
             self.transport.loseConnection()
@@ -112,7 +128,10 @@ class MQTTClientProtocol(Protocol):
         if not isinstance(packet, P.Connack):
             raise ProtocolViolation(f"expected CONNACK, got {type(packet).__name__}")
         if packet.return_code:
-            self.connack.errback(ConnectRefused(packet.return_code, self.version.refused(packet.return_code)))
+            self.connack.errback(ConnectRefused(
+                packet.return_code, self.version.refused(packet.return_code),
+                packet.properties,
+            ))
             self.transport.loseConnection()
             return
         self.is_connected = True
@@ -154,6 +173,7 @@ class MQTTClientProtocol(Protocol):
         if self.is_connected:
             self.is_connected = False
             self.handler.disconnected(self, reason)
+        self.lost.callback(reason.value)
 
 
 class MQTTClientFactory(Factory):

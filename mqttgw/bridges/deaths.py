@@ -18,12 +18,11 @@ carriers are dropped without DISCONNECT: the nodes are cut off from the
 upstream.
 """
 
-import attr
 from twisted.internet.protocol import Factory
 from twisted.logger import Logger
 
 from mqttgw.bridges.client import MQTTClientProtocol
-from mqttgw.bridges.endpoint import FailoverEndpoint
+from mqttgw.bridges.endpoint import address_endpoint
 from mqttgw.wire import packets as P
 from mqttgw.wire.sparkplug import topics
 
@@ -139,13 +138,16 @@ class DeathCarriers:
         return None
 
     def _connect(self, carrier):
-        s = self.bridge.settings
+        bridge = self.bridge
+        s = bridge.settings
         self._made += 1
         payload, qos = carrier.will
-        v5 = s.protocol_level == P.MQTT_5
+        # Where the bridge is, in the version spoken there.
+        version = bridge.version
+        v5 = version.level == P.MQTT_5
         connect = P.Connect(
             client_id=f"{s.client_id}/{self._made}",
-            protocol_level=s.protocol_level,
+            protocol_level=version.level,
             clean_session=True,
             keepalive=s.keepalive,
             will_topic=carrier.key,
@@ -158,14 +160,18 @@ class DeathCarriers:
             properties={} if v5 else None,
             will_properties={} if v5 else None,
         )
-        factory = Factory.forProtocol(
-            lambda: MQTTClientProtocol(connect, carrier, self.bridge.reactor, version=self.bridge.version)
-        )
+        factory = Factory.forProtocol(lambda: MQTTClientProtocol(connect, carrier, bridge.reactor, version=version))
         factory.noisy = False
-        # Its log lines name the node whose will it holds.
-        named = attr.evolve(s, name=f"{s.name} (will {carrier.key})")
-        d = FailoverEndpoint(self.bridge.reactor, named, lambda error: None).connect(factory)
-        d.addErrback(lambda _: self.lost(carrier))
+        d = address_endpoint(bridge.reactor, s, bridge.upstreams.current.text).connect(factory)
+        d.addCallback(lambda protocol: protocol.connack)
+        d.addErrback(self._not_connected, carrier)
+
+    def _not_connected(self, failure, carrier):
+        log.info(
+            "bridge {name}: no connection upstream for the NDEATH of {topic}: {reason}",
+            name=self.bridge.settings.name, topic=carrier.key, reason=failure.getErrorMessage(),
+        )
+        self.lost(carrier)
 
     def _end(self, remote):
         carrier = self.carriers.pop(remote, None)

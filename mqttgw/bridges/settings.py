@@ -120,6 +120,9 @@ class BridgeSettings:
     reconnect_initial = attr.ib()
     reconnect_max = attr.ib()
     max_sparkplug_wills = attr.ib(default=0)
+    round_robin = attr.ib(default=False)
+    session_fallback = attr.ib(default="clean")
+    session_fallback_retry = attr.ib(default=300.0)
 
 
 # [[bridge]] keys; deploy/mqttgw.toml shows each (mqttgw.service.example).
@@ -134,7 +137,24 @@ BRIDGE_KEYS = [
     ),
     Key(
         "bridge", "addresses", list, REQUIRED, "upstream HOST:PORT, tried in turn",
-        doc="Failover: the next is tried when one cannot be reached.",
+        doc=(
+            "Failover, as mosquitto's bridges do it: after an address fails "
+            "or its link is lost, the next one is tried first, each once a "
+            "round, and the reconnect backs off only once all have failed.  "
+            "An address that accepts CONNECT and closes the connection within"
+            " 2 s has failed too (a cluster node that cannot serve the "
+            "session).  See round_robin for going back to the first."
+        ),
+    ),
+    Key(
+        "bridge", "round_robin", bool, False, "addresses as equals: stay where the link works (mosquitto's round_robin)",
+        doc=(
+            "false: the first address is the main one; while on another, "
+            "the bridge opens a TCP connection to the first every 5 s (less "
+            "often after a return that did not last) and moves back once it "
+            "is accepted.  true: it stays on whichever address works, as "
+            "suits the nodes of one cluster."
+        ),
     ),
     Key(
         "bridge", "rules", list, REQUIRED, "'PATTERN in|out|both QOS [LOCAL_PREFIX REMOTE_PREFIX]'",
@@ -179,12 +199,42 @@ BRIDGE_KEYS = [
     Key("bridge", "username", str, "", "user name upstream"),
     Key("bridge", "password", str, "", "password upstream"),
     Key("bridge", "clean_session", bool, False, "a clean session upstream"),
+    Key(
+        "bridge", "session_fallback", str, "clean", "where no address resumes the persistent session: clean or wait", choices=("clean", "wait"),
+        doc=(
+            "An address resumes the persistent session (clean_session false)"
+            " if it accepts CONNECT and keeps the link; where each address "
+            "drops or refuses it (a cluster whose node holding the session "
+            "is down), ``clean`` connects at once with a clean session under"
+            " the client id CLIENT_ID/clean, subscribing the in rules again:"
+            " the out rules keep flowing, and nothing the bridge holds for "
+            "them is dropped; the in rules get what is published from then "
+            "on, while what the upstream holds for the persistent session "
+            "(left as it is) comes only once that is resumed, if the "
+            "upstream kept it.  ``wait`` keeps trying the persistent session,"
+            " and nothing flows meanwhile.  The persistent session is tried "
+            "again at each reconnection and every session_fallback_retry "
+            "seconds."
+        ),
+    ),
+    Key(
+        "bridge", "session_fallback_retry", float, 300.0, "seconds on a fallback clean session before the persistent one is tried again (0: at reconnections only)", 0.0,
+        doc=(
+            "The link is closed and the persistent session tried at the same"
+            " address first; where it still cannot be resumed, the bridge "
+            "is back on a clean session within the round."
+        ),
+    ),
     Key("bridge", "keepalive", int, 60, "keepalive upstream, seconds", 1, 65535),
     Key(
         "bridge", "try_private", bool, True, "announce itself as a bridge (mosquitto's try_private)",
         doc=(
-            "So the upstream does not echo our own messages back; falls back "
-            "if refused."
+            "So the upstream does not echo our own messages back (protocol "
+            "level with 0x80 added).  An address that refuses it (CONNACK 1, "
+            "as mosquitto) or closes the connection before CONNACK (as "
+            "RabbitMQ) is asked again at once without it, and is not asked "
+            "with it again while the gateway runs; the log says so once per "
+            "address.  Not sent over 5.0 (no local does its work)."
         ),
     ),
     Key(
@@ -303,6 +353,13 @@ def parse_address(address):
     return host.strip("[]"), int(port)
 
 
+# Keys that BridgeSettings takes as the table gives them.
+_AS_GIVEN = (
+    "reconnect_initial", "reconnect_max", "max_sparkplug_wills", "round_robin", "session_fallback",
+    "session_fallback_retry",
+)
+
+
 def check(table):
     """A [[bridge]] table checked into BridgeSettings; ConfigError names the key."""
     where = f"bridge {table.get('name', '?')!r}"
@@ -352,9 +409,7 @@ def check(table):
         max_inflight_messages=values["max_inflight_messages"],
         state_topic=values["state_topic"] or f"{BRIDGE_STATE_PREFIX}{name}/state",
         remote_state_topic=values["remote_state_topic"] or notification_topic(client_id),
-        reconnect_initial=values["reconnect_initial"],
-        reconnect_max=values["reconnect_max"],
-        max_sparkplug_wills=values["max_sparkplug_wills"],
+        **{name: values[name] for name in _AS_GIVEN},
     )
     if settings.reconnect_max < settings.reconnect_initial:
         raise ConfigError(f"{where}: bridge.reconnect_max must not be below reconnect_initial")

@@ -49,6 +49,18 @@ def upstream_version(settings):
     return Upstream3(settings)
 
 
+def upstream_versions(settings):
+    """
+    The version objects a bridge may speak, by protocol level: its own,
+    and for a 5.0 bridge 3.1.1's, which an upstream that refuses 5.0 gets
+    instead (bridges.upstreams).
+    """
+    versions = {settings.protocol_level: upstream_version(settings)}
+    if settings.protocol_level == P.MQTT_5:
+        versions[P.MQTT_311] = Upstream3(settings, P.MQTT_311)
+    return versions
+
+
 class Upstream3:
     """MQTT 3.1 and 3.1.1 upstream: no properties, return codes only."""
 
@@ -56,14 +68,32 @@ class Upstream3:
     will_qos = 1
     will_retain = True
 
-    def __init__(self, settings):
+    def __init__(self, settings, level=None):
         self.settings = settings
+        # The level spoken: the settings', or 3.1.1 where 5.0 was refused.
+        self.level = level or (settings.protocol_level if settings is not None else P.MQTT_311)
 
-    def connect(self, try_private):
-        """The CONNECT sent upstream; try_private marks it a bridge's."""
-        s = self.settings
-        level = s.protocol_level | (0x80 if try_private else 0)
-        return _connect(s, level, self, None, None)
+    def connect(self, try_private, clean_fallback=False, remote_state=True):
+        """
+        The CONNECT sent upstream; try_private marks it a bridge's;
+        clean_fallback makes it the clean session that stands in for the
+        persistent one (see fallback_client_id); remote_state gives it
+        the state topic's will.
+        """
+        level = self.level | (0x80 if try_private else 0)
+        return _connect(self.settings, level, clean_fallback, remote_state and self, None, None)
+
+    def protocol_refused(self, code):
+        """Whether a CONNACK with ``code`` refuses the protocol level."""
+        return code == P.CONNACK_UNACCEPTABLE_PROTOCOL
+
+    def will_topic_refused(self, code):
+        """
+        Whether a CONNACK with ``code`` may refuse the will's topic: 3.1.1
+        has no code for it, and an upstream that forbids ``$`` topics
+        (ejabberd) answers one beyond those 3.1.1 defines.
+        """
+        return code > P.CONNACK_NOT_AUTHORIZED
 
     def attach(self, upstream, clock, session):
         """
@@ -132,13 +162,21 @@ class Upstream5(Upstream3):
         # The current link's framing and limits (Framing5).
         self.framing = None
 
-    def connect(self, try_private):
+    def connect(self, try_private, clean_fallback=False, remote_state=True):
         # No try_private: no local does its work.
         s = self.settings
         properties = {"topic_alias_maximum": UPSTREAM_TOPIC_ALIASES}
-        if s.session_expiry_interval:
+        if s.session_expiry_interval and not clean_fallback:
             properties["session_expiry_interval"] = s.session_expiry_interval
-        return _connect(s, s.protocol_level, self, properties, {})
+        return _connect(s, self.level, clean_fallback, remote_state and self, properties, {})
+
+    def protocol_refused(self, code):
+        # A 3.x CONNACK 1 is read as this too (wire.reasons.CONNACK_FROM_V3).
+        return code == R.UNSUPPORTED_PROTOCOL_VERSION
+
+    def will_topic_refused(self, code):
+        # The only topic a CONNECT names is its will's.
+        return code == R.TOPIC_NAME_INVALID
 
     def attach(self, upstream, clock, session):
         s = self.settings
@@ -213,21 +251,32 @@ class Upstream5(Upstream3):
         return False
 
 
-def _connect(s, level, will, properties, will_properties):
+def fallback_client_id(settings):
+    """
+    The client id of the clean session that stands in for the persistent
+    one: another id, so that the upstream keeps the persistent session as
+    it is, to be resumed later, and nothing of it (RabbitMQ's queue named
+    after the client id, on a node that is down) is in the way.
+    """
+    return f"{settings.client_id}/clean"
+
+
+def _connect(s, level, clean_fallback, will, properties, will_properties):
+    """``will``: the version whose will QoS and retain are taken, or None for no will."""
     return P.Connect(
-        client_id=s.client_id,
+        client_id=fallback_client_id(s) if clean_fallback else s.client_id,
         protocol_level=level,
-        protocol_name=P.PROTOCOL_NAMES[s.protocol_level],
-        clean_session=s.clean_session,
+        protocol_name=P.PROTOCOL_NAMES[level & 0x7F],
+        clean_session=s.clean_session or clean_fallback,
         keepalive=s.keepalive,
-        will_topic=s.remote_state_topic,
-        will_message=b"0",
-        will_qos=will.will_qos,
-        will_retain=will.will_retain,
+        will_topic=s.remote_state_topic if will else None,
+        will_message=b"0" if will else None,
+        will_qos=will.will_qos if will else 0,
+        will_retain=will.will_retain if will else False,
         username=s.username,
         password=s.password,
         properties=properties,
-        will_properties=will_properties,
+        will_properties=will_properties if will else None,
     )
 
 

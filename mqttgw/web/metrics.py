@@ -133,6 +133,47 @@ class Metrics:
     def describe(self):
         return []
 
+    def _bridge_links(self):
+        """Where each bridge's link is, since when it has none, and what its upstreams did."""
+        down = GaugeMetricFamily(
+            "mqttgw_bridge_down_seconds", "seconds since a bridge last had a working upstream link (0: it has one)",
+            labels=["bridge"],
+        )
+        address = GaugeMetricFamily(
+            "mqttgw_bridge_address", "1 for the upstream address a bridge is on or trying, 0 for its others",
+            labels=["bridge", "address"],
+        )
+        failures = CounterMetricFamily(
+            "mqttgw_bridge_connect_failures",
+            "failed attempts to connect upstream, by address and what the upstream did",
+            labels=["bridge", "address", "reason"],
+        )
+        fallbacks = GaugeMetricFamily(
+            "mqttgw_bridge_fallback",
+            "1 for each fallback in effect at an upstream address (try_private_off, mqttv311)",
+            labels=["bridge", "address", "fallback"],
+        )
+        clean = GaugeMetricFamily(
+            "mqttgw_bridge_clean_fallback", "1 while a bridge is on a clean session for want of its persistent one",
+            labels=["bridge"],
+        )
+        for bridge in self.bridges:
+            status = bridge.status()
+            if "address" not in status:
+                continue
+            name = status["name"]
+            down.add_metric([name], status["disconnected_s"] or 0)
+            for one in status["addresses"]:
+                address.add_metric([name, one], 1 if one == status["address"] else 0)
+            for one, kinds in status["failures"].items():
+                for kind, count in kinds.items():
+                    failures.add_metric([name, one, kind], count)
+            for one, names in status["fallbacks"].items():
+                for fallback in names:
+                    fallbacks.add_metric([name, one, fallback.replace(" ", "_")], 1)
+            clean.add_metric([name], 1 if status["clean_fallback"] else 0)
+        return [down, address, failures, fallbacks, clean]
+
     def collect(self):
         router = self.router
         stats = router.stats
@@ -226,6 +267,7 @@ class Metrics:
         yield from more.values()
         yield drops
         yield reason_codes
+        yield from self._bridge_links()
         archive = self.archive
         if archive is not None:
             written = CounterMetricFamily("mqttgw_archive_rows_written", "rows written to the archive")

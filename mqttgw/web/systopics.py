@@ -104,6 +104,11 @@ MEANINGS = {
     "bridge/BRIDGE/refused": "messages the upstream refused with a 5.0 reason code (shown once any is)",
     "bridge/BRIDGE/link/changes": "times the upstream link came up or went down",
     "bridge/BRIDGE/drain/rate": "messages sent upstream a second, over the last minute",
+    "bridge/BRIDGE/link/address": "the upstream address the bridge is on, or trying",
+    "bridge/BRIDGE/link/down": "seconds since the bridge last had a working upstream link (0: it has one)",
+    "bridge/BRIDGE/link/failure": "the last failed attempt: ADDRESS: what the upstream did (none: none yet)",
+    "bridge/BRIDGE/link/fallbacks": "fallbacks in effect, ADDRESS: try_private off, mqttv311; ... (none: none)",
+    "bridge/BRIDGE/link/clean_fallback": "1 while on a clean session for want of the persistent one, else 0",
     "sparkplug/nodes_online": "Sparkplug edge nodes online",
     "sparkplug/devices_online": "Sparkplug devices online",
     "sparkplug/births": "NBIRTH messages seen",
@@ -114,6 +119,20 @@ MEANINGS = {
     "sparkplug/certificates": "births kept on $sparkplug/certificates/",
     "sparkplug/untracked": "births past sparkplug.max_nodes or max_devices, not tracked",
 }
+
+
+def _link_values(prefix, status):
+    """A bridge's link: where it is, since when it has none, what the upstream last did."""
+    failure = status["last_failure"]
+    down = status["disconnected_s"]
+    fallbacks = "; ".join(f"{address}: {', '.join(names)}" for address, names in status["fallbacks"].items())
+    return {
+        prefix + "link/address": status["address"],
+        prefix + "link/down": 0 if down is None else f"{down:.0f}",
+        prefix + "link/failure": "none" if failure is None else f"{failure['address']}: {failure['reason']}",
+        prefix + "link/fallbacks": fallbacks or "none",
+        prefix + "link/clean_fallback": 1 if status["clean_fallback"] else 0,
+    }
 
 
 def known(pattern):
@@ -226,6 +245,8 @@ class SysTopics:
                 values[prefix + "queued/oldest"] = 0 if oldest is None else f"{oldest:.0f}"
             for reason, count in status.get("drops", {}).items():
                 values[f"{prefix}dropped/{reason}"] = count
+            if "address" in status:
+                values.update(_link_values(prefix, status))
         if router.sparkplug is not None:
             for name, count in router.sparkplug.stats.as_dict().items():
                 values[f"{broker}sparkplug/{name}"] = count
