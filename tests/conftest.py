@@ -45,11 +45,15 @@ def require_program(name):
     """
     path = shutil.which(name)
     if path is None:
-        message = f"{name} is not installed"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message + " (required under CI)")
-        pytest.skip(message)
+        cannot_run(f"{name} is not installed")
     return path
+
+
+def cannot_run(why):
+    """What the test needs is not here: skipped locally, failed under CI."""
+    if os.environ.get("CI") == "true":
+        pytest.fail(why + " (required under CI)")
+    pytest.skip(why)
 
 
 @pytest.fixture
