@@ -399,3 +399,24 @@ def test_the_record_is_read_without_writing(tmp_path, read_only):
     read_only(tmp_path)
     assert RecordFile(tmp_path / "mqttgw.db.state").read() == Record(*identity)
 
+
+def test_an_admin_socket_a_read_only_data_directory_cannot_take_is_gone_without(tmp_path, read_only, logged):
+    from twisted.internet import reactor
+    from twisted.internet.protocol import Factory, Protocol
+
+    from mqttgw.service.build import unix_description
+    from mqttgw.transports.listening import ListenerService
+
+    read_only(tmp_path)
+    path = str(tmp_path / "admin.sock")
+    optional = ListenerService(
+        reactor, "http", unix_description(path), Factory.forProtocol(Protocol), name=path, required=False
+    )
+    optional.privilegedStartService()
+    assert optional.port is None
+    assert any(f"http listener {path}: cannot listen: " in line and "going on without it" in line for line in logged())
+    optional.stopService()
+    # One that is required still stops start-up, with one line.
+    required = ListenerService(reactor, "http", unix_description(path), Factory.forProtocol(Protocol), name=path)
+    with pytest.raises(SystemExit, match=f"^mqttgw: http listener {path}: cannot listen: "):
+        required.privilegedStartService()
