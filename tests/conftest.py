@@ -62,11 +62,15 @@ def require_program(name, path=None):
     """
     found = shutil.which(name, path=path)
     if found is None:
-        message = f"{name} is not installed"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message + " (required under CI)")
-        pytest.skip(message)
+        cannot_run(f"{name} is not installed")
     return found
+
+
+def cannot_run(why):
+    """What the test needs is not here: skipped locally, failed under CI."""
+    if os.environ.get("CI") == "true":
+        pytest.fail(why + " (required under CI)")
+    pytest.skip(why)
 
 
 @pytest.fixture

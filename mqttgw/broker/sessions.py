@@ -171,6 +171,21 @@ class Sessions:
         if not session.internal and session.connection is None:
             stats.clients_disconnected -= 1
 
+    def resumes_session(self, client_id, clean_start, owner):
+        """
+        Whether a CONNECT would resume the persistent session it has (one
+        its identity ``owner`` owns) rather than start one: a store that
+        cannot be written still serves such a session, as it does one
+        connected when the store failed, but cannot record a new one.
+        """
+        session = self.sessions.get(client_id)
+        return (
+            session is not None
+            and not clean_start
+            and not session.clean_session
+            and session.owner in (None, owner)
+        )
+
     def may_start_session(self, client_id, clean_session):
         """
         Whether a CONNECT may go on: False when it would create one more

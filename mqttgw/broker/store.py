@@ -10,7 +10,9 @@ before the reactor runs.
 The store knows what it held: its database file (storefile.py) is opened
 only when it holds what its record says it held, and after each commit
 the writer checks that the open files are still the ones at their paths,
-so nothing is acknowledged into a file that was removed.
+so nothing is acknowledged into a file that was removed.  One that can be
+read but not written at start-up starts failed, as a failed commit leaves
+it, until a probe opens it for writing.
 
 This module is the reactor's side: the writes of a turn gathered and
 handed over when it ends, callbacks after their commit, and congestion
@@ -24,13 +26,13 @@ from twisted.logger import Logger
 from mqttgw.broker import sql, stored, writes
 from mqttgw.broker.record import Record
 from mqttgw.broker.sql import SCHEMA_VERSION
-from mqttgw.broker.storefile import StoreDamaged, StoreError, StoreFile, StoreMoved
+from mqttgw.broker.storefile import StoreDamaged, StoreError, StoreFile, StoreMoved, StoreUnwritable
 from mqttgw.broker.writer import PROBE, Barrier, StoreFailed, StoreWriter
 
 # What callers and tests name through this module, wherever it is kept.
 __all__ = [
     "MAX_BACKLOG", "SCHEMA_VERSION", "Record", "Store", "StoreDamaged", "StoreError", "StoreFailed",
-    "StoreMoved",
+    "StoreMoved", "StoreUnwritable",
 ]
 
 log = Logger()
@@ -57,14 +59,22 @@ def _part(part, name):
 class Store:
     """
     Open (creating if need be) the store in ``data_dir``.  Anything wrong
-    with an existing file raises StoreError; it is never replaced.
+    with an existing file raises StoreError; it is never replaced.  One
+    that can be read but not written starts failed (storefile.py).
     """
 
     def __init__(self, data_dir, reactor, durability="fsync", batch=1000, recover=False):
         self.file = StoreFile(data_dir, durability, recover)
         self.reactor = reactor
         self._queue = queue.SimpleQueue()
-        self.writer = StoreWriter(self.file, self._queue, reactor, batch, self._written)
+        self.writer = StoreWriter(self.file, self._queue, reactor, batch, self._written, self._probed)
+        if self.file.unwritable is not None:
+            # Read for reading only: failed, as after a failed commit, so
+            # what needs a write is refused until a probe opens it for
+            # writing.
+            self.writer.failed = StoreUnwritable(self.file.unwritable)
+        # Whether a probe is handed over and not yet done with.
+        self._probing = False
         # Ops of this reactor turn, not yet handed to the writer; and per
         # client id, its last queued delivery sent this turn (see sent).
         self._ops = []
@@ -112,9 +122,21 @@ class Store:
     def load(self):
         """Everything stored: ``(retained [(topic, payload, qos, properties,
         expiry)], sessions)``."""
-        return stored.load(self.file.db, self.file.path)
+        held = stored.load(self.file.db, self.file.path)
+        self.file.loaded()
+        return held
 
     def start(self):
+        if self.file.unwritable is not None:
+            # Here, once logging has started: a critical line before it is
+            # also printed to stderr.
+            log.critical(
+                "store {path}: started degraded, read but not written: {error}; it serves"
+                " what it holds, and publishes that need the store and new persistent"
+                " sessions are refused until a probe finds it can be written",
+                path=self.path,
+                error=self.file.unwritable,
+            )
         self.writer.start()
 
     def stop(self):
@@ -127,10 +149,18 @@ class Store:
     def probe(self):
         """
         Check, in the writer thread, that the data directory still takes a
-        new file and the database a commit; a failure makes the store
-        failed (as a failed commit does) until a later commit succeeds.
+        new file and the database a commit (opening it for writing first
+        if it was read for reading only); a failure makes the store failed
+        (as a failed commit does) until a later probe succeeds.  One probe
+        at a time: a disk that hangs is not handed more.
         """
+        if self._probing:
+            return
+        self._probing = True
         self._queue.put(PROBE)
+
+    def _probed(self):
+        self._probing = False
 
     def run_pending(self):
         """

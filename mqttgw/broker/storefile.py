@@ -3,8 +3,10 @@ The store's database file and what it must be: opened (and made, when
 there is neither it nor its record) only when it holds what its record
 (record.py) says it held, readable by the gateway's user only, locked
 against a second gateway; set aside when damaged (persistence.recover);
-checked after each commit to still be the file at its path, and made
-again there from the open database when it is not.
+opened for reading only when it can be read but not written, and for
+writing once a probe finds it can be; checked after each commit to still
+be the file at its path, and made again there from the open database
+when it is not.
 """
 
 import os
@@ -14,7 +16,7 @@ from pathlib import Path
 
 from twisted.logger import Logger
 
-from mqttgw.broker import sql
+from mqttgw.broker import sql, storelock, storeread
 from mqttgw.broker.record import (
     SUFFIX as RECORD_SUFFIX,
     Record,
@@ -23,10 +25,12 @@ from mqttgw.broker.record import (
     create_private,
     file_id,
     fsync_directory,
-    new_id,
     tighten,
 )
-from mqttgw.broker.sql import SCHEMA_VERSION
+from mqttgw.broker.storecheck import HELD_UNREAD, StoreChecks, StoreDamaged, StoreError, quick_check
+
+# What callers name through this module, wherever it is kept.
+__all__ = ["StoreDamaged", "StoreError", "StoreFile", "StoreMoved", "StoreUnwritable"]
 
 # Logged as the store: one name for whatever operators filter on.
 log = Logger(namespace="mqttgw.broker.store")
@@ -41,24 +45,15 @@ DURABILITY = {
 }
 
 
-class StoreError(Exception):
-    """The store cannot be opened or read; the message names the file."""
-
-
-class StoreDamaged(StoreError):
-    """
-    The database does not hold what its record says it held (or cannot be
-    read): ``persistence.recover`` sets its files aside.  ``held`` says
-    what it holds, for the log.
-    """
-
-    def __init__(self, message, held="nothing"):
-        super().__init__(message)
-        self.held = held
-
-
 class StoreMoved(Exception):
     """The open database is no longer the file at its path."""
+
+
+class StoreUnwritable(Exception):
+    """
+    The store was opened for reading only (it could not be written at
+    start-up): nothing is committed until a probe opens it for writing.
+    """
 
 
 class StoreFile:
@@ -68,6 +63,11 @@ class StoreFile:
     ``db`` is the open connection, ``id`` and ``committed`` the database's
     identity and its commits (a commit that writes nothing is not
     counted), as its meta table and its record keep them.
+
+    A store that exists and can be read but not written (a full disk, a
+    read-only mount or file) is opened for reading only: ``unwritable``
+    says why, ``db`` reads it until ``loaded()``, and nothing is written
+    (not even its record) until ``probe()`` opens it for writing.
     """
 
     def __init__(self, data_dir, durability="fsync", recover=False):
@@ -77,6 +77,7 @@ class StoreFile:
         # As str, for the stats after each commit.
         self._paths = (str(self.path), str(self._wal))
         self.record = RecordFile(self.data_dir / (DB_NAME + RECORD_SUFFIX))
+        self.checks = StoreChecks(self.path, self.record.path)
         self.id = None
         self.committed = 0
         # (st_dev, st_ino) of the database and its -wal as opened; moved
@@ -85,6 +86,8 @@ class StoreFile:
         self._file_ids = None
         self.moved = False
         self._synchronous = DURABILITY[durability]
+        # Why it was opened for reading only, or None: it is writable.
+        self.unwritable = None
         self._make_private()
         self.lock = _lock(self.data_dir / LOCK_NAME)
         try:
@@ -94,20 +97,32 @@ class StoreFile:
             self.record.close()
             raise
 
-    def _make_private(self):
+    def _make_private(self, strict=False):
         """
         Queued payloads are in the store (and its -wal): readable by the
-        gateway's user only, whatever the umask.
+        gateway's user only, whatever the umask.  Unless ``strict``, modes
+        that cannot be changed (a read-only mount) are a warning: the
+        store is then read, and ``strict`` again before it is written.
         """
         try:
             self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as e:
+            raise StoreError(f"data directory {self.data_dir}: {e.strerror}") from None
+        try:
             wider = tighten(
                 [self.data_dir]
                 + [self.data_dir / (DB_NAME + s) for s in ("", "-wal", "-shm", RECORD_SUFFIX)]
                 + [self.data_dir / LOCK_NAME]
             )
         except OSError as e:
-            raise StoreError(f"data directory {self.data_dir}: {e.strerror}") from None
+            if strict:
+                raise
+            log.warn(
+                "data directory {dir}: cannot be made readable by its owner only: {error}",
+                dir=self.data_dir,
+                error=e.strerror,
+            )
+            return
         if wider:
             log.warn(
                 "data directory {dir}: {paths} could be read by other users: now by its owner only",
@@ -117,7 +132,7 @@ class StoreFile:
 
     def _open_or_recover(self, recover):
         try:
-            db = self._open()
+            db = self._open_or_read()
         except StoreDamaged as e:
             if not recover:
                 raise
@@ -127,130 +142,115 @@ class StoreFile:
             log.info("store {path}: sound; persistence.recover set nothing aside", path=self.path)
         return db
 
-    def _open(self, warn=log.warn, restoring=False):
+    def _open_or_read(self):
+        """
+        The database opened for writing, or, when it exists and only
+        writing failed, for reading only (see unwritable).
+        """
+        try:
+            return self._open()
+        except StoreUnwritable as e:
+            return self._read(str(e))
+
+    def _open(self, warn=log.warn, restoring=False, expected=None):
         """
         The database, checked against its record (StoreDamaged when it
         does not hold what the record says) and made if there is neither.
         ``warn`` logs (from the writer thread, through the reactor);
         ``restoring``: the database was just copied from the open one, so
-        a missing record is made again from it.
+        a missing record is made again from it; ``expected``: the (id,
+        commits) it was read with for reading only (it is never made
+        then).  An existing store that fails a write raises StoreUnwritable.
         """
-        try:
-            recorded = self.record.read()
-        except RecordUnreadable as e:
-            raise StoreDamaged(f"store {self.path}: its {e}", _held_unread) from None
-        size = self._size(recorded)
-        db = None
-        try:
-            if size is None:
+        recorded = self._recorded()
+        size = self.checks.size(recorded)
+        if size is None and expected is not None:
+            raise StoreDamaged(f"store {self.path} is missing (it held {expected[1]} commit(s) at start-up)")
+        # Where a write failure stops start-up rather than leave a store to read.
+        stop = size is None or restoring
+        if size is None:
+            try:
                 # SQLite gives the -wal and -shm the database file's mode.
                 create_private(self.path)
+            except OSError as e:
+                raise StoreError(f"store {self.path}: cannot be made: {e.strerror}") from None
+        db = None
+        try:
             db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
             db.execute(sql.JOURNAL_WAL)
             db.execute(sql.SYNCHRONOUS.format(self._synchronous))
-            ok = db.execute(sql.QUICK_CHECK).fetchone()[0]
-            if ok != "ok":
-                raise sqlite3.DatabaseError(ok)
-            self._schema(db)
-            self._identify(db, recorded, warn, size is not None and not restoring, restoring)
+            if expected is None:
+                # (A store read for reading only was checked then.)
+                quick_check(db)
+            self.checks.schema(db)
+            identity = self.checks.identify(db, recorded, warn, size is not None and not restoring, restoring)
+            self.checks.same(identity, expected)
             # The database file itself holds its identity, whatever becomes
             # of its -wal.
             db.execute(sql.CHECKPOINT)
-            self._file_ids = (file_id(self.path), file_id(self._wal))
+            file_ids = (file_id(self.path), file_id(self._wal))
         except sqlite3.OperationalError as e:
             _close(db)
-            raise StoreError(f"store {self.path}: cannot be used: {e}") from None
+            if stop:
+                raise StoreError(f"store {self.path}: cannot be used: {e}") from None
+            raise StoreUnwritable(str(e)) from None
         except sqlite3.Error as e:
             _close(db)
-            raise StoreDamaged(f"store {self.path}: cannot be used: {e}", _held_unread) from None
+            raise StoreDamaged(f"store {self.path}: cannot be used: {e}", HELD_UNREAD) from None
         except StoreError:
             _close(db)
             raise
         try:
-            self.record.write(Record(self.id, self.committed))
+            self.record.write(Record(*identity))
         except OSError as e:
             _close(db)
-            raise StoreError(f"store {self.path}: its record cannot be written: {e.strerror}") from None
+            why = f"its record cannot be written: {e.strerror}"
+            if stop:
+                raise StoreError(f"store {self.path}: {why}") from None
+            raise StoreUnwritable(why) from None
+        self.id, self.committed = identity
+        self._file_ids = file_ids
         return db
 
-    def _size(self, recorded):
-        """The database file's size, None if there is none: StoreDamaged
-        when it is missing though ``recorded``, or empty."""
+    def _read(self, unwritable):
+        """
+        The database opened for reading only (storeread.py), as it could
+        not be written: checked as _open checks it, with nothing written.
+        A store that cannot be read either, or whose schema needs an
+        upgrade, stops start-up.
+        """
+        recorded = self._recorded()
         try:
-            size = self.path.stat().st_size
-        except FileNotFoundError:
-            size = None
-        except OSError as e:
-            raise StoreError(f"store {self.path}: cannot be used: {e.strerror}") from None
-        if recorded is not None and size is None:
-            raise StoreDamaged(
-                f"store {self.path} is missing, and its record says it held"
-                f" {recorded.commits} commit(s)"
+            db = storeread.connect(self.path, self._wal)
+        except sqlite3.Error as e:
+            why = (
+                f"it can be neither written nor read ({e})"
+                if str(e) == unwritable
+                else f"it cannot be written ({unwritable}) nor read ({e})"
             )
-        if size == 0:
-            raise StoreDamaged(
-                f"store {self.path} is empty (0 bytes)"
-                + (f", and its record says it held {recorded.commits} commit(s)" if recorded else "")
-            )
-        return size
+            raise StoreError(f"store {self.path}: cannot be used: {why}") from None
+        try:
+            quick_check(db)
+            self.checks.schema_current(db, unwritable)
+            identity = self.checks.identify(db, recorded, None, True, False)
+        except sqlite3.OperationalError as e:
+            db.close()
+            raise StoreError(f"store {self.path}: cannot be used: {e}") from None
+        except sqlite3.Error as e:
+            db.close()
+            raise StoreDamaged(f"store {self.path}: cannot be used: {e}", HELD_UNREAD) from None
+        except StoreError:
+            db.close()
+            raise
+        self.id, self.committed = identity
+        self.unwritable = unwritable
+        return db
 
-    def _schema(self, db):
-        """The tables made, or upgraded from an older schema version."""
-        db.executescript(sql.SCHEMA)
-        row = db.execute(sql.SCHEMA_READ).fetchone()
-        if row is None:
-            db.execute(sql.SCHEMA_ADD, (SCHEMA_VERSION,))
-        elif row[0] < SCHEMA_VERSION:
-            sql.upgrade(db)
-            db.execute(sql.SCHEMA_SET, (SCHEMA_VERSION,))
-        elif row[0] != SCHEMA_VERSION:
-            raise StoreError(
-                f"store {self.path}: cannot be used: schema version {row[0]} is not {SCHEMA_VERSION}"
-            )
-    def _identify(self, db, recorded, warn, existed, restoring):
-        """
-        The database's id and commits, checked against ``recorded``.  A
-        database with an id had a record: without it, what it held is not
-        known (its write-ahead log may have gone with the record).  One
-        without (made before the record existed) is given one.
-        """
-        meta = dict(db.execute(sql.IDENTITY_READ))
-        if "id" not in meta and recorded is None:
-            if existed:
-                warn(
-                    "store {path}: its record {record} is missing: made again from the database",
-                    path=self.path,
-                    record=self.record.path,
-                )
-            meta = {"id": new_id(), "commits": 0}
-            db.executemany(sql.META_ADD, meta.items())
-        elif recorded is None and not restoring:
-            raise StoreDamaged(
-                f"store {self.path}: its record {self.record.path} is missing, so what the"
-                f" database should hold is not known (it holds {meta.get('commits', 0)} commit(s);"
-                " its write-ahead log may be lost too)",
-                _contents(db),
-            )
-        elif recorded is None:
-            warn(
-                "store {path}: its record {record} is missing: made again from the database",
-                path=self.path,
-                record=self.record.path,
-            )
-        elif meta.get("id") != recorded.id:
-            raise StoreDamaged(
-                f"store {self.path} is not the database its record {self.record.path}"
-                f" describes (id {meta.get('id')}, not {recorded.id})",
-                _contents(db),
-            )
-        elif meta.get("commits", 0) < recorded.commits:
-            raise StoreDamaged(
-                f"store {self.path} is older than its record {self.record.path}: it holds"
-                f" {meta.get('commits', 0)} commit(s), the record says {recorded.commits}"
-                " (its write-ahead log was lost?)",
-                _contents(db),
-            )
-        self.id, self.committed = meta["id"], meta.get("commits", 0)
+    def _recorded(self):
+        try:
+            return self.record.read()
+        except RecordUnreadable as e:
+            raise StoreDamaged(f"store {self.path}: its {e}", HELD_UNREAD) from None
 
     def _set_aside(self, damage):
         """
@@ -309,12 +309,15 @@ class StoreFile:
     def probe(self, warn):
         """
         Made again at its path if it was moved (see restore), the data
-        directory still takes a new file, and a displaced record is
-        written again; raises what stands in the way.
+        directory still takes a new file, a store read for reading only
+        opened for writing (see reopen), and a displaced record written
+        again; raises what stands in the way.
         """
         if self.moved:
             self.restore(warn)
         self._probe_directory()
+        if self.unwritable is not None:
+            self.reopen(warn)
         if self.record.displaced():
             # Only the record: nothing acknowledged depends on it.
             self.record.write(Record(self.id, self.committed))
@@ -335,14 +338,7 @@ class StoreFile:
                     f"{path} is another file than the one opened: it is left as it is,"
                     " and the store stays unwritable until a restart"
                 )
-        lock_path = self.data_dir / LOCK_NAME
-        if file_id(lock_path) != _fd_id(self.lock):
-            try:
-                lock = _lock(lock_path)
-            except StoreError as e:
-                raise StoreMoved(str(e)) from None
-            self.lock.close()
-            self.lock = lock
+        self._relock(StoreMoved)
         copy = self.data_dir / (DB_NAME + ".restoring")
         for stale in (copy, Path(f"{copy}-wal"), Path(f"{copy}-shm")):
             if os.path.lexists(stale):
@@ -371,62 +367,71 @@ class StoreFile:
             n=self.committed,
         )
 
+    def reopen(self, warn):
+        """
+        Open for writing the store read for reading only at start-up,
+        once it is the same database (id and commits) and the lock is on
+        the lock file; until then it raises (StoreUnwritable for a write
+        that still fails) and the store stays as it was.
+        """
+        self._relock(StoreUnwritable)
+        self._make_private(strict=True)
+        expected = (self.id, self.committed)
+        if self.db is not None:
+            self.db.close()
+            self.db = None
+        self.db = self._open(warn, expected=expected)
+        self.unwritable = None
+
+    def loaded(self):
+        """
+        What it held is read: a store read for reading only lets go of its
+        database (and SQLite's locks on it) until it is opened for writing.
+        """
+        if self.unwritable is not None and self.db is not None:
+            self.db.close()
+            self.db = None
+
+    def writable_db(self):
+        """The database to write to; StoreUnwritable while read for reading only."""
+        if self.unwritable is not None:
+            raise StoreUnwritable(self.unwritable)
+        return self.db
+
+    def _relock(self, error):
+        """The lock taken again on the lock file if it is not held there; ``error`` if it cannot be."""
+        lock_path = self.data_dir / LOCK_NAME
+        if self.lock.on_file and file_id(lock_path) == _fd_id(self.lock):
+            return
+        try:
+            lock = storelock.take(lock_path, fallback=False)
+        except storelock.LockRefused as e:
+            raise error(str(e)) from None
+        self.lock.close()
+        self.lock = lock
+
     def _probe_directory(self):
         probe = self.data_dir / ".probe"
-        with open(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
-            f.write(b"mqttgw")
-            f.flush()
-            os.fsync(f.fileno())
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, b"mqttgw")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         probe.unlink()
 
     def close(self):
-        self.db.close()
+        if self.db is not None:
+            self.db.close()
         self.lock.close()
         self.record.close()
 
 
 def _lock(path):
-    """
-    An exclusive lock on the data directory for this process's life: a
-    second gateway on the same store would corrupt what both acknowledge.
-    """
-    import fcntl
-
     try:
-        create_private(path)
-        f = open(path, "a+")
-    except OSError as e:
-        raise StoreError(f"data directory {path.parent}: {e.strerror}") from None
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        f.seek(0)
-        holder = f.read().strip() or "another process"
-        f.close()
-        raise StoreError(
-            f"data directory {path.parent} is in use by another gateway (pid {holder})"
-        ) from None
-    f.seek(0)
-    f.truncate()
-    f.write(f"{os.getpid()}\n")
-    f.flush()
-    return f
-
-
-_held_unread = "what could not be read"
-
-
-def _contents(db):
-    """What a database holds, in words, for the log."""
-    try:
-        count = lambda table: db.execute(sql.count(table)).fetchone()[0]  # noqa: E731
-        commits = db.execute(sql.COMMITS_READ).fetchone()
-        return (
-            f"{commits[0] if commits else 0} commit(s): {count('sessions')} session(s),"
-            f" {count('deliveries')} queued message(s), {count('retained')} retained message(s)"
-        )
-    except sqlite3.Error:
-        return _held_unread
+        return storelock.take(path)
+    except storelock.LockRefused as e:
+        raise StoreError(str(e)) from None
 
 
 def _fd_id(f):

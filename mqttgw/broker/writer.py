@@ -57,16 +57,19 @@ class StoreWriter:
     called); ``written(n)`` is called in the reactor once n ops handed over
     are done with, committed or failed.  Its health is what operators
     see: ``failed`` is None while commits succeed, else the error of the
-    last failed commit or probe; ``on_commit(seconds)`` and
-    ``on_state_change(error or None)`` are told.
+    last failed commit or probe (or, for a store opened for reading only,
+    why it could not be written); ``on_commit(seconds)`` and
+    ``on_state_change(error or None)`` are told, and ``probed()`` once a
+    batch with a probe is done with.
     """
 
-    def __init__(self, file, queue, reactor, batch, written):
+    def __init__(self, file, queue, reactor, batch, written, probed=None):
         self.file = file
         self.queue = queue
         self.reactor = reactor
         self.batch = batch
         self._written = written
+        self._probed = probed
         self._thread = None
         self._seconds_per_op = None
         # Seconds the writer lets a batch gather before it commits.
@@ -171,6 +174,8 @@ class StoreWriter:
             self._transaction(compaction, probe, call_in_reactor)
         except Exception as e:
             self._failed(e, call_in_reactor, handed, barriers)
+            if probe and self._probed is not None:
+                call_in_reactor(self._probed)
             return carry_on
         self._committed(time.perf_counter() - started, compaction, barriers)
         # Only a probe (a new file and a commit) clears a failure: a commit
@@ -179,6 +184,8 @@ class StoreWriter:
         if self.failed is not None and probe:
             self.failed = None
             call_in_reactor(self._state_changed, None)
+        if probe and self._probed is not None:
+            call_in_reactor(self._probed)
         if handed:
             call_in_reactor(self._written, handed)
         for barrier in barriers:
@@ -189,7 +196,7 @@ class StoreWriter:
         file = self.file
         if probe:
             file.probe(lambda *a, **kw: call_in_reactor(partial(log.warn, *a, **kw)))
-        db = file.db
+        db = file.writable_db()
         db.execute("BEGIN")
         wrote = probe
         for statement, args in compaction.statements():
@@ -215,8 +222,10 @@ class StoreWriter:
         self.failed = error
         if was_ok:
             call_in_reactor(self._state_changed, error)
+        db = self.file.db
         try:
-            self.file.db.execute("ROLLBACK")
+            if db is not None:
+                db.execute("ROLLBACK")
         except sqlite3.Error:
             pass
         if handed:

@@ -388,9 +388,12 @@ class Assembly:
             local = admin_site(
                 gateway, metrics, throttle=self.login_throttle(), local=True, timeout=timeout
             )
+            # Not required: a data directory that cannot take it (read-only,
+            # full) leaves the admin API on http.address alone.
             ListenerService(
                 self.reactor, "http", unix_description(path),
                 BoundedFactory(local, ConnectionSlots(limit), "admin socket"), name=path,
+                required=False,
             ).setServiceParent(gateway)
             log.info(
                 "admin socket {path} (mode 0600): the admin API for python -m mqttgw.ctl,"

@@ -18,9 +18,12 @@ from mqttgw.broker.access import BRIDGE_STATE_PREFIX
 from mqttgw.service.runtime_bridges import RuntimeBridges
 from mqttgw.wire import packets as P
 
-# Seconds between store probes; the store is unready once no commit has
-# completed for STALE_AFTER (a disk that hangs rather than fails).
+# Seconds between store probes, and between them while the store cannot
+# be written (a probe is then one failing write, and the store takes
+# writes again soon after the disk does); the store is unready once no
+# commit has completed for STALE_AFTER (a disk that hangs rather than fails).
 PROBE_INTERVAL = 5.0
+RETRY_INTERVAL = 0.5
 STALE_AFTER = 15.0
 # Message rates kept for the dashboard's chart: every HISTORY_INTERVAL
 # seconds over the last 15 minutes.
@@ -61,8 +64,9 @@ class Gateway(MultiService):
         self.started = time.time()
         # (epoch s, messages received, messages delivered) per interval.
         self.history = deque(maxlen=HISTORY_POINTS + 1)
+        self._probed_at = None
         if store is not None:
-            self._every(PROBE_INTERVAL, store.probe)
+            self._every(RETRY_INTERVAL, self.probe_store)
         self._every(HISTORY_INTERVAL, self.sample)
         # Retained messages whose 5.0 expiry interval ended leave storage.
         self._every(RETAINED_SWEEP_INTERVAL, router.expire_retained)
@@ -95,6 +99,18 @@ class Gateway(MultiService):
             if not session.internal and getattr(connection, "v5", None) is not None:
                 connection.shutting_down()
         return super().stopService()
+
+    def probe_store(self):
+        """A store probe every PROBE_INTERVAL, or RETRY_INTERVAL while it is failed."""
+        now = self.clock.seconds()
+        if (
+            self.store.failed is None
+            and self._probed_at is not None
+            and now - self._probed_at < PROBE_INTERVAL
+        ):
+            return
+        self._probed_at = now
+        self.store.probe()
 
     def sample(self):
         stats = self.router.stats

@@ -1,7 +1,8 @@
 """
-A listener as a service: one line naming it when its port cannot be had,
-and what it is bound to for the start-up summary, readiness and the admin
-API.
+A listener as a service: one line naming it when its port cannot be had
+(stopping start-up, or, for one the gateway can do without, going on
+without it), and what it is bound to for the start-up summary, readiness
+and the admin API.
 """
 
 import os
@@ -10,12 +11,15 @@ from twisted.application.internet import StreamServerEndpointService
 from twisted.internet.endpoints import serverFromString
 from twisted.internet.error import CannotListenError
 from twisted.internet.interfaces import IStreamServerEndpoint
+from twisted.logger import Logger
 from twisted.protocols.haproxy._wrapper import HAProxyWrappingFactory
 from zope.interface import implementer
 
 from mqttgw.transports import polling, tcp
 
 PROXY_PREFIX = "haproxy:"
+
+log = Logger()
 
 
 class _QuietProxyFactory(HAProxyWrappingFactory):
@@ -54,7 +58,8 @@ class ListenerService(StreamServerEndpointService):
     port = None
 
     def __init__(
-        self, reactor, kind, description, factory, secure=False, anonymous=False, name=None
+        self, reactor, kind, description, factory, secure=False, anonymous=False, name=None,
+        required=True,
     ):
         super().__init__(server_endpoint(reactor, description), factory)
         self.reactor = reactor
@@ -67,6 +72,9 @@ class ListenerService(StreamServerEndpointService):
         self.name = f"{kind} {self.label}"
         self.secure = secure
         self.anonymous = anonymous
+        # Whether start-up stops when it cannot listen (else an error line,
+        # and the gateway goes on without it).
+        self.required = required
         # Errors at start-up are raised, not just logged: twistd stops.
         self._raiseSynchronously = True
 
@@ -79,9 +87,19 @@ class ListenerService(StreamServerEndpointService):
         umask = os.umask(0o177) if self.description.startswith("unix:") else None
         try:
             super().privilegedStartService()
-        except CannotListenError as e:
-            reason = e.socketError.strerror if hasattr(e.socketError, "strerror") else e.socketError
-            raise SystemExit(f"mqttgw: {self.kind} listener {self.label}: cannot listen: {reason}") from None
+        except (CannotListenError, OSError) as e:
+            # (A Unix socket's lock file that cannot be made is an OSError.)
+            error = e.socketError if isinstance(e, CannotListenError) else e
+            reason = getattr(error, "strerror", None) or error
+            if self.required:
+                raise SystemExit(f"mqttgw: {self.kind} listener {self.label}: cannot listen: {reason}") from None
+            log.error(
+                "{kind} listener {label}: cannot listen: {reason}; going on without it",
+                kind=self.kind,
+                label=self.label,
+                reason=str(reason),
+            )
+            return
         finally:
             if umask is not None:
                 os.umask(umask)

@@ -228,8 +228,12 @@ class Login:
         if refusal is not None:
             return R.NOT_AUTHORIZED, f"user {owner_name(identity.owner)}: {refusal}"
         if self.dialect.persistent(packet):
-            if router.store is not None and router.store.failed is not None:
-                return R.SERVER_UNAVAILABLE, "the store cannot be written: no persistent sessions"
+            if (
+                router.store is not None
+                and router.store.failed is not None
+                and not router.resumes_session(self.client_id, packet.clean_session, identity.owner)
+            ):
+                return R.SERVER_UNAVAILABLE, "the store cannot be written: no new persistent sessions"
             if not router.may_start_session(self.client_id, False):
                 return (
                     self.dialect.QUOTA_REFUSAL,
