@@ -32,12 +32,15 @@ AWAITING_PUBCOMP = 2  # PUBREL sent; waiting for PUBCOMP
 
 
 class InFlight:
+    """A delivery in flight: what the broker tracks of it until its flow completes."""
+
     __slots__ = (
         "message", "qos", "retain", "seq", "state", "due", "attempts", "group", "deferred",
-        "held",
+        "held", "queued_at",
     )
 
-    def __init__(self, message, qos, retain, seq, due, state=AWAITING_ACK, group=None):
+    def __init__(self, message, qos, retain, seq, due, state=AWAITING_ACK, group=None, held=None,
+                 queued_at=None):
         self.message = message
         # The shared subscription it came by, if any.
         self.group = group
@@ -53,14 +56,19 @@ class InFlight:
         self.deferred = False
         # The publisher's acknowledgement that waits for this delivery or
         # its commit (acks.Held), if any.
-        self.held = None
+        self.held = held
+        # When it was queued for the receiver (clock time), if it waited
+        # before it went out.
+        self.queued_at = queued_at
 
 
 class Deliveries:
     """
     What a session holds for its client, and its counts.  A queue entry is
-    ``(message, qos, retain, seq, group)``: ``seq`` its store key (None:
-    in memory only), ``group`` the shared subscription it came by.
+    ``(message, qos, retain, seq, group, held, queued_at)``: ``seq`` its
+    store key (None: in memory only), ``group`` the shared subscription it
+    came by, ``held`` the publisher's acknowledgement that waits for it
+    (acks.Held, or None), ``queued_at`` when it was queued (clock time).
 
     - :meth:`push` queues (counted: one stored message, its payload bytes);
     - :meth:`pop` takes the head of a queue (its bytes no longer queued:
@@ -115,7 +123,7 @@ class Deliveries:
 
     # The counted moves
 
-    def push(self, queue, message, qos, retain, seq, group=None):
+    def push(self, queue, message, qos, retain, seq, group=None, held=None):
         """Queue a delivery at the end of ``queue`` (one of this session's
         deques), within the limits; one stored (``seq``) has made room."""
         if seq is None and self._full(message) and not self._make_room(message):
@@ -126,9 +134,7 @@ class Deliveries:
         stats = self._stats
         stats.queued_bytes += size
         stats.stored_messages += 1
-        if message.queued_at is None:
-            message.queued_at = self.clock.seconds()
-        queue.append((message, qos, retain, seq, group))
+        queue.append((message, qos, retain, seq, group, held, self.clock.seconds()))
 
     def pop(self, queue):
         """The entry at the head of ``queue``, its bytes no longer queued."""
@@ -192,22 +198,22 @@ class Deliveries:
         for name in ("_queue", "_paced_queue"):
             queue = getattr(self, name)
             if queue:
-                setattr(self, name, deque((m, q, r, None, g) for m, q, r, _, g in queue))
+                setattr(self, name, deque((m, q, r, None, g, h, t) for m, q, r, _, g, h, t in queue))
 
     def restore_deliveries(self, stored):
         """Queued and in-flight deliveries as the store had them, in order."""
         now = self.clock.seconds()
         for d in stored.deliveries:
             message = Publish(d.topic, d.payload, d.qos, d.retain, properties=d.properties, expiry=d.expiry)
-            # Waiting since the restart at least.
-            message.queued_at = now
             self._seq = max(self._seq, d.seq)
+            # Waiting since the restart at least.
             if d.message_id is None:
                 if not self._queue:
                     self._queue = deque()
                 self.push(self._queue, message, d.qos, d.retain, d.seq)
             else:
-                self.fly(InFlight(message, d.qos, d.retain, d.seq, now, d.state), False, d.message_id)
+                flight = InFlight(message, d.qos, d.retain, d.seq, now, d.state, queued_at=now)
+                self.fly(flight, False, d.message_id)
         if stored.sent_seq:
             self._dup_through = stored.sent_seq
             self._seq = max(self._seq, stored.sent_seq)
@@ -236,7 +242,7 @@ class Deliveries:
         if not self.limits.drop_oldest:
             return False
         while self._full(message) and (self._queue0 or self._paced_queue or self._queue):
-            old, qos, _, seq, _ = self.pop(self._queue0 or self._paced_queue or self._queue)
+            old, qos, _, seq = self.pop(self._queue0 or self._paced_queue or self._queue)[:4]
             self.discard(seq)
             self._drop(old, qos)
         return not self._full(message)
@@ -310,11 +316,11 @@ class Deliveries:
         oldest = None
         for queue in (self._queue0, self._paced_queue, self._queue):
             if queue:
-                at = queue[0][0].queued_at
-                if at is not None and (oldest is None or at < oldest):
+                at = queue[0][6]
+                if oldest is None or at < oldest:
                     oldest = at
         for flight in self.inflight.values():
-            at = flight.message.queued_at
+            at = flight.queued_at
             if at is not None and (oldest is None or at < oldest):
                 oldest = at
         return oldest

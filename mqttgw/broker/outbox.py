@@ -40,13 +40,15 @@ class Outbox(Window):
             self._writable = True
             self.pump()
 
-    def deliver(self, message, qos, retain=False, group=None):
+    def deliver(self, message, qos, retain=False, held=None, group=None):
         """
         Send ``message`` at ``qos`` now, or queue it within the limits.
         Returns True when the delivery was written to the store, so that
         its publisher is acknowledged only once that write is committed.
-        ``group``: the shared subscription it came by.  (A message is
-        not expired when routed; where it waits, its expiry is checked.)
+        ``held``: that acknowledgement (acks.Held), when it may wait for
+        the store; ``group``: the shared subscription it came by.  (A
+        message is not expired when routed; where it waits, its expiry is
+        checked.)
         """
         if qos == 0:
             if self._writable and not self._queue0:
@@ -59,7 +61,7 @@ class Outbox(Window):
             limits = self.limits
             if self.connection is None:
                 if limits.store_qos0_messages and self.store is not None:
-                    return self._store_qos0(message, retain, group)
+                    return self._store_qos0(message, retain, group, held)
                 if not limits.queue_qos0_messages:
                     return False
             if not self._queue0:
@@ -73,20 +75,20 @@ class Outbox(Window):
                 return False
             self._seq = seq = self._seq + 1
         if self._writable and not self._queue and len(self.inflight) < self.window:
-            self._send(message, qos, retain, seq, False, group)
+            self._send(message, qos, retain, seq, False, group, held)
         else:
             if seq is not None:
                 self.store.add_delivery(self.client_id, seq, message, qos, retain)
-                if message.held is not None:
+                if held is not None:
                     # Counted now, as if in flight: when it is sent and
                     # acknowledged, its publisher's ack need wait no more.
-                    message.held.pending += 1
+                    held.pending += 1
             if not self._queue:
                 self._queue = deque()
-            self.push(self._queue, message, qos, retain, seq, group)
+            self.push(self._queue, message, qos, retain, seq, group, held)
         return seq is not None
 
-    def _store_qos0(self, message, retain, group):
+    def _store_qos0(self, message, retain, group, held):
         """A QoS 0 message kept in the store while the receiver is away, in
         order with its QoS 1/2 ones; sent at QoS 0 when it is back."""
         if self._full(message) and not self._make_room(message):
@@ -94,17 +96,17 @@ class Outbox(Window):
             return False
         self._seq = seq = self._seq + 1
         self.store.add_delivery(self.client_id, seq, message, 0, retain)
-        if message.held is not None:
-            message.held.blocked = True
+        if held is not None:
+            held.blocked = True
         if not self._queue:
             self._queue = deque()
-        self.push(self._queue, message, 0, retain, seq, group)
+        self.push(self._queue, message, 0, retain, seq, group, held)
         return True
 
-    def _send(self, message, qos, retain, seq, stored, group=None):
+    def _send(self, message, qos, retain, seq, stored, group=None, held=None, queued_at=None):
         """
         Send a delivery now.  ``stored``: it was queued (counted, and in
-        the store already if persistent, without its id).
+        the store already if persistent, without its id), at ``queued_at``.
         """
         max_qos = self.policy.max_qos
         if qos > max_qos:
@@ -117,7 +119,7 @@ class Outbox(Window):
             self._write0(message, retain, group)
             return
         flight = InFlight(message, qos, retain, seq, self.clock.seconds() + self.limits.retry_interval,
-                          AWAITING_ACK, group)
+                          AWAITING_ACK, group, None, queued_at)
         mid = self.fly(flight, stored)
         dup = stored and seq is not None and seq <= self._dup_through and qos == 1
         publish = self._publish  # called from a local: faster than a slot's method call
@@ -132,12 +134,11 @@ class Outbox(Window):
         if seq is None:
             self.connection.write(frame)
         else:
-            self._send_stored(message, qos, retain, seq, stored, mid, flight, frame)
+            self._send_stored(message, qos, retain, seq, stored, mid, flight, frame, held)
         if self._retry_call is None:
             self._schedule_retry()
 
-    def _send_stored(self, message, qos, retain, seq, stored, mid, flight, frame):
-        held = message.held
+    def _send_stored(self, message, qos, retain, seq, stored, mid, flight, frame, held):
         if held is not None:
             flight.held = held
             if not stored:
@@ -194,7 +195,7 @@ class Outbox(Window):
         """QoS 0 messages held while the socket was full, as it takes them."""
         may_read = self.may_read
         while queue0 and self._writable:
-            message, _, retain, _, group = self.pop(queue0)
+            message, _, retain, _, group, _, _ = self.pop(queue0)
             if message.expiry is not None and self._expired(message):
                 self.discard(None)
             elif may_read is not None and not may_read(message.topic):
@@ -222,14 +223,14 @@ class Outbox(Window):
                     if pacer.call is None or not pacer.call.active():
                         pacer.call = self.clock.callLater(wait, self._paced)
                     return
-            message, qos, retain, seq, group = self.pop(queue)
+            message, qos, retain, seq, group, held, queued_at = self.pop(queue)
             if message.expiry is not None and self._expired(message):
                 self.discard(seq)
                 continue
             if may_read is not None and not may_read(message.topic):
                 self._unreadable(message, seq)
                 continue
-            self._send(message, qos, retain, seq, True, group)
+            self._send(message, qos, retain, seq, True, group, held, queued_at)
 
     def _paced(self):
         self.policy.pacer.call = None

@@ -118,10 +118,11 @@ class Router(Sessions):
                 return True
         return False
 
-    def publish(self, message, sender=None):
+    def publish(self, message, sender=None, held=None):
         """
         Route an application message (a Publish) to every subscriber;
-        ``sender`` is the session it came from, for bridges.
+        ``sender`` is the session it came from, for bridges; ``held``, the
+        acknowledgement its publisher holds back (see publish_held).
         Returns True when it was written to the store (retained, or queued
         for a persistent session): its publisher is acknowledged only once
         that is committed.
@@ -137,8 +138,8 @@ class Router(Sessions):
         retain = message.retain
         if retain:
             durable = self._retain(message)
-            if durable and message.held is not None:
-                message.held.blocked = True
+            if durable and held is not None:
+                held.blocked = True
         subscribers = self.subscriptions.match(message.topic)
         if self.recorder is not None:
             self.recorder.published(message, sender, subscribers)
@@ -167,7 +168,7 @@ class Router(Sessions):
                 keep_retain = retain and (keep_retain or session.policy.retain_as_published)
             else:
                 keep_retain = retain and session.policy.retain_as_published
-            if session.deliver(message, qos if qos < granted else granted, keep_retain):
+            if session.deliver(message, qos if qos < granted else granted, keep_retain, held):
                 durable = True
         stats = self.stats
         stats.messages_delivered += len(subscribers)
@@ -184,8 +185,8 @@ class Router(Sessions):
         if self.store is None:
             self.publish(message, sender)
             return None
-        message.held = held = Held()
-        return held if self.publish(message, sender) else None
+        held = Held()
+        return held if self.publish(message, sender, held) else None
 
     def publish_sys(self, message):
         """

@@ -153,17 +153,18 @@ class SharedGroup:
                 fallback = session
         return fallback
 
-    def deliver(self, message, qos, retain=False):
+    def deliver(self, message, qos, retain=False, held=None):
         member = self.pick(message.topic)
         if member is None:
             return False
         granted = self.members[member]
-        return member.deliver(message, qos if qos < granted else granted, False, self)
+        return member.deliver(message, qos if qos < granted else granted, False, held, self)
 
-    def redeliver(self, message, qos, leaving):
+    def redeliver(self, message, qos, leaving, held=None):
         """
         A message the member ``leaving`` will not acknowledge: to another
-        (True), or, expired, to none (True too: it is done with).
+        (True), or, expired, to none (True too: it is done with).  ``held``:
+        its publisher's acknowledgement that waits for it, if any.
         """
         if leaving.expired(message):
             return True
@@ -171,7 +172,7 @@ class SharedGroup:
         if member is None or member.connection is None:
             return False
         granted = self.members[member]
-        member.deliver(message, qos if qos < granted else granted, False, self)
+        member.deliver(message, qos if qos < granted else granted, False, held, self)
         return True
 
 

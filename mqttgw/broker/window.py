@@ -122,7 +122,7 @@ class Window(Deliveries):
                 group is not None
                 and flight.state == AWAITING_ACK
                 and flight.qos == 1
-                and group.redeliver(flight.message, flight.qos, self)
+                and group.redeliver(flight.message, flight.qos, self, flight.held)
             ):
                 del self.inflight[mid]
                 self.discard(flight.seq)
@@ -130,8 +130,8 @@ class Window(Deliveries):
         if queue and any(entry[4] is not None for entry in queue):
             # Each entry once round, in order: those handed over leave it.
             for _ in range(len(queue)):
-                message, qos, _, seq, group = queue[0]
-                if group is not None and qos == 1 and group.redeliver(message, qos, self):
+                message, qos, _, seq, group, held, _ = queue[0]
+                if group is not None and qos == 1 and group.redeliver(message, qos, self, held):
                     self.pop(queue)
                     self.discard(seq)
                 else:

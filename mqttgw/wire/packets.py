@@ -187,12 +187,6 @@ class Publish:
     message_id = attr.ib(default=None)
     properties = attr.ib(default=None)
     expiry = attr.ib(default=None, eq=False)
-    # When it was first queued for a receiver (clock time), for the age of
-    # what waits; None while it has not waited.
-    queued_at = attr.ib(default=None, eq=False, repr=False)
-    # While routed: its publisher's held acknowledgement (acks.Held), or
-    # None when that does not wait for the store.
-    held = attr.ib(default=None, eq=False, repr=False)
     # The wire bytes of its topic string, and of its whole QoS 0 delivery
     # over 3.1/3.1.1, cached so a fan-out encodes them once: a decoder
     # that read the packet sets them from the bytes it came in (see
