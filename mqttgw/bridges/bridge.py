@@ -23,7 +23,7 @@ from mqttgw.bridges.relay import Relay
 from mqttgw.bridges.settings import LEVEL_NAMES
 from mqttgw.bridges.versions import upstream_version
 from mqttgw.broker.delivery_policy import DeliveryPolicy, Pacer
-from mqttgw.broker.session import INTERNAL_PREFIX, SessionLimits
+from mqttgw.broker.session import INTERNAL_PREFIX, NEVER_EXPIRES, SessionLimits
 from mqttgw.broker.acks import OrderedAcks
 from mqttgw.broker.topics import matches
 from mqttgw.wire import packets as P
@@ -169,7 +169,7 @@ class MQTTBridge(Service):
     def startService(self):
         super().startService()
         s = self.settings
-        session, _ = self.router.connect(self.session_id, clean_session=False)
+        session, _ = self.router.connect(self.session_id, clean_start=False, expiry_interval=NEVER_EXPIRES)
         pacer = None
         if s.drain_messages_per_second or s.drain_bytes_per_second:
             pacer = Pacer(s.drain_messages_per_second, s.drain_bytes_per_second)

@@ -84,12 +84,12 @@ class Router(Sessions):
                 self._expiring(self.retained.get(topic))
         now = self.clock.seconds()
         for stored in sessions:
-            session = self._new_session(stored.client_id, False)
+            session = self._new_session(stored.client_id, NEVER_EXPIRES)
             session.restore(stored, now, from_stored)
             for topic_filter, qos in session.subscriptions.items():
                 self._route(session, topic_filter, qos)
-            if stored.expiry_interval not in (None, NEVER_EXPIRES):
-                left = session.last_seen + stored.expiry_interval - now
+            if session.expiry_interval != NEVER_EXPIRES:
+                left = session.last_seen + session.expiry_interval - now
                 session.expire_in(max(0.0, left), self._expired)
 
     # Publish

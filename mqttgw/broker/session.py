@@ -17,13 +17,19 @@ from mqttgw.broker.stats import Stats
 from mqttgw.broker.topics import filter_size
 from mqttgw.schema import default
 
-__all__ = ["INTERNAL_PREFIX", "Session", "SessionLimits"]
+__all__ = ["INTERNAL_PREFIX", "NEVER_EXPIRES", "Session", "SessionLimits"]
 
 # The first character of the client id of a session the gateway keeps for
 # itself (a bridge's): no MQTT client can have it (CONNECT refuses a client
 # id with U+0000), and it is kept in the store with the rest of the id, so
 # the session is known for what it is after a restart too.
 INTERNAL_PREFIX = "\x00"
+
+# A session expiry interval that means "never" (5.0's 0xFFFFFFFF; a 3.1.1
+# session without Clean Session), but for persistent_client_expiration.
+# An interval of 0 means the session ends with its connection (a 5.0
+# client's 0, or 3.1.1's Clean Session), as mosquitto keeps both.
+NEVER_EXPIRES = 0xFFFFFFFF
 
 
 @attr.s(frozen=True, slots=True)
@@ -62,17 +68,17 @@ class Session(Outbox):
 
     # Slots: ten thousand idle clients hold ten thousand of these.
     __slots__ = (
-        "clean_session", "subscriptions", "filter_bytes", "options", "will", "awaiting_pubrel",
+        "subscriptions", "filter_bytes", "options", "will", "awaiting_pubrel",
         "last_seen", "connected_since", "budget", "internal", "expiry_interval", "_expiry_call",
         "_will_call", "pending_will", "will_delay", "owner",
     )
 
     def __init__(
-        self, client_id, clean_session, clock, limits=SessionLimits(), stats=None, store=None
+        self, client_id, expiry_interval, clock, limits=SessionLimits(), stats=None, store=None
     ):
         # Persistent sessions keep their state in the store, if there is one.
         super().__init__(
-            client_id, clock, limits, stats if stats is not None else Stats(), None if clean_session else store
+            client_id, clock, limits, stats if stats is not None else Stats(), store if expiry_interval else None
         )
         # A dashboard page's DeliveryBudget, asked after may_read when a
         # message is routed (not when one that waited goes out), or None.
@@ -86,10 +92,6 @@ class Session(Outbox):
         # The gateway's own session, not a client's: not listed or counted
         # as one, never expired, and its traffic is a bridge's.
         self.internal = client_id.startswith(INTERNAL_PREFIX)
-        # Whether the session ends with its connection: 3.1.1's Clean
-        # Session, or a 5.0 Session Expiry Interval of 0 (whatever its
-        # Clean Start said, which only decides whether a session resumes).
-        self.clean_session = clean_session
         # topic filter -> granted QoS, and the filters' UTF-8 bytes in all.
         self.subscriptions = {}
         self.filter_bytes = 0
@@ -103,9 +105,11 @@ class Session(Outbox):
         # When its last connection ended (reactor time), for expiry.
         self.last_seen = None
         self.connected_since = None
-        # 5.0's session expiry interval (s), or None: 3.1.1's persistent
-        # session, kept for persistent_client_expiration.
-        self.expiry_interval = None
+        # How long (s) it outlives its connection: 0, not at all (it ends
+        # with it); NEVER_EXPIRES, for ever (but for
+        # persistent_client_expiration).  Whatever a Clean Start said, which
+        # only decides whether a session resumes.
+        self.expiry_interval = expiry_interval
         # The session's own expiry, and its will's delay, while pending
         # (see expire_in and delay_will); the will that waits for its delay.
         self._expiry_call = None
@@ -116,6 +120,11 @@ class Session(Outbox):
 
     def __repr__(self):
         return f"<Session {self.client_id!r}>"
+
+    @property
+    def ends_with_connection(self):
+        """Whether the session ends with its connection (an expiry interval of 0)."""
+        return self.expiry_interval == 0
 
     def deliver_as(self, policy, limits=None):
         """
@@ -150,7 +159,7 @@ class Session(Outbox):
         if self.connection is None and not self.internal:
             stats = self._stats
             stats.clients_connected += 1
-            if not self.clean_session:
+            if self.expiry_interval:
                 stats.clients_disconnected -= 1
         self.connection = connection
         self._writable = True
@@ -188,7 +197,7 @@ class Session(Outbox):
         if self.connection is not None and not self.internal:
             stats = self._stats
             stats.clients_connected -= 1
-            if not self.clean_session:
+            if self.expiry_interval:
                 stats.clients_disconnected += 1
         self.connection = None
         self._writable = False
@@ -196,7 +205,7 @@ class Session(Outbox):
             if self._retry_call.active():
                 self._retry_call.cancel()
             self._retry_call = None
-        self.stop_retained(self.clean_session)
+        self.stop_retained(not self.expiry_interval)
         self._hand_over_shared()
         if not self.limits.queue_qos0_messages:
             self.drop_queue0()
@@ -242,7 +251,7 @@ class Session(Outbox):
         if self.store is not None:
             self.store.delete_session(self.client_id)
             self.leave_store()
-        self.clean_session = True
+        self.expiry_interval = 0
 
     def expire_in(self, seconds, expired):
         """Its expiry: ``expired(session)`` in ``seconds``, unless
@@ -324,7 +333,10 @@ class Session(Outbox):
         start counting ``now``.
         """
         self.last_seen = stored.last_seen if stored.last_seen is not None else now
-        self.expiry_interval = stored.expiry_interval
+        # Rows written before the expiry was the one notion of persistence
+        # kept none for a 3.1.1 session.
+        expiry = stored.expiry_interval
+        self.expiry_interval = NEVER_EXPIRES if expiry is None else expiry
         self.owner = stored.owner
         for topic_filter, value in stored.subscriptions.items():
             qos, options = from_stored(topic_filter, value)

@@ -7,14 +7,11 @@ will when its connection ends.  The Router is one of these.
 
 from twisted.logger import Logger
 
-from mqttgw.broker.session import Session
+from mqttgw.broker.session import NEVER_EXPIRES, Session
 from mqttgw.schema import default
 from mqttgw.wire.printable import printable
 
 log = Logger()
-
-# A 5.0 session expiry interval that means "never".
-NEVER_EXPIRES = 0xFFFFFFFF
 
 
 def owner_name(owner):
@@ -57,7 +54,7 @@ class Sessions:
         return "its session belongs to another identity"
 
     def connect(
-        self, client_id, clean_session, will=None, expiry_interval=None, will_delay=0, owner=None
+        self, client_id, clean_start, will=None, expiry_interval=0, will_delay=0, owner=None
     ):
         """
         Claim the session for ``client_id``, taking it over from any
@@ -65,9 +62,10 @@ class Sessions:
         published, before this returns).  Returns ``(session,
         session_present)``; the caller sends CONNACK, then attaches.
 
-        ``clean_session`` is 3.1.1's Clean Session, or with an
-        ``expiry_interval`` (5.0) its Clean Start: then the session
-        outlives the connection for that many seconds.
+        ``clean_start``: a session held for the client id is not resumed
+        but ended; ``expiry_interval``: how long (s) the session outlives
+        the connection, 0 not at all, NEVER_EXPIRES for ever.  (3.1.1's
+        Clean Session is both: Clean Start, and an interval of 0.)
 
         ``owner``: the identity connecting (a user name, "" for anonymous;
         None for the gateway's own sessions), which :meth:`owner_refusal`
@@ -75,10 +73,6 @@ class Sessions:
         with a clean start; one without an owner (stored before owners
         were) becomes this one's.
         """
-        if expiry_interval is not None:
-            clean_start, clean_session = clean_session, expiry_interval == 0
-        else:
-            clean_start = clean_session
         session = self.sessions.get(client_id)
         if session is not None and owner is not None and session.owner != owner:
             session = self._other_owner(session, owner, clean_start)
@@ -90,18 +84,18 @@ class Sessions:
             # the will is not sent, whether or not this connection resumes
             # the session ([MQTT-3.1.2-8]); nor does the session expire.
             session.cancel_timers()
-            if clean_start or session.clean_session:
+            if clean_start or not session.expiry_interval:
                 self._discard(session)
                 session = None
             else:
                 present = True
-                if clean_session:
+                if not expiry_interval:
                     # Resumed by a 5.0 client that keeps it no longer.
                     self._forget(session)
                 elif session.expiry_interval != expiry_interval:
                     session.set_expiry(expiry_interval)
         if session is None:
-            session = self._new_session(client_id, clean_session)
+            session = self._new_session(client_id, expiry_interval)
             session.start(owner, expiry_interval)
         session.renew(expiry_interval, will, will_delay)
         return session, present
@@ -140,10 +134,11 @@ class Sessions:
         )
         # A persistent session resumed by its own client is a
         # reconnection, not a failure: its will is published only when
-        # a clean session is involved on either side, and never when
-        # it has a delay, which this new connection comes within.
+        # the session ends here (a clean start, or one that ends with its
+        # connection), and never when it has a delay, which this new
+        # connection comes within.
         session.connection.taken_over(
-            publish_will=not session.will_delay and (clean_start or session.clean_session)
+            publish_will=not session.will_delay and (clean_start or not session.expiry_interval)
         )
         return self.sessions.get(client_id)
 
@@ -159,7 +154,7 @@ class Sessions:
 
     def set_session_expiry(self, session, expiry_interval):
         """A 5.0 DISCONNECT changed the session's expiry interval."""
-        if expiry_interval == 0 and not session.clean_session:
+        if expiry_interval == 0 and session.expiry_interval:
             self._forget(session)
         session.set_expiry(expiry_interval)
 
@@ -171,16 +166,16 @@ class Sessions:
         if not session.internal and session.connection is None:
             stats.clients_disconnected -= 1
 
-    def may_start_session(self, client_id, clean_session):
+    def may_start_session(self, client_id, ends_with_connection=False):
         """
         Whether a CONNECT may go on: False when it would create one more
         persistent session than ``max_persistent_sessions`` allows.
         """
         limit = self.max_persistent_sessions
-        if clean_session or not limit:
+        if ends_with_connection or not limit:
             return True
         existing = self.sessions.get(client_id)
-        if existing is not None and not existing.clean_session:
+        if existing is not None and existing.expiry_interval:
             return True
         if self.stats.persistent_sessions < limit:
             return True
@@ -201,11 +196,10 @@ class Sessions:
             s
             for s in self.sessions.values()
             if s.connection is None
-            and not s.clean_session
+            and s.expiry_interval == NEVER_EXPIRES
             and not s.internal
             and s.last_seen is not None
             and s.last_seen < cutoff
-            and s.expiry_interval in (None, NEVER_EXPIRES)
         ]
         for session in expired:
             log.info(
@@ -248,12 +242,13 @@ class Sessions:
     def disconnect(self, session, publish_will):
         """The connection holding ``session`` ended."""
         will = session.left(self.clock.seconds())
-        if session.clean_session:
+        expiry = session.expiry_interval
+        if not expiry:
             self._discard(session)
-        elif session.expiry_interval not in (None, NEVER_EXPIRES):
-            session.expire_in(session.expiry_interval, self._expired)
+        elif expiry != NEVER_EXPIRES:
+            session.expire_in(expiry, self._expired)
         if publish_will and will is not None:
-            if session.will_delay and not session.clean_session:
+            if session.will_delay and expiry:
                 # Sent when the delay ends, or the session does if sooner.
                 session.delay_will(will, session.will_delay, self._publish_will)
             else:
@@ -269,12 +264,12 @@ class Sessions:
             will.expiry = self.clock.seconds() + will.properties["message_expiry_interval"]
         self.publish(will, sender=session)
 
-    def _new_session(self, client_id, clean_session):
+    def _new_session(self, client_id, expiry_interval):
         session = Session(
-            client_id, clean_session, self.clock, self.limits, self.stats, self.store
+            client_id, expiry_interval, self.clock, self.limits, self.stats, self.store
         )
         self.sessions[client_id] = session
-        if not clean_session:
+        if expiry_interval:
             stats = self.stats
             stats.persistent_sessions += 1
             if not session.internal:
@@ -287,10 +282,11 @@ class Sessions:
         session.end()
         if self.sessions.get(session.client_id) is session:
             del self.sessions[session.client_id]
-            # What it held goes with it (a clean session's queue, say).
+            # What it held goes with it (the queue of one that ends with
+            # its connection, say).
             session.release()
             stats = self.stats
-            if not session.clean_session:
+            if session.expiry_interval:
                 stats.persistent_sessions -= 1
                 if not session.internal and session.connection is None:
                     stats.clients_disconnected -= 1
