@@ -1,8 +1,8 @@
 """
-The router: one per process, shared by every listener (and later every
-bridge).  It owns the sessions by client id, the subscription trie and the
-retained messages, and fans each PUBLISH out to its subscribers.  It never
-learns which transport a session came from.
+The router: one per process, shared by every listener and every bridge.
+It holds the sessions by client id (a SessionTable), the subscription
+trie and the retained messages, and fans each PUBLISH out to its
+subscribers.  It never learns which transport a session came from.
 """
 
 import heapq
@@ -12,7 +12,7 @@ from twisted.logger import Logger
 from mqttgw.broker.access import Access
 from mqttgw.broker.ratelimited import RateLimited
 from mqttgw.broker.session import SessionLimits
-from mqttgw.broker.sessions import NEVER_EXPIRES, Sessions
+from mqttgw.broker.sessions import SessionTable
 from mqttgw.broker.stats import Stats
 from mqttgw.broker.acks import Held
 from mqttgw.broker.subscriptions import (
@@ -30,7 +30,22 @@ from mqttgw.wire.printable import printable
 log = Logger()
 
 
-class Router(Sessions):
+def _table_setting(name, doc):
+    """A setting of the session table, read and set through the router."""
+    return property(
+        lambda self: getattr(self.sessions, name), lambda self, value: setattr(self.sessions, name, value),
+        doc=doc,
+    )
+
+
+class Router:
+    # The session table's settings (see SessionTable).
+    limits = _table_setting("limits", "The limits a new session is given.")
+    max_persistent_sessions = _table_setting("max_persistent_sessions", "See [limits].")
+    persistent_client_expiration = _table_setting(
+        "persistent_client_expiration", "Seconds a persistent session may go unused, or None: for ever."
+    )
+    session_owner_mismatch = _table_setting("session_owner_mismatch", "See [auth].")
     # Bounds of the whole broker (0: none); see [limits].
     max_retained_messages = default("limits.max_retained_messages")
     # Shared subscription groups at once, and members of one group.
@@ -44,7 +59,6 @@ class Router(Sessions):
 
     def __init__(self, clock, limits=SessionLimits(), max_qos=default("mqtt.max_qos"), store=None):
         self.clock = clock
-        self.limits = limits
         self.max_qos = max_qos
         # The durable store, or None to keep everything in memory.
         self.store = store
@@ -52,7 +66,9 @@ class Router(Sessions):
         self.recorder = None
         # The Sparkplug observer (broker/sparkplug.py), or None: awareness off.
         self.sparkplug = None
-        self.sessions = {}
+        self.stats = Stats()
+        self._limited = {}
+        self.sessions = SessionTable(clock, limits, self.stats, store, self._unroute, self.publish, self.limited)
         self.subscriptions = SubscriptionTrie()
         # Shared subscriptions' groups by (share name, filter).
         self.shared = {}
@@ -62,8 +78,6 @@ class Router(Sessions):
         self.retained = RetainedTree()
         # Who may write and read what (the ACL, reserved topics).
         self.access = Access()
-        self.stats = Stats()
-        self._limited = {}
         # $SYS topics with a retained value (not counted against the limit).
         self.sys_topics = set()
 
@@ -82,15 +96,39 @@ class Router(Sessions):
             )
             if expiry is not None:
                 self._expiring(self.retained.get(topic))
-        now = self.clock.seconds()
-        for stored in sessions:
-            session = self._new_session(stored.client_id, NEVER_EXPIRES)
-            session.restore(stored, now, from_stored)
+        for session in self.sessions.restore(sessions, from_stored):
             for topic_filter, qos in session.subscriptions.items():
                 self._route(session, topic_filter, qos)
-            if session.expiry_interval != NEVER_EXPIRES:
-                left = session.last_seen + session.expiry_interval - now
-                session.expire_in(max(0.0, left), self._expired)
+
+    # Sessions: the table's, as connections and bridges ask for them
+
+    def owner_refusal(self, client_id, owner):
+        """Why ``owner`` may not connect as ``client_id``, or None (see SessionTable)."""
+        return self.sessions.owner_refusal(client_id, owner)
+
+    def may_start_session(self, client_id, ends_with_connection=False):
+        """Whether a CONNECT may go on within max_persistent_sessions."""
+        return self.sessions.may_start_session(client_id, ends_with_connection)
+
+    def connect(self, client_id, clean_start, will=None, expiry_interval=0, will_delay=0, owner=None):
+        """The session for a CONNECT, and whether it was present (see SessionTable.connect)."""
+        return self.sessions.connect(client_id, clean_start, will, expiry_interval, will_delay, owner)
+
+    def set_session_expiry(self, session, expiry_interval):
+        """A 5.0 DISCONNECT changed the session's expiry interval."""
+        self.sessions.set_session_expiry(session, expiry_interval)
+
+    def disconnect(self, session, publish_will):
+        """The connection holding ``session`` ended."""
+        self.sessions.disconnect(session, publish_will)
+
+    def delete_session(self, client_id):
+        """The admin API's delete: a session not in use, and its store rows."""
+        return self.sessions.delete_session(client_id)
+
+    def expire_sessions(self):
+        """Persistent sessions away past persistent_client_expiration end; how many."""
+        return self.sessions.expire_sessions()
 
     # Publish
 

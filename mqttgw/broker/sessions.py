@@ -1,9 +1,11 @@
 """
 The router's table of sessions by client id: who may connect as which
 client id, taking a session over from the connection that held it, its
-end (clean, expired, deleted, replaced by another identity's), and its
-will when its connection ends.  The Router is one of these.
+end (with its connection, expired, deleted, replaced by another
+identity's), and its will when its connection ends.  The Router holds one.
 """
+
+from collections.abc import Mapping
 
 from twisted.logger import Logger
 
@@ -19,11 +21,14 @@ def owner_name(owner):
     return "anonymous" if owner == "" else repr(printable(owner))
 
 
-class Sessions:
+class SessionTable(Mapping):
     """
-    Sessions by client id (``self.sessions``); the Router that is one of
-    these routes to them, publishes their wills, and takes their filters
-    out of its trie when they end.
+    Sessions by client id, read as a mapping (``router.sessions[client_id]``).
+    It makes, resumes and ends them; the router it serves routes to them,
+    and is given here only what the table asks of it: ``unroute(session,
+    topic_filter)`` takes an ended session's filters out of its trie,
+    ``publish(message, sender)`` publishes a will, ``limited(name)`` is a
+    rate-limited warning.
     """
 
     # Bounds of the whole broker (0: none); see [limits].
@@ -35,6 +40,52 @@ class Sessions:
     # session is discarded, never resumed).
     session_owner_mismatch = default("auth.session_owner_mismatch")
 
+    def __init__(self, clock, limits, stats, store, unroute, publish, limited):
+        self.clock = clock
+        # The limits a new session is given.
+        self.limits = limits
+        self.stats = stats
+        # The durable store, or None to keep everything in memory.
+        self.store = store
+        self._unroute = unroute
+        self._publish = publish
+        self._limited = limited
+        self._sessions = {}
+
+    # The mapping
+
+    def __getitem__(self, client_id):
+        return self._sessions[client_id]
+
+    def __iter__(self):
+        return iter(self._sessions)
+
+    def __len__(self):
+        return len(self._sessions)
+
+    def get(self, client_id, default=None):
+        return self._sessions.get(client_id, default)
+
+    def values(self):
+        return self._sessions.values()
+
+    def items(self):
+        return self._sessions.items()
+
+    def restore(self, stored_sessions, from_stored):
+        """Persistent sessions as the store had them (``from_stored`` reads
+        a stored subscription); yields each, for the router to route."""
+        now = self.clock.seconds()
+        for stored in stored_sessions:
+            session = self._new_session(stored.client_id, NEVER_EXPIRES)
+            session.restore(stored, now, from_stored)
+            if session.expiry_interval != NEVER_EXPIRES:
+                left = session.last_seen + session.expiry_interval - now
+                session.expire_in(max(0.0, left), self._expired)
+            yield session
+
+    # Who connects
+
     def owner_refusal(self, client_id, owner):
         """
         Why the identity ``owner`` may not connect as ``client_id``, or
@@ -43,7 +94,7 @@ class Sessions:
         session left unconnected, and only with ``session_owner_mismatch``
         set to "new_session".  Refusals are counted; the caller logs them.
         """
-        session = self.sessions.get(client_id)
+        session = self._sessions.get(client_id)
         if session is None or session.owner is None or session.owner == owner:
             return None
         if session.connection is None and self.session_owner_mismatch == "new_session":
@@ -73,7 +124,7 @@ class Sessions:
         with a clean start; one without an owner (stored before owners
         were) becomes this one's.
         """
-        session = self.sessions.get(client_id)
+        session = self._sessions.get(client_id)
         if session is not None and owner is not None and session.owner != owner:
             session = self._other_owner(session, owner, clean_start)
         if session is not None and session.connection is not None:
@@ -113,7 +164,7 @@ class Sessions:
         if session.connection is not None:
             return session
         # Two identities taking turns could repeat it at any rate.
-        self.limited("session owner replaced").warn(
+        self._limited("session owner replaced").warn(
             "discarding the session of client {client_id} (owned by {old}):"
             " {new} connected with its client id (auth.session_owner_mismatch)",
             client_id=printable(session.client_id),
@@ -140,7 +191,7 @@ class Sessions:
         session.connection.taken_over(
             publish_will=not session.will_delay and (clean_start or not session.expiry_interval)
         )
-        return self.sessions.get(client_id)
+        return self._sessions.get(client_id)
 
     def _claim(self, session, owner):
         """A session restored from a store without owners: its first login owns it."""
@@ -174,7 +225,7 @@ class Sessions:
         limit = self.max_persistent_sessions
         if ends_with_connection or not limit:
             return True
-        existing = self.sessions.get(client_id)
+        existing = self._sessions.get(client_id)
         if existing is not None and existing.expiry_interval:
             return True
         if self.stats.persistent_sessions < limit:
@@ -194,7 +245,7 @@ class Sessions:
         cutoff = self.clock.seconds() - expiration
         expired = [
             s
-            for s in self.sessions.values()
+            for s in self._sessions.values()
             if s.connection is None
             and s.expiry_interval == NEVER_EXPIRES
             and not s.internal
@@ -213,7 +264,7 @@ class Sessions:
 
     def _expired(self, session):
         """A 5.0 session's expiry interval ran out."""
-        if self.sessions.get(session.client_id) is not session or session.connection is not None:
+        if self._sessions.get(session.client_id) is not session or session.connection is not None:
             return
         log.info(
             "session of client {client_id} expired ({interval}s)",
@@ -233,7 +284,7 @@ class Sessions:
 
     def delete_session(self, client_id):
         """The admin API's delete: a session not in use, and its store rows."""
-        session = self.sessions.get(client_id)
+        session = self._sessions.get(client_id)
         if session is None or session.connection is not None:
             return False
         self._discard(session)
@@ -262,13 +313,13 @@ class Sessions:
         )
         if will.properties and "message_expiry_interval" in will.properties:
             will.expiry = self.clock.seconds() + will.properties["message_expiry_interval"]
-        self.publish(will, sender=session)
+        self._publish(will, session)
 
     def _new_session(self, client_id, expiry_interval):
         session = Session(
             client_id, expiry_interval, self.clock, self.limits, self.stats, self.store
         )
-        self.sessions[client_id] = session
+        self._sessions[client_id] = session
         if expiry_interval:
             stats = self.stats
             stats.persistent_sessions += 1
@@ -280,8 +331,8 @@ class Sessions:
         for topic_filter in session.subscriptions:
             self._unroute(session, topic_filter)
         session.end()
-        if self.sessions.get(session.client_id) is session:
-            del self.sessions[session.client_id]
+        if self._sessions.get(session.client_id) is session:
+            del self._sessions[session.client_id]
             # What it held goes with it (the queue of one that ends with
             # its connection, say).
             session.release()
