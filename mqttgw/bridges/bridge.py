@@ -115,7 +115,7 @@ class MQTTBridge(Service):
             "connected_since": self.connected_since,
             "queued": session.queued if session is not None else 0,
             "inflight": len(session.inflight) if session is not None else 0,
-            "window": session.window if session is not None else 0,
+            "window": session.window.size if session is not None else 0,
             "dropped": dropped,
             "queued_bytes": session.queued_bytes if session is not None else 0,
             # Seconds the oldest message waiting for the upstream has waited.
@@ -320,18 +320,18 @@ class MQTTBridge(Service):
         elif kind is P.Puback:
             if packet.reason_code:
                 self.reason("PUBACK", packet.reason_code, packet)
-            session.puback(packet.message_id)
+            session.window.puback(packet.message_id)
             if self.deaths is not None:
                 self.deaths.acknowledged(packet.message_id)
         elif kind is P.Pubrec:
             failed = packet.reason_code >= 0x80
             if packet.reason_code:
                 self.reason("PUBREC", packet.reason_code, packet)
-            session.pubrec(packet.message_id, failed)
+            session.window.pubrec(packet.message_id, failed)
         elif kind is P.Pubcomp:
             if packet.reason_code:
                 self.reason("PUBCOMP", packet.reason_code, packet)
-            session.pubcomp(packet.message_id)
+            session.window.pubcomp(packet.message_id)
             if self.deaths is not None:
                 self.deaths.acknowledged(packet.message_id)
         elif kind is P.Pubrel:

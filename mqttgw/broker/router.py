@@ -206,7 +206,7 @@ class Router:
                 keep_retain = retain and (keep_retain or session.policy.retain_as_published)
             else:
                 keep_retain = retain and session.policy.retain_as_published
-            if session.deliver(message, qos if qos < granted else granted, keep_retain, held):
+            if session.outbox.deliver(message, qos if qos < granted else granted, keep_retain, held):
                 durable = True
         stats = self.stats
         stats.messages_delivered += len(subscribers)
@@ -234,7 +234,7 @@ class Router:
         self.retained.set(message.topic, message)
         self.sys_topics.add(message.topic)
         for session, granted in self.subscriptions.match(message.topic):
-            session.deliver(message, 0)
+            session.outbox.deliver(message, 0)
 
     def _retain(self, message):
         store = self.store

@@ -80,7 +80,9 @@ class SharedGroup:
     """
     The members of one shared subscription, standing in the trie as one
     subscriber.  Each message goes to one member, round robin among those
-    connected (or, with none connected, to a persistent member's queue).
+    connected (or, with none connected, to a persistent member's queue):
+    routed copies come to the group itself (its own ``outbox``), which
+    hands each to one member's.
     """
 
     # Read by the router as of any subscriber.
@@ -91,6 +93,7 @@ class SharedGroup:
     internal = False
 
     def __init__(self, name, topic_filter, store):
+        self.outbox = self
         self.name = name
         self.topic_filter = topic_filter
         # The filter its members subscribed with.
@@ -158,7 +161,7 @@ class SharedGroup:
         if member is None:
             return False
         granted = self.members[member]
-        return member.deliver(message, qos if qos < granted else granted, False, held, self)
+        return member.outbox.deliver(message, qos if qos < granted else granted, False, held, self)
 
     def redeliver(self, message, qos, leaving, held=None):
         """
@@ -166,13 +169,13 @@ class SharedGroup:
         (True), or, expired, to none (True too: it is done with).  ``held``:
         its publisher's acknowledgement that waits for it, if any.
         """
-        if leaving.expired(message):
+        if leaving.deliveries.expired(message):
             return True
         member = self.pick(message.topic, exclude=leaving)
         if member is None or member.connection is None:
             return False
         granted = self.members[member]
-        member.deliver(message, qos if qos < granted else granted, False, held, self)
+        member.outbox.deliver(message, qos if qos < granted else granted, False, held, self)
         return True
 
 
