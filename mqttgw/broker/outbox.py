@@ -11,14 +11,17 @@ counted, and the store rows, move through the session's Deliveries.
 from collections import deque
 
 from twisted.logger import Logger
+from zope.interface import implementer
 
 from mqttgw.broker.deliveries import AWAITING_ACK, EMPTY, InFlight
 from mqttgw.broker.frames import PLAIN, TooLarge
+from mqttgw.broker.interfaces import IOutbox
 from mqttgw.wire.printable import printable
 
 log = Logger()
 
 
+@implementer(IOutbox)
 class Outbox:
     """
     Deliveries to the client of one session, in order, written to the

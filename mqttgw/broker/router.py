@@ -8,8 +8,10 @@ subscribers.  It never learns which transport a session came from.
 import heapq
 
 from twisted.logger import Logger
+from zope.interface import implementer
 
 from mqttgw.broker.access import Access
+from mqttgw.broker.interfaces import IRouter
 from mqttgw.broker.ratelimited import RateLimited
 from mqttgw.broker.session import SessionLimits
 from mqttgw.broker.sessions import SessionTable
@@ -38,6 +40,7 @@ def _table_setting(name, doc):
     )
 
 
+@implementer(IRouter)
 class Router:
     # The session table's settings (see SessionTable).
     limits = _table_setting("limits", "The limits a new session is given.")
@@ -68,7 +71,9 @@ class Router:
         self.sparkplug = None
         self.stats = Stats()
         self._limited = {}
-        self.sessions = SessionTable(clock, limits, self.stats, store, self._unroute, self.publish, self.limited)
+        self.sessions = SessionTable(
+            clock, limits, self.stats, store, self._unroute, self.publish, self.limited
+        )
         self.subscriptions = SubscriptionTrie()
         # Shared subscriptions' groups by (share name, filter).
         self.shared = {}

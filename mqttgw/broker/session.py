@@ -10,10 +10,12 @@ messages, and time comes from an injected clock.
 from collections import deque
 
 import attr
+from zope.interface import implementer
 
 from mqttgw.broker.deliveries import EMPTY, Deliveries
 from mqttgw.broker.delivery_policy import CLIENT
 from mqttgw.broker.frames import PLAIN
+from mqttgw.broker.interfaces import ISession
 from mqttgw.broker.outbox import Outbox
 from mqttgw.broker.stats import Stats
 from mqttgw.broker.topics import filter_size
@@ -67,6 +69,7 @@ def _part(part, name, doc):
     return property(lambda self: getattr(getattr(self, part), name), doc=doc)
 
 
+@implementer(ISession)
 class Session:
     """
     The broker's view of one client id.  A carrier attaches to it with

@@ -6,8 +6,10 @@ of its members.
 """
 
 import attr
+from zope.interface import implementer
 
 from mqttgw.broker.delivery_policy import CLIENT
+from mqttgw.broker.interfaces import IOutbox, ISubscriber
 from mqttgw.broker.topics import InvalidTopic, matches, validate_topic_filter
 
 SHARE_PREFIX = "$share/"
@@ -76,6 +78,7 @@ def is_shared(topic_filter):
     return topic_filter.startswith(SHARE_PREFIX)
 
 
+@implementer(ISubscriber, IOutbox)
 class SharedGroup:
     """
     The members of one shared subscription, standing in the trie as one
