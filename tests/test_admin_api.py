@@ -12,6 +12,7 @@ import pytest
 from treq.testing import StubTreq
 from twisted.trial.unittest import SynchronousTestCase
 
+from mqttgw.broker.session import NEVER_EXPIRES
 from mqttgw.security.passwords import PasswordChecker
 from mqttgw.security.portal import credentials_checker, make_portal
 from mqttgw.service.gateway import Gateway
@@ -74,7 +75,7 @@ def test_clients_lists_those_connected_with_their_protocol_and_subscriptions(bro
     away = connected(broker, "away", clean_session=False)
     away.lose_connection()
     # A bridge's own session is not a client.
-    broker.router.connect("\x00bridge/up", clean_session=False)
+    broker.router.connect("\x00bridge/up", clean_start=False, expiry_interval=NEVER_EXPIRES)
     status, clients = api.json("GET", "/api/clients")
     assert status == 200
     assert [

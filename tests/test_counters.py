@@ -20,7 +20,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from mqttgw.broker.session import INTERNAL_PREFIX, SessionLimits
+from mqttgw.broker.session import INTERNAL_PREFIX, NEVER_EXPIRES, SessionLimits
 from mqttgw.service.gateway import Gateway
 from mqttgw.testing import FakeBroker
 from mqttgw.web.metrics import Metrics
@@ -41,9 +41,9 @@ def scanned(router):
     return {
         "clients_connected": sum(1 for s in sessions if s.connection is not None and not s.internal),
         "clients_disconnected": sum(
-            1 for s in sessions if s.connection is None and not s.clean_session and not s.internal
+            1 for s in sessions if s.connection is None and not s.ends_with_connection and not s.internal
         ),
-        "persistent_sessions": sum(1 for s in sessions if not s.clean_session),
+        "persistent_sessions": sum(1 for s in sessions if not s.ends_with_connection),
         "stored_messages": sum(s.queued + len(s.inflight) for s in sessions),
         "queued_bytes": sum(s.queued_bytes for s in sessions),
     }
@@ -252,7 +252,7 @@ class SessionGauges(RuleBasedStateMachine):
     @rule(qos=st.integers(0, 2))
     def bridge_up(self, qos):
         router = self.broker.router
-        session, _ = router.connect(BRIDGE_ID, clean_session=False)
+        session, _ = router.connect(BRIDGE_ID, clean_start=False, expiry_interval=NEVER_EXPIRES)
         router.subscribe(session, [("t/#", qos)])
         self.upstream = Upstream()
         session.attach(self.upstream)

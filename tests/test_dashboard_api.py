@@ -209,7 +209,7 @@ def test_a_spent_delivery_budget_takes_the_page_out_of_routing_until_the_second_
         def write(self, data):
             got.append(data)
 
-    page, _ = router.connect("page", True)
+    page, _ = router.connect("page", clean_start=True, expiry_interval=0)
     page.attach(Page())
     router.subscribe(page, [("#", 0)])
     acl = lambda topic: not topic.startswith("secret")  # noqa: E731

@@ -16,7 +16,7 @@ from mqttgw.wire import packets as P
 
 @pytest.mark.parametrize("dialect", [V31(), V311()], ids=["3.1", "3.1.1"])
 def test_a_3x_dialect_frames_a_publish_as_the_message_frames_itself(dialect):
-    session = Session("c", True, Clock())
+    session = Session("c", 0, Clock())
     frames = dialect.frames(session)
     message = P.Publish("t/a", b"x", 1, False)
     # The dialect's frame itself, no call between, for every copy.
@@ -28,7 +28,7 @@ def test_a_3x_dialect_frames_a_publish_as_the_message_frames_itself(dialect):
 def test_a_5_0_dialect_frames_with_its_own_limits():
     clock = Clock()
     dialect = V5(clock, {"maximum_packet_size": 32}, 0, 65535)
-    frames = dialect.frames(Session("c", True, clock))
+    frames = dialect.frames(Session("c", 0, clock))
     small = P.Publish("t", b"x", 0, False, properties={})
     assert frames.publish(small, 0, None, False, False, None) == small.frame5(0)
     assert not frames.retries and frames.expires

@@ -286,7 +286,7 @@ def test_pending_retained_walks_are_bounded_for_a_client_that_never_reads(tmp_pa
         sub.send(*[P.Subscribe(i + 1, [(f"r/{i % 2 + 1}", 1)]) for i in range(80)])
         sub.lose_connection()
     session = sessions["s"]
-    assert len(session._retained) <= session.MAX_PENDING_WALKS
+    assert len(session.outbox._retained) <= session.outbox.MAX_PENDING_WALKS
     assert session.dropped > 0
 
 

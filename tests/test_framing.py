@@ -315,6 +315,28 @@ def test_partial_packet_is_kept_until_complete():
     assert list(framer.feed(wire[1:])) == [P.Publish("t", b"payload", 1, message_id=5)]
 
 
+def test_a_decoded_qos0_publish_is_framed_as_the_bytes_it_came_in():
+    wire = P.Publish("t", b"payload").encode()
+    packet = next(Framer().feed(wire))
+    # The frame a fan-out sends every QoS 0 subscriber.
+    assert packet.frame0 == wire
+    assert packet.frame(0) is packet.frame0
+    # A QoS 1 one keeps its topic's bytes for the copies.
+    packet = next(Framer().feed(P.Publish("t", b"payload", 1, message_id=3).encode()))
+    assert packet.topic_wire == b"\x00\x01t"
+
+
+def test_a_watched_publish_encodes_every_copy_and_says_so():
+    copies = []
+    watched = P.WatchedPublish("t", b"x")
+    watched.copied = lambda: copies.append(1)
+    plain = P.Publish("t", b"x")
+    for _ in range(3):
+        assert watched.frame(0) == plain.frame(0)
+    assert len(copies) == 3 and watched.frame0 is None
+    assert plain.frame0 == plain.frame(0)
+
+
 # Properties
 
 # Text any MQTT 3.1.1 connection may send: no control characters (Cc) or

@@ -5,11 +5,25 @@ function.
 """
 
 import ast
+import importlib
+import inspect
 import subprocess
 import sys
 from pathlib import Path
 
 import grimp
+import pytest
+from twisted.internet.task import Clock
+from zope.interface import Interface
+from zope.interface.verify import verifyObject
+
+from mqttgw.bridges.relay import Relay
+from mqttgw.broker import interfaces
+from mqttgw.broker.frames import PLAIN, EncodedFrames
+from mqttgw.broker.router import Router
+from mqttgw.broker.session import Session
+from mqttgw.broker.subscriptions import SharedGroup
+from mqttgw.testing import FakeBroker
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "mqttgw"
@@ -111,3 +125,149 @@ def test_no_method_over_60_lines_and_no_class_over_400():
                     if lines > limit:
                         over.append(f"{name}:{node.lineno} {node.name}: {lines} lines")
     assert over == []
+
+
+# The parts and their seams: broker/interfaces.py's interfaces, each
+# verified on the broker's own implementations and on the carriers.
+
+
+def _session():
+    return Session("c", 0, Clock())
+
+
+def _bridge_link():
+    class Bridge:
+        version = deaths = None
+
+    return Relay(Bridge(), upstream=None)
+
+
+DECLARED = [
+    (interfaces.IRouter, lambda: Router(Clock())),
+    (interfaces.ISession, _session),
+    (interfaces.ISubscriber, _session),
+    (interfaces.ISubscriber, lambda: SharedGroup("g", "t/#", None)),
+    (interfaces.IOutbox, lambda: _session().outbox),
+    (interfaces.IOutbox, lambda: SharedGroup("g", "t/#", None)),
+    (interfaces.IFrames, lambda: PLAIN),
+    (interfaces.IFrames, lambda: EncodedFrames(encoder=None, session=_session())),
+    (interfaces.ISessionCarrier, _bridge_link),
+]
+
+
+@pytest.mark.parametrize(
+    "interface, make", DECLARED, ids=[f"{i.__name__}-{n}" for n, (i, _) in enumerate(DECLARED)]
+)
+def test_each_implementation_declares_and_provides_its_interface(interface, make):
+    assert verifyObject(interface, make())
+
+
+def test_a_client_connection_has_what_the_broker_and_the_gateway_ask_of_it():
+    # Declared by the transports; here, what it must provide.
+    client = FakeBroker().client(client_id="c")
+    assert verifyObject(interfaces.IClientConnection, client.protocol, tentative=True)
+    assert client.protocol.session.connection is client.protocol
+
+
+def classes_of(package):
+    """Every class defined in the package's modules, imported."""
+    for path in sorted((PACKAGE / package).glob("*.py")):
+        module = importlib.import_module(f"mqttgw.{package}.{path.stem}")
+        for _, cls in inspect.getmembers(module, inspect.isclass):
+            if cls.__module__ == module.__name__:
+                yield cls
+
+
+def is_interface(cls):
+    return isinstance(cls, type(Interface))
+
+
+def in_package_bases(cls):
+    """The package's own classes ``cls`` inherits from, interfaces left out."""
+    return [
+        base for base in cls.__mro__[1:] if base.__module__.startswith("mqttgw.") and not is_interface(base)
+    ]
+
+
+# Packages whose classes hold their parts rather than inherit them: no
+# class with more than one in-package class above it (a zope interface is
+# not one; Twisted's and the standard library's classes are not in it).
+COMPOSED = ["broker"]
+# Classes allowed a longer chain, and why.
+CHAIN_EXEMPT = {}
+
+
+def test_no_in_package_inheritance_chain_of_more_than_one_level():
+    long = []
+    for package in COMPOSED:
+        for cls in classes_of(package):
+            if is_interface(cls):
+                continue
+            bases = in_package_bases(cls)
+            name = f"{cls.__module__}.{cls.__qualname__}"
+            if len(bases) > 1 and name not in CHAIN_EXEMPT:
+                long.append(f"{name}: {[b.__qualname__ for b in bases]}")
+    assert long == []
+
+
+# Packages whose classes are held to MAX_CLASS_LINES counted together with
+# the in-package classes they inherit from: an object spread over several
+# files by inheritance is one object.
+SIZE_WITH_BASES = ["broker"]
+
+
+def class_lengths():
+    """(module, class name) -> lines, for every top-level class of the package."""
+    lengths = {}
+    for name, path in modules():
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ClassDef):
+                lengths[(name, node.name)] = node.end_lineno - node.lineno + 1
+    return lengths
+
+
+def test_no_class_over_400_lines_counted_with_the_classes_it_inherits_from():
+    lengths = class_lengths()
+    over = []
+    for package in SIZE_WITH_BASES:
+        for cls in classes_of(package):
+            own = lengths.get((cls.__module__, cls.__name__))
+            if own is None:
+                continue
+            lines = own + sum(lengths.get((b.__module__, b.__name__), 0) for b in in_package_bases(cls))
+            if lines > MAX_CLASS_LINES:
+                over.append(f"{cls.__module__}.{cls.__name__}: {lines} lines with its bases")
+    assert over == []
+
+
+# Packages where a session's persistence is its expiry alone: 3.1.1's
+# flag stays in the 3.x dialect and the wire.
+EXPIRY_ONLY = ["broker"]
+
+
+def test_the_broker_knows_no_clean_session_only_an_expiry():
+    found = []
+    for package in EXPIRY_ONLY:
+        for path in sorted((PACKAGE / package).glob("*.py")):
+            for n, line in enumerate(path.read_text().splitlines(), 1):
+                if "clean_session" in line:
+                    found.append(f"{path.relative_to(REPO)}:{n}")
+    assert found == []
+
+
+# Where a session's stored-message gauges may change (see
+# broker/deliveries.py: push, pop, fly, discard and release).
+GAUGES = {"stored_messages", "queued_bytes"}
+GAUGES_KEPT_IN = {"mqttgw/broker/deliveries.py"}
+
+
+def test_the_stored_message_gauges_change_in_the_deliveries_bookkeeping_only():
+    found = []
+    for path in sorted((PACKAGE / "broker").glob("*.py")):
+        name = str(path.relative_to(REPO))
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+            for target in targets:
+                if isinstance(target, ast.Attribute) and target.attr in GAUGES and name not in GAUGES_KEPT_IN:
+                    found.append(f"{name}:{node.lineno} {target.attr}")
+    assert found == []

@@ -339,7 +339,7 @@ class SessionFlags(RuleBasedStateMachine):
             assert session is None
         else:
             assert session is not None
-            assert session.clean_session is not self.session.durable
+            assert session.ends_with_connection is not self.session.durable
             assert (session.connection is None) is (self.connection is None)
         durable = bool(self.session and self.session.durable)
         assert router.stats.persistent_sessions == int(durable)

@@ -11,7 +11,7 @@ import sqlite3
 
 import pytest
 
-from mqttgw.broker.session import INTERNAL_PREFIX
+from mqttgw.broker.session import INTERNAL_PREFIX, NEVER_EXPIRES
 from mqttgw.broker.store import Store
 from mqttgw.security.acl import ACL
 from mqttgw.testing import FakeBroker
@@ -255,10 +255,10 @@ def test_in_flight_messages_are_not_sent_again_once_the_reader_may_not_read_them
 def test_the_gateways_own_sessions_have_no_owner_to_check(tmp_path):
     broker = make_broker(tmp_path)
     router = broker.router
-    session, _ = router.connect(INTERNAL_PREFIX + "bridge", clean_session=False)
+    session, _ = router.connect(INTERNAL_PREFIX + "bridge", clean_start=False, expiry_interval=NEVER_EXPIRES)
     assert session.owner is None
     assert router.owner_refusal(INTERNAL_PREFIX + "bridge", "bob") is None
-    session, present = router.connect(INTERNAL_PREFIX + "bridge", clean_session=False)
+    session, present = router.connect(INTERNAL_PREFIX + "bridge", clean_start=False, expiry_interval=NEVER_EXPIRES)
     assert present
 
 

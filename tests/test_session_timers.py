@@ -6,14 +6,14 @@ the session, the waiting will readable as ``pending_will``.
 
 from twisted.internet.task import Clock
 
-from mqttgw.broker.session import Session
+from mqttgw.broker.session import NEVER_EXPIRES, Session
 from mqttgw.wire import packets as P
 
 
 def session_and_calls():
     clock = Clock()
     calls = []
-    return Session("c", False, clock), clock, calls
+    return Session("c", NEVER_EXPIRES, clock), clock, calls
 
 
 def test_expiry_calls_back_with_the_session_when_its_interval_ends():

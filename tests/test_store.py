@@ -12,7 +12,7 @@ from twisted.internet.testing import MemoryReactorClock
 from mqttgw.bridges.bridge import MQTTBridgeKind
 from mqttgw.broker import store as store_module
 from mqttgw.broker import writes
-from mqttgw.broker.session import INTERNAL_PREFIX, SessionLimits
+from mqttgw.broker.session import INTERNAL_PREFIX, NEVER_EXPIRES, SessionLimits
 from mqttgw.broker.store import Store, StoreDamaged, StoreError
 from mqttgw.testing import FakeBroker, connected, deliveries, publishes
 from mqttgw.transports.protocol import MQTTServerFactory
@@ -379,7 +379,7 @@ def test_a_clean_session_removes_the_stored_one(broker):
 
 def test_a_bridge_session_is_internal_after_a_restart_and_a_client_session_is_not(broker):
     # A bridge holds its session through the router, as MQTTBridge does.
-    bridge, _ = broker.router.connect(INTERNAL_PREFIX + "bridge/up", clean_session=False)
+    bridge, _ = broker.router.connect(INTERNAL_PREFIX + "bridge/up", clean_start=False, expiry_interval=NEVER_EXPIRES)
     persistent_subscriber(broker, "s", ("a", 1))
     broker.commit()
     assert bridge.internal

@@ -9,6 +9,7 @@ import math
 import pytest
 
 from mqttgw import __version__
+from mqttgw.broker.session import NEVER_EXPIRES
 from mqttgw.testing import FakeBroker, connected
 from mqttgw.web import systopics
 from mqttgw.web.systopics import SHARED, SysTopics
@@ -123,7 +124,7 @@ def test_clients_and_sessions_are_counted_without_the_bridges_own(broker, sys_to
     away = connected(broker, "away", clean_session=False)
     away.lose_connection()
     # A bridge's session is internal: its client id starts with NUL.
-    broker.router.connect("\x00bridge/up", clean_session=False)
+    broker.router.connect("\x00bridge/up", clean_start=False, expiry_interval=NEVER_EXPIRES)
     broker.clock.advance(INTERVAL)
     got = values(watcher.received())
     assert got["$SYS/broker/clients/connected"] == "1"

@@ -57,7 +57,7 @@ def test_a_bridge_at_the_total_bound_gives_up_its_oldest():
         router.publish(P.Publish("t/x", b"%09d" % i + b"!", 1))
     session = bridge.session
     assert session.queued == 5
-    assert [m.payload[:9] for m, *_ in session._queue] == [b"%09d" % i for i in range(5, 10)]
+    assert [m.payload[:9] for m, *_ in session.deliveries.queue] == [b"%09d" % i for i in range(5, 10)]
     assert bridge.status()["drops"]["queue_full"] == 5
     bridge.stopService()
 

@@ -25,7 +25,7 @@ from mqttgw.bridges.settings import LEVEL_NAMES
 from mqttgw.bridges.upstreams import Upstreams
 from mqttgw.bridges.versions import upstream_versions
 from mqttgw.broker.delivery_policy import DeliveryPolicy, Pacer
-from mqttgw.broker.session import INTERNAL_PREFIX, SessionLimits
+from mqttgw.broker.session import INTERNAL_PREFIX, NEVER_EXPIRES, SessionLimits
 from mqttgw.broker.acks import OrderedAcks
 from mqttgw.broker.topics import matches
 from mqttgw.wire import packets as P
@@ -125,7 +125,7 @@ class MQTTBridge(Service):
             "connected_since": self.connected_since,
             "queued": session.queued if session is not None else 0,
             "inflight": len(session.inflight) if session is not None else 0,
-            "window": session.window if session is not None else 0,
+            "window": session.window.size if session is not None else 0,
             "dropped": dropped,
             "queued_bytes": session.queued_bytes if session is not None else 0,
             # Seconds the oldest message waiting for the upstream has waited.
@@ -179,7 +179,7 @@ class MQTTBridge(Service):
     def startService(self):
         super().startService()
         s = self.settings
-        session, _ = self.router.connect(self.session_id, clean_session=False)
+        session, _ = self.router.connect(self.session_id, clean_start=False, expiry_interval=NEVER_EXPIRES)
         pacer = None
         if s.drain_messages_per_second or s.drain_bytes_per_second:
             pacer = Pacer(s.drain_messages_per_second, s.drain_bytes_per_second)
@@ -344,18 +344,18 @@ class MQTTBridge(Service):
         elif kind is P.Puback:
             if packet.reason_code:
                 self.reason("PUBACK", packet.reason_code, packet)
-            session.puback(packet.message_id)
+            session.window.puback(packet.message_id)
             if self.deaths is not None:
                 self.deaths.acknowledged(packet.message_id)
         elif kind is P.Pubrec:
             failed = packet.reason_code >= 0x80
             if packet.reason_code:
                 self.reason("PUBREC", packet.reason_code, packet)
-            session.pubrec(packet.message_id, failed)
+            session.window.pubrec(packet.message_id, failed)
         elif kind is P.Pubcomp:
             if packet.reason_code:
                 self.reason("PUBCOMP", packet.reason_code, packet)
-            session.pubcomp(packet.message_id)
+            session.window.pubcomp(packet.message_id)
             if self.deaths is not None:
                 self.deaths.acknowledged(packet.message_id)
         elif kind is P.Pubrel:

@@ -3,10 +3,14 @@ The bridge session's connection: the frames the session writes go
 upstream, their topics rewritten by the out rules.
 """
 
+from zope.interface import implementer
+
 from mqttgw.bridges.deaths import node_topic
+from mqttgw.broker.interfaces import ISessionCarrier
 from mqttgw.wire import packets as P
 
 
+@implementer(ISessionCarrier)
 class Relay:
     """
     The bridge session's connection: PUBLISH and PUBREL packets the session

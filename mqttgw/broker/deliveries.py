@@ -32,12 +32,15 @@ AWAITING_PUBCOMP = 2  # PUBREL sent; waiting for PUBCOMP
 
 
 class InFlight:
+    """A delivery in flight: what the broker tracks of it until its flow completes."""
+
     __slots__ = (
         "message", "qos", "retain", "seq", "state", "due", "attempts", "group", "deferred",
-        "held",
+        "held", "queued_at",
     )
 
-    def __init__(self, message, qos, retain, seq, due, state=AWAITING_ACK, group=None):
+    def __init__(self, message, qos, retain, seq, due, state=AWAITING_ACK, group=None, held=None,
+                 queued_at=None):
         self.message = message
         # The shared subscription it came by, if any.
         self.group = group
@@ -53,14 +56,19 @@ class InFlight:
         self.deferred = False
         # The publisher's acknowledgement that waits for this delivery or
         # its commit (acks.Held), if any.
-        self.held = None
+        self.held = held
+        # When it was queued for the receiver (clock time), if it waited
+        # before it went out.
+        self.queued_at = queued_at
 
 
 class Deliveries:
     """
     What a session holds for its client, and its counts.  A queue entry is
-    ``(message, qos, retain, seq, group)``: ``seq`` its store key (None:
-    in memory only), ``group`` the shared subscription it came by.
+    ``(message, qos, retain, seq, group, held, queued_at)``: ``seq`` its
+    store key (None: in memory only), ``group`` the shared subscription it
+    came by, ``held`` the publisher's acknowledgement that waits for it
+    (acks.Held, or None), ``queued_at`` when it was queued (clock time).
 
     - :meth:`push` queues (counted: one stored message, its payload bytes);
     - :meth:`pop` takes the head of a queue (its bytes no longer queued:
@@ -71,8 +79,8 @@ class Deliveries:
     """
 
     __slots__ = (
-        "client_id", "clock", "limits", "store", "_stats", "_seq", "_dup_through", "_last_mid",
-        "inflight", "_queue0", "_queue", "_paced_queue", "queued_bytes",
+        "client_id", "clock", "limits", "store", "stats", "seq", "dup_through", "_last_mid",
+        "inflight", "queue0", "queue", "paced", "queued_bytes",
         "dropped", "dropped_too_large", "dropped_expired", "unreadable",
     )
 
@@ -84,21 +92,22 @@ class Deliveries:
         self.store = store
         # The router's counters, where drops, connected clients and stored
         # messages are totalled for operators.
-        self._stats = stats
-        self._seq = 0
+        self.stats = stats
+        # The store key of the last delivery written (see next_seq).
+        self.seq = 0
         # Restored queued QoS 1 deliveries up to this seq may have gone out
         # before a restart: they go again marked DUP.
-        self._dup_through = 0
+        self.dup_through = 0
         # The message id given last (the next is the first free after it).
         self._last_mid = 0
         self.inflight = NO_FLIGHTS
         # QoS 0 messages held while the connection's socket is full.
-        self._queue0 = EMPTY
+        self.queue0 = EMPTY
         # QoS 1/2 messages waiting for the in-flight window or the client.
-        self._queue = EMPTY
+        self.queue = EMPTY
         # A bridge's messages that waited while its link was down, drained
         # at its pacer's rate while what comes meanwhile goes first.
-        self._paced_queue = EMPTY
+        self.paced = EMPTY
         self.queued_bytes = 0
         self.dropped = 0
         # Of the messages dropped, those too large for the receiver, and
@@ -111,31 +120,35 @@ class Deliveries:
 
     @property
     def queued(self):
-        return len(self._queue0) + len(self._queue) + len(self._paced_queue)
+        """Messages waiting in the queues."""
+        return len(self.queue0) + len(self.queue) + len(self.paced)
+
+    def next_seq(self):
+        """The store key of a delivery about to be written."""
+        self.seq += 1
+        return self.seq
 
     # The counted moves
 
-    def push(self, queue, message, qos, retain, seq, group=None):
+    def push(self, queue, message, qos, retain, seq, group=None, held=None):
         """Queue a delivery at the end of ``queue`` (one of this session's
         deques), within the limits; one stored (``seq``) has made room."""
-        if seq is None and self._full(message) and not self._make_room(message):
-            self._drop(message, qos)
+        if seq is None and self.full(message) and not self.make_room(message):
+            self.drop(message, qos)
             return
         size = len(message.payload)
         self.queued_bytes += size
-        stats = self._stats
+        stats = self.stats
         stats.queued_bytes += size
         stats.stored_messages += 1
-        if message.queued_at is None:
-            message.queued_at = self.clock.seconds()
-        queue.append((message, qos, retain, seq, group))
+        queue.append((message, qos, retain, seq, group, held, self.clock.seconds()))
 
     def pop(self, queue):
         """The entry at the head of ``queue``, its bytes no longer queued."""
         entry = queue.popleft()
         size = len(entry[0].payload)
         self.queued_bytes -= size
-        self._stats.queued_bytes -= size
+        self.stats.queued_bytes -= size
         return entry
 
     def fly(self, flight, counted, mid=None):
@@ -155,28 +168,28 @@ class Deliveries:
         self._last_mid = mid
         inflight[mid] = flight
         if not counted:
-            self._stats.stored_messages += 1
+            self.stats.stored_messages += 1
         return mid
 
     def discard(self, seq):
         """A counted delivery ends: it is no longer stored, nor its row."""
-        self._stats.stored_messages -= 1
+        self.stats.stored_messages -= 1
         if seq is not None:
             self.store.delete_delivery(self.client_id, seq)
 
     def release(self):
         """The session ends: what it holds is no longer counted (its rows
         go with the store's session)."""
-        stats = self._stats
+        stats = self.stats
         stats.stored_messages -= self.queued + len(self.inflight)
         stats.queued_bytes -= self.queued_bytes
 
     def drop_queue0(self):
         """QoS 0 messages held for a connection that left go."""
-        queue0 = self._queue0
+        queue0 = self.queue0
         while queue0:
             self.discard(self.pop(queue0)[3])
-        self._queue0 = EMPTY
+        self.queue0 = EMPTY
 
     def leave_store(self):
         """
@@ -186,64 +199,96 @@ class Deliveries:
         connection lasts, and its rows go with the store's session.
         """
         self.store = None
-        self._dup_through = 0
+        self.dup_through = 0
         for flight in self.inflight.values():
             flight.seq = None
-        for name in ("_queue", "_paced_queue"):
+        for name in ("queue", "paced"):
             queue = getattr(self, name)
             if queue:
-                setattr(self, name, deque((m, q, r, None, g) for m, q, r, _, g in queue))
+                setattr(self, name, deque((m, q, r, None, g, h, t) for m, q, r, _, g, h, t in queue))
+
+    def hand_over_shared(self, leaving):
+        """
+        The session ``leaving`` lost its carrier: messages that came by a
+        shared subscription and were not yet acknowledged go to another
+        member of its group, if one is connected: QoS 1 ones only, since a
+        QoS 2 delivery is completed with the same client when it comes
+        back, and goes to no other client if its session ends
+        ([MQTT-4.8.2-4], [MQTT-4.8.2-5]).
+        """
+        for mid, flight in list(self.inflight.items()):
+            group = flight.group
+            if (
+                group is not None
+                and flight.state == AWAITING_ACK
+                and flight.qos == 1
+                and group.redeliver(flight.message, flight.qos, leaving, flight.held)
+            ):
+                del self.inflight[mid]
+                self.discard(flight.seq)
+        queue = self.queue
+        if queue and any(entry[4] is not None for entry in queue):
+            # Each entry once round, in order: those handed over leave it.
+            for _ in range(len(queue)):
+                message, qos, _, seq, group, held, _ = queue[0]
+                if group is not None and qos == 1 and group.redeliver(message, qos, leaving, held):
+                    self.pop(queue)
+                    self.discard(seq)
+                else:
+                    queue.rotate(-1)
 
     def restore_deliveries(self, stored):
         """Queued and in-flight deliveries as the store had them, in order."""
         now = self.clock.seconds()
         for d in stored.deliveries:
             message = Publish(d.topic, d.payload, d.qos, d.retain, properties=d.properties, expiry=d.expiry)
-            # Waiting since the restart at least.
-            message.queued_at = now
-            self._seq = max(self._seq, d.seq)
+            self.seq = max(self.seq, d.seq)
+            # Either waits since the restart at least.
             if d.message_id is None:
-                if not self._queue:
-                    self._queue = deque()
-                self.push(self._queue, message, d.qos, d.retain, d.seq)
+                if not self.queue:
+                    self.queue = deque()
+                self.push(self.queue, message, d.qos, d.retain, d.seq)
             else:
-                self.fly(InFlight(message, d.qos, d.retain, d.seq, now, d.state), False, d.message_id)
+                flight = InFlight(message, d.qos, d.retain, d.seq, now, d.state, queued_at=now)
+                self.fly(flight, False, d.message_id)
         if stored.sent_seq:
-            self._dup_through = stored.sent_seq
-            self._seq = max(self._seq, stored.sent_seq)
+            self.dup_through = stored.sent_seq
+            self.seq = max(self.seq, stored.sent_seq)
 
     # Bounds
 
-    def _full(self, message):
+    def full(self, message):
+        """Whether ``message`` would pass this session's bounds, or the gateway's."""
         limits = self.limits
         size = len(message.payload)
         # self.queued, without a property's call: every queued message asks.
-        queued = len(self._queue0) + len(self._queue) + len(self._paced_queue)
+        queued = len(self.queue0) + len(self.queue) + len(self.paced)
         if queued >= limits.max_queued_messages or self.queued_bytes + size > limits.max_queued_bytes:
             return True
-        stats = self._stats
+        stats = self.stats
         bound = stats.max_queued_bytes_total
         return bound and stats.queued_bytes + size > bound
 
     def _over_total(self, size):
         """Whether ``size`` more bytes queued would pass the gateway's bound."""
-        stats = self._stats
+        stats = self.stats
         bound = stats.max_queued_bytes_total
         return bound and stats.queued_bytes + size > bound
 
-    def _make_room(self, message):
+    def make_room(self, message):
         """With drop_oldest: evict queued messages until ``message`` fits."""
         if not self.limits.drop_oldest:
             return False
-        while self._full(message) and (self._queue0 or self._paced_queue or self._queue):
-            old, qos, _, seq, _ = self.pop(self._queue0 or self._paced_queue or self._queue)
+        while self.full(message) and (self.queue0 or self.paced or self.queue):
+            old, qos, _, seq = self.pop(self.queue0 or self.paced or self.queue)[:4]
             self.discard(seq)
-            self._drop(old, qos)
-        return not self._full(message)
+            self.drop(old, qos)
+        return not self.full(message)
 
-    def _drop(self, message, qos):
+    def drop(self, message, qos):
+        """``message`` finds no room: dropped, counted, and (now and then) logged."""
         self.dropped += 1
-        stats = self._stats
+        stats = self.stats
         stats.messages_dropped += 1
         if self._over_total(len(message.payload)):
             stats.dropped_at_total_bound += 1
@@ -268,22 +313,22 @@ class Deliveries:
                 dropped=self.dropped,
             )
 
-    def _too_large(self):
+    def drop_too_large(self):
         """A delivery larger than the receiver accepts: dropped, and counted
         ([MQTT-3.1.2-25])."""
         self.dropped += 1
         self.dropped_too_large += 1
-        self._stats.messages_dropped += 1
-        self._stats.messages_too_large += 1
+        self.stats.messages_dropped += 1
+        self.stats.messages_too_large += 1
 
-    def _unreadable(self, message, seq):
+    def drop_unreadable(self, message, seq):
         """
         ``message`` waited (queued, or in flight) and its reader may no
         longer read its topic (an ACL reload, or a login with fewer
         rights): dropped, its store row with it, and counted.
         """
         self.unreadable += 1
-        self._stats.messages_unreadable += 1
+        self.stats.messages_unreadable += 1
         self.discard(seq)
         _unreadable_log.warn(
             "client {client_id}: dropped a message on {topic} that waited for it:"
@@ -296,11 +341,8 @@ class Deliveries:
 
     def expired(self, message):
         """Whether ``message`` has expired (counted when it has)."""
-        return message.expiry is not None and self._expired(message)
-
-    def _expired(self, message):
         if message.expiry is not None and message.expiry <= self.clock.seconds():
-            self._stats.messages_expired += 1
+            self.stats.messages_expired += 1
             self.dropped_expired += 1
             return True
         return False
@@ -308,13 +350,13 @@ class Deliveries:
     def oldest_waiting(self):
         """When the oldest message waiting for the receiver was queued, or None."""
         oldest = None
-        for queue in (self._queue0, self._paced_queue, self._queue):
+        for queue in (self.queue0, self.paced, self.queue):
             if queue:
-                at = queue[0][0].queued_at
-                if at is not None and (oldest is None or at < oldest):
+                at = queue[0][6]
+                if oldest is None or at < oldest:
                     oldest = at
         for flight in self.inflight.values():
-            at = flight.message.queued_at
+            at = flight.queued_at
             if at is not None and (oldest is None or at < oldest):
                 oldest = at
         return oldest

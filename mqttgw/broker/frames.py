@@ -15,6 +15,9 @@ connected (3.1.1), rather than only when a session resumes (5.0,
 not sent again.
 """
 
+from zope.interface import implementer
+
+from mqttgw.broker.interfaces import IFrames
 from mqttgw.broker.subscriptions import subscription_ids
 from mqttgw.wire.packets import Publish
 
@@ -23,6 +26,7 @@ class TooLarge(Exception):
     """A frame larger than the receiver accepts ([MQTT-3.1.2-25])."""
 
 
+@implementer(IFrames)
 class PlainFrames:
     """MQTT 3.1 and 3.1.1: one frame per message and QoS, ids spliced in."""
 
@@ -34,6 +38,7 @@ class PlainFrames:
     publish = staticmethod(Publish.frame)
 
 
+@implementer(IFrames)
 class EncodedFrames:
     """
     A connection's ``encoder.frame(message, qos, mid, retain, dup,

@@ -1,18 +1,20 @@
 """
-The router: one per process, shared by every listener (and later every
-bridge).  It owns the sessions by client id, the subscription trie and the
-retained messages, and fans each PUBLISH out to its subscribers.  It never
-learns which transport a session came from.
+The router: one per process, shared by every listener and every bridge.
+It holds the sessions by client id (a SessionTable), the subscription
+trie and the retained messages, and fans each PUBLISH out to its
+subscribers.  It never learns which transport a session came from.
 """
 
 import heapq
 
 from twisted.logger import Logger
+from zope.interface import implementer
 
 from mqttgw.broker.access import Access
+from mqttgw.broker.interfaces import IRouter
 from mqttgw.broker.ratelimited import RateLimited
 from mqttgw.broker.session import SessionLimits
-from mqttgw.broker.sessions import NEVER_EXPIRES, Sessions
+from mqttgw.broker.sessions import SessionTable
 from mqttgw.broker.stats import Stats
 from mqttgw.broker.acks import Held
 from mqttgw.broker.subscriptions import (
@@ -30,7 +32,23 @@ from mqttgw.wire.printable import printable
 log = Logger()
 
 
-class Router(Sessions):
+def _table_setting(name, doc):
+    """A setting of the session table, read and set through the router."""
+    return property(
+        lambda self: getattr(self.sessions, name), lambda self, value: setattr(self.sessions, name, value),
+        doc=doc,
+    )
+
+
+@implementer(IRouter)
+class Router:
+    # The session table's settings (see SessionTable).
+    limits = _table_setting("limits", "The limits a new session is given.")
+    max_persistent_sessions = _table_setting("max_persistent_sessions", "See [limits].")
+    persistent_client_expiration = _table_setting(
+        "persistent_client_expiration", "Seconds a persistent session may go unused, or None: for ever."
+    )
+    session_owner_mismatch = _table_setting("session_owner_mismatch", "See [auth].")
     # Bounds of the whole broker (0: none); see [limits].
     max_retained_messages = default("limits.max_retained_messages")
     # Shared subscription groups at once, and members of one group.
@@ -44,7 +62,6 @@ class Router(Sessions):
 
     def __init__(self, clock, limits=SessionLimits(), max_qos=default("mqtt.max_qos"), store=None):
         self.clock = clock
-        self.limits = limits
         self.max_qos = max_qos
         # The durable store, or None to keep everything in memory.
         self.store = store
@@ -52,7 +69,11 @@ class Router(Sessions):
         self.recorder = None
         # The Sparkplug observer (broker/sparkplug.py), or None: awareness off.
         self.sparkplug = None
-        self.sessions = {}
+        self.stats = Stats()
+        self._limited = {}
+        self.sessions = SessionTable(
+            clock, limits, self.stats, store, self._unroute, self.publish, self.limited
+        )
         self.subscriptions = SubscriptionTrie()
         # Shared subscriptions' groups by (share name, filter).
         self.shared = {}
@@ -62,8 +83,6 @@ class Router(Sessions):
         self.retained = RetainedTree()
         # Who may write and read what (the ACL, reserved topics).
         self.access = Access()
-        self.stats = Stats()
-        self._limited = {}
         # $SYS topics with a retained value (not counted against the limit).
         self.sys_topics = set()
 
@@ -82,15 +101,43 @@ class Router(Sessions):
             )
             if expiry is not None:
                 self._expiring(self.retained.get(topic))
-        now = self.clock.seconds()
-        for stored in sessions:
-            session = self._new_session(stored.client_id, False)
-            session.restore(stored, now, from_stored)
+        for session in self.sessions.restore(sessions, from_stored):
             for topic_filter, qos in session.subscriptions.items():
                 self._route(session, topic_filter, qos)
-            if stored.expiry_interval not in (None, NEVER_EXPIRES):
-                left = session.last_seen + stored.expiry_interval - now
-                session.expire_in(max(0.0, left), self._expired)
+
+    # Sessions: the table's, as connections and bridges ask for them
+
+    def owner_refusal(self, client_id, owner):
+        """Why ``owner`` may not connect as ``client_id``, or None (see SessionTable)."""
+        return self.sessions.owner_refusal(client_id, owner)
+
+    def resumes_session(self, client_id, clean_start, owner):
+        """Whether a CONNECT would resume a persistent session ``owner`` owns."""
+        return self.sessions.resumes_session(client_id, clean_start, owner)
+
+    def may_start_session(self, client_id, ends_with_connection=False):
+        """Whether a CONNECT may go on within max_persistent_sessions."""
+        return self.sessions.may_start_session(client_id, ends_with_connection)
+
+    def connect(self, client_id, clean_start, will=None, expiry_interval=0, will_delay=0, owner=None):
+        """The session for a CONNECT, and whether it was present (see SessionTable.connect)."""
+        return self.sessions.connect(client_id, clean_start, will, expiry_interval, will_delay, owner)
+
+    def set_session_expiry(self, session, expiry_interval):
+        """A 5.0 DISCONNECT changed the session's expiry interval."""
+        self.sessions.set_session_expiry(session, expiry_interval)
+
+    def disconnect(self, session, publish_will):
+        """The connection holding ``session`` ended."""
+        self.sessions.disconnect(session, publish_will)
+
+    def delete_session(self, client_id):
+        """The admin API's delete: a session not in use, and its store rows."""
+        return self.sessions.delete_session(client_id)
+
+    def expire_sessions(self):
+        """Persistent sessions away past persistent_client_expiration end; how many."""
+        return self.sessions.expire_sessions()
 
     # Publish
 
@@ -118,10 +165,11 @@ class Router(Sessions):
                 return True
         return False
 
-    def publish(self, message, sender=None):
+    def publish(self, message, sender=None, held=None):
         """
         Route an application message (a Publish) to every subscriber;
-        ``sender`` is the session it came from, for bridges.
+        ``sender`` is the session it came from, for bridges; ``held``, the
+        acknowledgement its publisher holds back (see publish_held).
         Returns True when it was written to the store (retained, or queued
         for a persistent session): its publisher is acknowledged only once
         that is committed.
@@ -137,8 +185,8 @@ class Router(Sessions):
         retain = message.retain
         if retain:
             durable = self._retain(message)
-            if durable and message.held is not None:
-                message.held.blocked = True
+            if durable and held is not None:
+                held.blocked = True
         subscribers = self.subscriptions.match(message.topic)
         if self.recorder is not None:
             self.recorder.published(message, sender, subscribers)
@@ -167,7 +215,7 @@ class Router(Sessions):
                 keep_retain = retain and (keep_retain or session.policy.retain_as_published)
             else:
                 keep_retain = retain and session.policy.retain_as_published
-            if session.deliver(message, qos if qos < granted else granted, keep_retain):
+            if session.outbox.deliver(message, qos if qos < granted else granted, keep_retain, held):
                 durable = True
         stats = self.stats
         stats.messages_delivered += len(subscribers)
@@ -184,8 +232,8 @@ class Router(Sessions):
         if self.store is None:
             self.publish(message, sender)
             return None
-        message.held = held = Held()
-        return held if self.publish(message, sender) else None
+        held = Held()
+        return held if self.publish(message, sender, held) else None
 
     def publish_sys(self, message):
         """
@@ -195,7 +243,7 @@ class Router(Sessions):
         self.retained.set(message.topic, message)
         self.sys_topics.add(message.topic)
         for session, granted in self.subscriptions.match(message.topic):
-            session.deliver(message, 0)
+            session.outbox.deliver(message, 0)
 
     def _retain(self, message):
         store = self.store

@@ -1,29 +1,40 @@
 """
 Per-client session state: who it belongs to, its subscriptions, its will
-and expiry, inbound QoS 2 ids awaiting PUBREL, and (through Outbox) what
-it delivers to its client.  Knows nothing of transports: it writes what
-the attached connection's frames make of its messages, and time comes
-from an injected clock.
+and expiry, inbound QoS 2 ids awaiting PUBREL, and the parts that deliver
+to its client: its Deliveries (what it holds, counted), Window (what is
+in flight) and Outbox (what goes out, in order).  Knows nothing of
+transports: it writes what the attached carrier's frames make of its
+messages, and time comes from an injected clock.
 """
 
 from collections import deque
 
 import attr
+from zope.interface import implementer
 
-from mqttgw.broker.deliveries import EMPTY
+from mqttgw.broker.deliveries import EMPTY, Deliveries
+from mqttgw.broker.delivery_policy import CLIENT
 from mqttgw.broker.frames import PLAIN
+from mqttgw.broker.interfaces import ISession
 from mqttgw.broker.outbox import Outbox
 from mqttgw.broker.stats import Stats
 from mqttgw.broker.topics import filter_size
+from mqttgw.broker.window import Window
 from mqttgw.schema import default
 
-__all__ = ["INTERNAL_PREFIX", "Session", "SessionLimits"]
+__all__ = ["INTERNAL_PREFIX", "NEVER_EXPIRES", "Session", "SessionLimits"]
 
 # The first character of the client id of a session the gateway keeps for
 # itself (a bridge's): no MQTT client can have it (CONNECT refuses a client
 # id with U+0000), and it is kept in the store with the rest of the id, so
 # the session is known for what it is after a restart too.
 INTERNAL_PREFIX = "\x00"
+
+# A session expiry interval that means "never" (5.0's 0xFFFFFFFF; a 3.1.1
+# session without Clean Session), but for persistent_client_expiration.
+# An interval of 0 means the session ends with its connection (a 5.0
+# client's 0, or 3.1.1's Clean Session), as mosquitto keeps both.
+NEVER_EXPIRES = 0xFFFFFFFF
 
 
 @attr.s(frozen=True, slots=True)
@@ -53,27 +64,49 @@ def _everything(topic):
     return True
 
 
-class Session(Outbox):
+def _part(part, name, doc):
+    """What a part of the session holds, read as the session's own."""
+    return property(lambda self: getattr(getattr(self, part), name), doc=doc)
+
+
+@implementer(ISession)
+class Session:
     """
-    The broker's view of one client id.  A connection attaches to it with
+    The broker's view of one client id.  A carrier attaches to it with
     :meth:`attach` and leaves with :meth:`detach`; a persistent session
-    outlives its connections.
+    outlives its connections.  Routed copies go to its ``outbox``, the
+    receiver's acknowledgements to its ``window`` (its own :meth:`puback`,
+    :meth:`pubrec` and :meth:`pubcomp` pass them on: on the hot path, call
+    the window's, one call fewer).
     """
 
     # Slots: ten thousand idle clients hold ten thousand of these.
     __slots__ = (
-        "clean_session", "subscriptions", "filter_bytes", "options", "will", "awaiting_pubrel",
-        "last_seen", "connected_since", "budget", "internal", "expiry_interval", "_expiry_call",
-        "_will_call", "pending_will", "will_delay", "owner",
+        "client_id", "clock", "store", "deliveries", "window", "outbox", "policy", "may_read",
+        "subscriptions", "filter_bytes", "options", "will", "awaiting_pubrel", "last_seen",
+        "connected_since", "budget", "internal", "expiry_interval", "_expiry_call", "_will_call",
+        "pending_will", "will_delay", "owner",
     )
 
     def __init__(
-        self, client_id, clean_session, clock, limits=SessionLimits(), stats=None, store=None
+        self, client_id, expiry_interval, clock, limits=SessionLimits(), stats=None, store=None
     ):
+        self.client_id = client_id
+        self.clock = clock
         # Persistent sessions keep their state in the store, if there is one.
-        super().__init__(
-            client_id, clock, limits, stats if stats is not None else Stats(), None if clean_session else store
+        self.store = store if expiry_interval else None
+        self.deliveries = deliveries = Deliveries(
+            client_id, clock, limits, stats if stats is not None else Stats(), self.store
         )
+        self.window = window = Window(deliveries, clock)
+        self.outbox = outbox = Outbox(deliveries, window, self, clock)
+        window.send_through(outbox)
+        # How it delivers where a bridge differs (see delivery_policy).
+        self.policy = CLIENT
+        # Whether the client may read a topic (a cached ACL check), or
+        # None: everything.  Asked when a message is routed, and again
+        # when one that waited (queued, or in flight) goes out.
+        self.may_read = None
         # A dashboard page's DeliveryBudget, asked after may_read when a
         # message is routed (not when one that waited goes out), or None.
         # Set before attach, which gives a session with one a may_read.
@@ -86,10 +119,6 @@ class Session(Outbox):
         # The gateway's own session, not a client's: not listed or counted
         # as one, never expired, and its traffic is a bridge's.
         self.internal = client_id.startswith(INTERNAL_PREFIX)
-        # Whether the session ends with its connection: 3.1.1's Clean
-        # Session, or a 5.0 Session Expiry Interval of 0 (whatever its
-        # Clean Start said, which only decides whether a session resumes).
-        self.clean_session = clean_session
         # topic filter -> granted QoS, and the filters' UTF-8 bytes in all.
         self.subscriptions = {}
         self.filter_bytes = 0
@@ -103,9 +132,11 @@ class Session(Outbox):
         # When its last connection ended (reactor time), for expiry.
         self.last_seen = None
         self.connected_since = None
-        # 5.0's session expiry interval (s), or None: 3.1.1's persistent
-        # session, kept for persistent_client_expiration.
-        self.expiry_interval = None
+        # How long (s) it outlives its connection: 0, not at all (it ends
+        # with it); NEVER_EXPIRES, for ever (but for
+        # persistent_client_expiration).  Whatever a Clean Start said, which
+        # only decides whether a session resumes.
+        self.expiry_interval = expiry_interval
         # The session's own expiry, and its will's delay, while pending
         # (see expire_in and delay_will); the will that waits for its delay.
         self._expiry_call = None
@@ -117,6 +148,25 @@ class Session(Outbox):
     def __repr__(self):
         return f"<Session {self.client_id!r}>"
 
+    @property
+    def ends_with_connection(self):
+        """Whether the session ends with its connection (an expiry interval of 0)."""
+        return self.expiry_interval == 0
+
+    connection = _part("outbox", "connection", "The carrier attached (an ISessionCarrier), or None.")
+    frames = _part("outbox", "frames", "What makes the attached carrier's PUBLISH frames.")
+    limits = _part("deliveries", "limits", "Its SessionLimits.")
+    inflight = _part("deliveries", "inflight", "Deliveries in flight, by message id.")
+    queued = _part("deliveries", "queued", "Messages waiting in its queues.")
+    queued_bytes = _part("deliveries", "queued_bytes", "Their payload bytes.")
+    dropped = _part("deliveries", "dropped", "Messages dropped, not delivered.")
+    dropped_too_large = _part("deliveries", "dropped_too_large", "Of those, too large for the receiver.")
+    dropped_expired = _part("deliveries", "dropped_expired", "Messages that expired waiting.")
+
+    def oldest_waiting(self):
+        """When the oldest message waiting for the receiver was queued, or None."""
+        return self.deliveries.oldest_waiting()
+
     def deliver_as(self, policy, limits=None):
         """
         A bridge's delivery policy (broker.delivery_policy.DeliveryPolicy:
@@ -126,80 +176,85 @@ class Session(Outbox):
         """
         self.policy = policy
         if limits is not None:
-            self.limits = limits
+            self.deliveries.limits = limits
 
     # Connection life
 
     def attach(self, connection, frames=PLAIN, receive_maximum=None):
         """
-        A connection takes this session.  Unacknowledged deliveries are sent
-        again, with DUP set, in their original order; then the queue drains.
-        ``frames``: what makes the connection's PUBLISH frames, as its
-        dialect gives them (see broker.frames); ``receive_maximum``: the
-        client's, if it gave one.
+        ``connection`` (an ISessionCarrier) takes this session.
+        Unacknowledged deliveries are sent again, with DUP set, in their
+        original order; then the queue drains.  ``frames``: what makes the
+        connection's PUBLISH frames, as its dialect gives them (see
+        broker.frames); ``receive_maximum``: the client's, if it gave one.
         """
-        self.frames = frames
-        self._publish = frames.publish
-        window = self.limits.max_inflight_messages
-        if receive_maximum is not None and receive_maximum < window:
-            window = receive_maximum
-        self.window = window
+        deliveries, window, outbox = self.deliveries, self.window, self.outbox
+        size = deliveries.limits.max_inflight_messages
+        if receive_maximum is not None and receive_maximum < size:
+            size = receive_maximum
+        window.size = size
         if self.budget is not None and self.may_read is None:
             # Routing asks the budget behind the read check only.
             self.may_read = _everything
-        if self.connection is None and not self.internal:
-            stats = self._stats
+        if outbox.connection is None and not self.internal:
+            stats = deliveries.stats
             stats.clients_connected += 1
-            if not self.clean_session:
+            if self.expiry_interval:
                 stats.clients_disconnected -= 1
-        self.connection = connection
-        self._writable = True
-        self._gated = 0
-        if self.policy.pacer is not None and self._queue:
+        outbox.attach(connection, frames)
+        if self.policy.pacer is not None and deliveries.queue:
             # What waited goes at the pacer's rate now; what comes from here on
             # does not wait behind it.
-            if not self._paced_queue:
-                self._paced_queue = deque()
-            self._paced_queue.extend(self._queue)
-            self._queue = EMPTY
+            if not deliveries.paced:
+                deliveries.paced = deque()
+            deliveries.paced.extend(deliveries.queue)
+            deliveries.queue = EMPTY
         self.connected_since = self.clock.seconds()
-        self._send_again(window)
-        self._schedule_retry()
-        self.pump()
-
-    def _send_again(self, window):
-        """In-flight deliveries go again in their order, as many as the
-        window takes; the rest as earlier ones complete ([MQTT-3.3.4-7])."""
-        due = self.connected_since + self.limits.retry_interval
-        sent = 0
-        self._deferred = 0
-        for mid, flight in list(self.inflight.items()):
-            flight.due = due
-            flight.attempts = 0
-            if sent < window:
-                sent += 1
-                flight.deferred = False
-                self._resend(mid, flight)
-            else:
-                flight.deferred = True
-                self._deferred += 1
+        window.resume_flights(self.connected_since)
+        window.schedule_retry()
+        outbox.pump()
 
     def detach(self):
-        if self.connection is not None and not self.internal:
-            stats = self._stats
+        outbox = self.outbox
+        if outbox.connection is not None and not self.internal:
+            stats = self.deliveries.stats
             stats.clients_connected -= 1
-            if not self.clean_session:
+            if self.expiry_interval:
                 stats.clients_disconnected += 1
-        self.connection = None
-        self._writable = False
-        if self._retry_call is not None:
-            if self._retry_call.active():
-                self._retry_call.cancel()
-            self._retry_call = None
-        self.stop_retained(self.clean_session)
-        self._hand_over_shared()
-        if not self.limits.queue_qos0_messages:
-            self.drop_queue0()
+        outbox.detach()
+        self.window.stop_retry()
+        outbox.stop_retained(not self.expiry_interval)
+        self.deliveries.hand_over_shared(self)
+        if not self.deliveries.limits.queue_qos0_messages:
+            self.deliveries.drop_queue0()
+
+    def puback(self, mid):
+        """The receiver's PUBACK (see Window)."""
+        self.window.puback(mid)
+
+    def pubrec(self, mid, failed=False):
+        """The receiver's PUBREC (see Window)."""
+        self.window.pubrec(mid, failed)
+
+    def pubcomp(self, mid):
+        """The receiver's PUBCOMP (see Window)."""
+        self.window.pubcomp(mid)
+
+    def pause(self):
+        """The carrier's socket is full: further messages wait in the session."""
+        self.outbox.pause()
+
+    def resume(self):
+        """The carrier takes more again: what waited goes."""
+        self.outbox.resume()
+
+    def send_retained(self, walk):
+        """Deliver what a walk of the retained tree yields, as the carrier takes it."""
+        self.outbox.send_retained(walk)
+
+    def release(self):
+        """The session ends: what it holds is no longer counted."""
+        self.deliveries.release()
 
     def left(self, now):
         """Its connection ended at ``now``: detached, and its will (if
@@ -241,8 +296,9 @@ class Session(Outbox):
         """It ends with its connection from now on; its rows go."""
         if self.store is not None:
             self.store.delete_session(self.client_id)
-            self.leave_store()
-        self.clean_session = True
+            self.store = None
+            self.deliveries.leave_store()
+        self.expiry_interval = 0
 
     def expire_in(self, seconds, expired):
         """Its expiry: ``expired(session)`` in ``seconds``, unless
@@ -324,7 +380,10 @@ class Session(Outbox):
         start counting ``now``.
         """
         self.last_seen = stored.last_seen if stored.last_seen is not None else now
-        self.expiry_interval = stored.expiry_interval
+        # Rows written before the expiry was the one notion of persistence
+        # kept none for a 3.1.1 session.
+        expiry = stored.expiry_interval
+        self.expiry_interval = NEVER_EXPIRES if expiry is None else expiry
         self.owner = stored.owner
         for topic_filter, value in stored.subscriptions.items():
             qos, options = from_stored(topic_filter, value)
@@ -334,7 +393,7 @@ class Session(Outbox):
                 if self.options is None:
                     self.options = {}
                 self.options[topic_filter] = options
-        self.restore_deliveries(stored)
+        self.deliveries.restore_deliveries(stored)
         self.awaiting_pubrel = set(stored.awaiting_pubrel)
 
     # Inbound QoS 2, from this session's client

@@ -1,20 +1,19 @@
 """
 The router's table of sessions by client id: who may connect as which
 client id, taking a session over from the connection that held it, its
-end (clean, expired, deleted, replaced by another identity's), and its
-will when its connection ends.  The Router is one of these.
+end (with its connection, expired, deleted, replaced by another
+identity's), and its will when its connection ends.  The Router holds one.
 """
+
+from collections.abc import Mapping
 
 from twisted.logger import Logger
 
-from mqttgw.broker.session import Session
+from mqttgw.broker.session import NEVER_EXPIRES, Session
 from mqttgw.schema import default
 from mqttgw.wire.printable import printable
 
 log = Logger()
-
-# A 5.0 session expiry interval that means "never".
-NEVER_EXPIRES = 0xFFFFFFFF
 
 
 def owner_name(owner):
@@ -22,11 +21,14 @@ def owner_name(owner):
     return "anonymous" if owner == "" else repr(printable(owner))
 
 
-class Sessions:
+class SessionTable(Mapping):
     """
-    Sessions by client id (``self.sessions``); the Router that is one of
-    these routes to them, publishes their wills, and takes their filters
-    out of its trie when they end.
+    Sessions by client id, read as a mapping (``router.sessions[client_id]``).
+    It makes, resumes and ends them; the router it serves routes to them,
+    and is given here only what the table asks of it: ``unroute(session,
+    topic_filter)`` takes an ended session's filters out of its trie,
+    ``publish(message, sender)`` publishes a will, ``limited(name)`` is a
+    rate-limited warning.
     """
 
     # Bounds of the whole broker (0: none); see [limits].
@@ -38,6 +40,52 @@ class Sessions:
     # session is discarded, never resumed).
     session_owner_mismatch = default("auth.session_owner_mismatch")
 
+    def __init__(self, clock, limits, stats, store, unroute, publish, limited):
+        self.clock = clock
+        # The limits a new session is given.
+        self.limits = limits
+        self.stats = stats
+        # The durable store, or None to keep everything in memory.
+        self.store = store
+        self._unroute = unroute
+        self._publish = publish
+        self._limited = limited
+        self._sessions = {}
+
+    # The mapping
+
+    def __getitem__(self, client_id):
+        return self._sessions[client_id]
+
+    def __iter__(self):
+        return iter(self._sessions)
+
+    def __len__(self):
+        return len(self._sessions)
+
+    def get(self, client_id, default=None):
+        return self._sessions.get(client_id, default)
+
+    def values(self):
+        return self._sessions.values()
+
+    def items(self):
+        return self._sessions.items()
+
+    def restore(self, stored_sessions, from_stored):
+        """Persistent sessions as the store had them (``from_stored`` reads
+        a stored subscription); yields each, for the router to route."""
+        now = self.clock.seconds()
+        for stored in stored_sessions:
+            session = self._new_session(stored.client_id, NEVER_EXPIRES)
+            session.restore(stored, now, from_stored)
+            if session.expiry_interval != NEVER_EXPIRES:
+                left = session.last_seen + session.expiry_interval - now
+                session.expire_in(max(0.0, left), self._expired)
+            yield session
+
+    # Who connects
+
     def owner_refusal(self, client_id, owner):
         """
         Why the identity ``owner`` may not connect as ``client_id``, or
@@ -46,7 +94,7 @@ class Sessions:
         session left unconnected, and only with ``session_owner_mismatch``
         set to "new_session".  Refusals are counted; the caller logs them.
         """
-        session = self.sessions.get(client_id)
+        session = self._sessions.get(client_id)
         if session is None or session.owner is None or session.owner == owner:
             return None
         if session.connection is None and self.session_owner_mismatch == "new_session":
@@ -57,7 +105,7 @@ class Sessions:
         return "its session belongs to another identity"
 
     def connect(
-        self, client_id, clean_session, will=None, expiry_interval=None, will_delay=0, owner=None
+        self, client_id, clean_start, will=None, expiry_interval=0, will_delay=0, owner=None
     ):
         """
         Claim the session for ``client_id``, taking it over from any
@@ -65,9 +113,10 @@ class Sessions:
         published, before this returns).  Returns ``(session,
         session_present)``; the caller sends CONNACK, then attaches.
 
-        ``clean_session`` is 3.1.1's Clean Session, or with an
-        ``expiry_interval`` (5.0) its Clean Start: then the session
-        outlives the connection for that many seconds.
+        ``clean_start``: a session held for the client id is not resumed
+        but ended; ``expiry_interval``: how long (s) the session outlives
+        the connection, 0 not at all, NEVER_EXPIRES for ever.  (3.1.1's
+        Clean Session is both: Clean Start, and an interval of 0.)
 
         ``owner``: the identity connecting (a user name, "" for anonymous;
         None for the gateway's own sessions), which :meth:`owner_refusal`
@@ -75,11 +124,7 @@ class Sessions:
         with a clean start; one without an owner (stored before owners
         were) becomes this one's.
         """
-        if expiry_interval is not None:
-            clean_start, clean_session = clean_session, expiry_interval == 0
-        else:
-            clean_start = clean_session
-        session = self.sessions.get(client_id)
+        session = self._sessions.get(client_id)
         if session is not None and owner is not None and session.owner != owner:
             session = self._other_owner(session, owner, clean_start)
         if session is not None and session.connection is not None:
@@ -90,18 +135,18 @@ class Sessions:
             # the will is not sent, whether or not this connection resumes
             # the session ([MQTT-3.1.2-8]); nor does the session expire.
             session.cancel_timers()
-            if clean_start or session.clean_session:
+            if clean_start or not session.expiry_interval:
                 self._discard(session)
                 session = None
             else:
                 present = True
-                if clean_session:
+                if not expiry_interval:
                     # Resumed by a 5.0 client that keeps it no longer.
                     self._forget(session)
                 elif session.expiry_interval != expiry_interval:
                     session.set_expiry(expiry_interval)
         if session is None:
-            session = self._new_session(client_id, clean_session)
+            session = self._new_session(client_id, expiry_interval)
             session.start(owner, expiry_interval)
         session.renew(expiry_interval, will, will_delay)
         return session, present
@@ -119,7 +164,7 @@ class Sessions:
         if session.connection is not None:
             return session
         # Two identities taking turns could repeat it at any rate.
-        self.limited("session owner replaced").warn(
+        self._limited("session owner replaced").warn(
             "discarding the session of client {client_id} (owned by {old}):"
             " {new} connected with its client id (auth.session_owner_mismatch)",
             client_id=printable(session.client_id),
@@ -140,12 +185,13 @@ class Sessions:
         )
         # A persistent session resumed by its own client is a
         # reconnection, not a failure: its will is published only when
-        # a clean session is involved on either side, and never when
-        # it has a delay, which this new connection comes within.
+        # the session ends here (a clean start, or one that ends with its
+        # connection), and never when it has a delay, which this new
+        # connection comes within.
         session.connection.taken_over(
-            publish_will=not session.will_delay and (clean_start or session.clean_session)
+            publish_will=not session.will_delay and (clean_start or not session.expiry_interval)
         )
-        return self.sessions.get(client_id)
+        return self._sessions.get(client_id)
 
     def _claim(self, session, owner):
         """A session restored from a store without owners: its first login owns it."""
@@ -159,7 +205,7 @@ class Sessions:
 
     def set_session_expiry(self, session, expiry_interval):
         """A 5.0 DISCONNECT changed the session's expiry interval."""
-        if expiry_interval == 0 and not session.clean_session:
+        if expiry_interval == 0 and session.expiry_interval:
             self._forget(session)
         session.set_expiry(expiry_interval)
 
@@ -178,24 +224,24 @@ class Sessions:
         cannot be written still serves such a session, as it does one
         connected when the store failed, but cannot record a new one.
         """
-        session = self.sessions.get(client_id)
+        session = self._sessions.get(client_id)
         return (
             session is not None
             and not clean_start
-            and not session.clean_session
+            and not session.ends_with_connection
             and session.owner in (None, owner)
         )
 
-    def may_start_session(self, client_id, clean_session):
+    def may_start_session(self, client_id, ends_with_connection=False):
         """
         Whether a CONNECT may go on: False when it would create one more
         persistent session than ``max_persistent_sessions`` allows.
         """
         limit = self.max_persistent_sessions
-        if clean_session or not limit:
+        if ends_with_connection or not limit:
             return True
-        existing = self.sessions.get(client_id)
-        if existing is not None and not existing.clean_session:
+        existing = self._sessions.get(client_id)
+        if existing is not None and existing.expiry_interval:
             return True
         if self.stats.persistent_sessions < limit:
             return True
@@ -214,13 +260,12 @@ class Sessions:
         cutoff = self.clock.seconds() - expiration
         expired = [
             s
-            for s in self.sessions.values()
+            for s in self._sessions.values()
             if s.connection is None
-            and not s.clean_session
+            and s.expiry_interval == NEVER_EXPIRES
             and not s.internal
             and s.last_seen is not None
             and s.last_seen < cutoff
-            and s.expiry_interval in (None, NEVER_EXPIRES)
         ]
         for session in expired:
             log.info(
@@ -234,7 +279,7 @@ class Sessions:
 
     def _expired(self, session):
         """A 5.0 session's expiry interval ran out."""
-        if self.sessions.get(session.client_id) is not session or session.connection is not None:
+        if self._sessions.get(session.client_id) is not session or session.connection is not None:
             return
         log.info(
             "session of client {client_id} expired ({interval}s)",
@@ -254,7 +299,7 @@ class Sessions:
 
     def delete_session(self, client_id):
         """The admin API's delete: a session not in use, and its store rows."""
-        session = self.sessions.get(client_id)
+        session = self._sessions.get(client_id)
         if session is None or session.connection is not None:
             return False
         self._discard(session)
@@ -263,12 +308,13 @@ class Sessions:
     def disconnect(self, session, publish_will):
         """The connection holding ``session`` ended."""
         will = session.left(self.clock.seconds())
-        if session.clean_session:
+        expiry = session.expiry_interval
+        if not expiry:
             self._discard(session)
-        elif session.expiry_interval not in (None, NEVER_EXPIRES):
-            session.expire_in(session.expiry_interval, self._expired)
+        elif expiry != NEVER_EXPIRES:
+            session.expire_in(expiry, self._expired)
         if publish_will and will is not None:
-            if session.will_delay and not session.clean_session:
+            if session.will_delay and expiry:
                 # Sent when the delay ends, or the session does if sooner.
                 session.delay_will(will, session.will_delay, self._publish_will)
             else:
@@ -282,14 +328,14 @@ class Sessions:
         )
         if will.properties and "message_expiry_interval" in will.properties:
             will.expiry = self.clock.seconds() + will.properties["message_expiry_interval"]
-        self.publish(will, sender=session)
+        self._publish(will, session)
 
-    def _new_session(self, client_id, clean_session):
+    def _new_session(self, client_id, expiry_interval):
         session = Session(
-            client_id, clean_session, self.clock, self.limits, self.stats, self.store
+            client_id, expiry_interval, self.clock, self.limits, self.stats, self.store
         )
-        self.sessions[client_id] = session
-        if not clean_session:
+        self._sessions[client_id] = session
+        if expiry_interval:
             stats = self.stats
             stats.persistent_sessions += 1
             if not session.internal:
@@ -300,12 +346,13 @@ class Sessions:
         for topic_filter in session.subscriptions:
             self._unroute(session, topic_filter)
         session.end()
-        if self.sessions.get(session.client_id) is session:
-            del self.sessions[session.client_id]
-            # What it held goes with it (a clean session's queue, say).
+        if self._sessions.get(session.client_id) is session:
+            del self._sessions[session.client_id]
+            # What it held goes with it (the queue of one that ends with
+            # its connection, say).
             session.release()
             stats = self.stats
-            if not session.clean_session:
+            if session.expiry_interval:
                 stats.persistent_sessions -= 1
                 if not session.internal and session.connection is None:
                     stats.clients_disconnected -= 1

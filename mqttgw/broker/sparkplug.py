@@ -218,7 +218,6 @@ class Sparkplug:
                 node.since = self.clock.seconds()
                 self._offline[key] = True
         if self.ndeath_timestamp:
-            held = message.held
             payload.timestamp = int(self.clock.seconds() * 1000)
             message = Publish(
                 message.topic,
@@ -228,8 +227,6 @@ class Sparkplug:
                 properties=message.properties,
                 expiry=message.expiry,
             )
-            # Its publisher's acknowledgement still waits on this copy.
-            message.held = held
         return message
 
     def _bd_seq(self, payload):

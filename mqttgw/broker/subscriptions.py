@@ -6,8 +6,10 @@ of its members.
 """
 
 import attr
+from zope.interface import implementer
 
 from mqttgw.broker.delivery_policy import CLIENT
+from mqttgw.broker.interfaces import IOutbox, ISubscriber
 from mqttgw.broker.topics import InvalidTopic, matches, validate_topic_filter
 
 SHARE_PREFIX = "$share/"
@@ -76,11 +78,14 @@ def is_shared(topic_filter):
     return topic_filter.startswith(SHARE_PREFIX)
 
 
+@implementer(ISubscriber, IOutbox)
 class SharedGroup:
     """
     The members of one shared subscription, standing in the trie as one
     subscriber.  Each message goes to one member, round robin among those
-    connected (or, with none connected, to a persistent member's queue).
+    connected (or, with none connected, to a persistent member's queue):
+    routed copies come to the group itself (its own ``outbox``), which
+    hands each to one member's.
     """
 
     # Read by the router as of any subscriber.
@@ -91,6 +96,7 @@ class SharedGroup:
     internal = False
 
     def __init__(self, name, topic_filter, store):
+        self.outbox = self
         self.name = name
         self.topic_filter = topic_filter
         # The filter its members subscribed with.
@@ -153,25 +159,26 @@ class SharedGroup:
                 fallback = session
         return fallback
 
-    def deliver(self, message, qos, retain=False):
+    def deliver(self, message, qos, retain=False, held=None):
         member = self.pick(message.topic)
         if member is None:
             return False
         granted = self.members[member]
-        return member.deliver(message, qos if qos < granted else granted, False, self)
+        return member.outbox.deliver(message, qos if qos < granted else granted, False, held, self)
 
-    def redeliver(self, message, qos, leaving):
+    def redeliver(self, message, qos, leaving, held=None):
         """
         A message the member ``leaving`` will not acknowledge: to another
-        (True), or, expired, to none (True too: it is done with).
+        (True), or, expired, to none (True too: it is done with).  ``held``:
+        its publisher's acknowledgement that waits for it, if any.
         """
-        if leaving.expired(message):
+        if leaving.deliveries.expired(message):
             return True
         member = self.pick(message.topic, exclude=leaving)
         if member is None or member.connection is None:
             return False
         granted = self.members[member]
-        member.deliver(message, qos if qos < granted else granted, False, self)
+        member.outbox.deliver(message, qos if qos < granted else granted, False, held, self)
         return True
 
 

@@ -206,7 +206,7 @@ class Gateway(MultiService):
                     "protocol": P.VERSION_NAMES[connection.dialect.level],
                     "username": connection.username,
                     "keepalive": connection.keepalive,
-                    "clean_session": session.clean_session,
+                    "clean_session": session.ends_with_connection,
                     "subscriptions": len(session.subscriptions),
                     "queued": session.queued,
                     "inflight": len(session.inflight),
@@ -227,7 +227,7 @@ class Gateway(MultiService):
     def sessions(self):
         listed = []
         for session in self.router.sessions.values():
-            if session.clean_session or session.internal:
+            if session.ends_with_connection or session.internal:
                 continue
             listed.append(
                 {

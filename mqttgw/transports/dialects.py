@@ -10,6 +10,7 @@ wire layer keeps one decoder table per version.
 """
 
 from mqttgw.broker.frames import PLAIN, EncodedFrames
+from mqttgw.broker.session import NEVER_EXPIRES
 from mqttgw.broker.subscriptions import SEND_RETAINED_IF_NEW, SubscriptionOptions, is_shared, shared_filter
 from mqttgw.broker.topics import is_wildcard
 from mqttgw.transports.mqtt5 import Connection5
@@ -81,7 +82,10 @@ class V3:
 
     def connect(self, router, client_id, packet, will, owner):
         """The client's session from the router, and whether it was present."""
-        return router.connect(client_id, packet.clean_session, will, owner=owner)
+        # Clean Session is a clean start, and a session that ends with
+        # the connection; without it the session never expires.
+        expiry = 0 if packet.clean_session else NEVER_EXPIRES
+        return router.connect(client_id, packet.clean_session, will, expiry, owner=owner)
 
     def connack(self, present, properties):
         return P.Connack(P.CONNACK_ACCEPTED, present and self.session_present).encode()

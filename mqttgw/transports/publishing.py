@@ -153,10 +153,10 @@ class Publishing:
             self.write(data)
 
     def handle_PUBACK(self, packet):
-        self.session.puback(packet.message_id)
+        self.session.window.puback(packet.message_id)
 
     def handle_PUBREC(self, packet):
-        self.session.pubrec(packet.message_id, packet.reason_code >= 0x80)
+        self.session.window.pubrec(packet.message_id, packet.reason_code >= 0x80)
 
     def handle_PUBREL5(self, packet):
         """A 5.0 PUBREL of an id not awaiting one is answered with a reason code."""
@@ -171,4 +171,4 @@ class Publishing:
         self._acknowledge(_pubcomp_bytes(mid), self.session.qos2_released(mid))
 
     def handle_PUBCOMP(self, packet):
-        self.session.pubcomp(packet.message_id)
+        self.session.window.pubcomp(packet.message_id)

@@ -10,7 +10,7 @@ import time
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from mqttgw.wire.packets import Publish
+from mqttgw.wire.packets import WatchedPublish
 
 # One PUBLISH in this many (the first among them) is traced from its
 # arrival to each write of a copy to a subscriber's connection: at 100,000
@@ -72,22 +72,6 @@ COUNTERS = [
 ]
 
 
-class TracedPublish(Publish):
-    """
-    A sampled message: each copy framed for a subscriber is timed.  Its
-    QoS 0 frame is not cached, so every copy is encoded (sessions call
-    ``Publish.frame`` itself, see broker.frames).
-    """
-
-    __slots__ = ("received_at", "histogram")
-
-    _frame0 = property(lambda self: None, lambda self, frame: None)
-
-    def _encode(self, qos, message_id, retain, dup):
-        self.histogram.observe(time.perf_counter() - self.received_at)
-        return Publish._encode(self, qos, message_id, retain, dup)
-
-
 class Metrics:
     """The registry behind ``GET /metrics``."""
 
@@ -118,11 +102,13 @@ class Metrics:
 
     def trace(self, message):
         """A copy of ``message`` whose deliveries are timed."""
-        traced = TracedPublish(
+        traced = WatchedPublish(
             message.topic, message.payload, message.qos, message.retain, message.dup, message.message_id
         )
-        traced.received_at = time.perf_counter()
-        traced.histogram = self.delivery_latency
+        received_at = time.perf_counter()
+        observe = self.delivery_latency.observe
+        # Each copy framed for a subscriber (see WatchedPublish).
+        traced.copied = lambda: observe(time.perf_counter() - received_at)
         return traced
 
     def text(self):

@@ -572,7 +572,7 @@ class Framer:
                         packet = Publish(topic, data[tend:end], 0, flags & 1 == 1)
                         if flags == 0:
                             # Forwarded at QoS 0, the packet is these very bytes.
-                            packet._frame0 = data[offset:end]
+                            packet.frame0 = data[offset:end]
                     else:
                         if qos == 3:
                             raise ProtocolViolation("PUBLISH with QoS 3")
@@ -586,7 +586,7 @@ class Framer:
                             flags & 8 == 8, mid,
                         )
                         # Its deliveries carry the topic as it came.
-                        packet._topic_wire = data[pos:tend]
+                        packet.topic_wire = data[pos:tend]
                     # ASCII without control characters, the usual topic,
                     # passes every check without a call.
                     if self.strict and not (topic.isascii() and topic.isprintable()):
@@ -624,7 +624,7 @@ class Framer:
                             topic, data[body:end], qos, flags & 1 == 1, flags & 8 == 8, mid, props,
                         )
                         if topic:
-                            packet._topic_wire = data[pos:tend]
+                            packet.topic_wire = data[pos:tend]
                         if self.strict and topic and not (topic.isascii() and topic.isprintable()):
                             check_text(topic, self.strict)
                     else:

@@ -187,17 +187,13 @@ class Publish:
     message_id = attr.ib(default=None)
     properties = attr.ib(default=None)
     expiry = attr.ib(default=None, eq=False)
-    # When it was first queued for a receiver (clock time), for the age of
-    # what waits; None while it has not waited.
-    queued_at = attr.ib(default=None, eq=False, repr=False)
-    # While routed: its publisher's held acknowledgement (acks.Held), or
-    # None when that does not wait for the store.
-    held = attr.ib(default=None, eq=False, repr=False)
-    # Encoded topic string, and the whole QoS 0 delivery, cached so a
-    # fan-out encodes them once; the same for 5.0 subscribers (their
-    # properties, and the delivery when it has none).
-    _topic_wire = attr.ib(default=None, eq=False, repr=False)
-    _frame0 = attr.ib(default=None, eq=False, repr=False)
+    # The wire bytes of its topic string, and of its whole QoS 0 delivery
+    # over 3.1/3.1.1, cached so a fan-out encodes them once: a decoder
+    # that read the packet sets them from the bytes it came in (see
+    # wire.framing).  The same for 5.0 subscribers (their properties, and
+    # the delivery when it has none).
+    topic_wire = attr.ib(default=None, eq=False, repr=False)
+    frame0 = attr.ib(default=None, eq=False, repr=False)
     _props5 = attr.ib(default=None, eq=False, repr=False)
     _frame50 = attr.ib(default=None, eq=False, repr=False)
 
@@ -213,16 +209,16 @@ class Publish:
         session calls either version's framing alike.
         """
         if not qos and not retain and not dup:
-            frame = self._frame0
+            frame = self.frame0
             if frame is None:
-                frame = self._frame0 = self._encode(0, None, False, False)
+                frame = self.frame0 = self._encode(0, None, False, False)
             return frame
         return self._encode(qos, message_id, retain, dup)
 
     def _encode(self, qos, message_id, retain, dup):
-        topic_wire = self._topic_wire
+        topic_wire = self.topic_wire
         if topic_wire is None:
-            topic_wire = self._topic_wire = encode_string(self.topic)
+            topic_wire = self.topic_wire = encode_string(self.topic)
         first = 0x30 | (qos << 1) | (1 if retain else 0) | (8 if dup else 0)
         payload = self.payload
         if qos:
@@ -243,9 +239,9 @@ class Publish:
 
     def _encode5(self, qos, message_id, retain, dup, props, topic_wire=None):
         if topic_wire is None:
-            topic_wire = self._topic_wire
+            topic_wire = self.topic_wire
             if topic_wire is None:
-                topic_wire = self._topic_wire = encode_string(self.topic)
+                topic_wire = self.topic_wire = encode_string(self.topic)
         first = 0x30 | (qos << 1) | (1 if retain else 0) | (8 if dup else 0)
         payload = self.payload
         mid = _pack_u16(message_id) if qos else b""
@@ -302,6 +298,24 @@ class Publish:
                 self.qos, self.message_id, self.retain, self.dup, encode_properties(self.properties)
             )
         return self.frame(self.qos, self.message_id, self.retain, self.dup)
+
+
+class WatchedPublish(Publish):
+    """
+    A Publish whose every 3.1/3.1.1 copy is encoded anew, ``copied()``
+    called as each is (set it before the message is routed): no QoS 0
+    frame is cached for it, so a sampled message's deliveries can be
+    timed one by one.  Sessions call ``Publish.frame`` itself (see
+    broker.frames), which reads the cache through ``frame0``.
+    """
+
+    __slots__ = ("copied",)
+
+    frame0 = property(lambda self: None, lambda self, frame: None)
+
+    def _encode(self, qos, message_id, retain, dup):
+        self.copied()
+        return Publish._encode(self, qos, message_id, retain, dup)
 
 
 def _with_reason(name, type_, first_byte, with_id):
