@@ -23,11 +23,15 @@ ISO_UTC = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z\Z")
 LEVELS = {"debug", "info", "warn", "error", "critical"}
 
 
+def _refuse(constant):
+    raise ValueError(f"{constant} is not JSON")
+
+
 def records_of(text):
     """Every line of ``text`` as the JSON object it must be."""
     records = []
     for line in text.splitlines():
-        record = json.loads(line)
+        record = json.loads(line, parse_constant=_refuse)
         assert isinstance(record, dict), line
         assert ISO_UTC.match(record["time"]), line
         assert record["level"] in LEVELS, line
@@ -146,6 +150,7 @@ def test_the_stable_names_win_over_an_events_own_fields_and_objects_stay_in_the_
     log.warn(
         "{peer} said {message!r} at {time}",
         peer=object(), message=("legacy", "tuple"), time=5, topics=["a/b", "c"], qos=1,
+        rate=float("nan"), rates=[1.5, float("inf")],
     )
     try:
         1 / 0
@@ -156,6 +161,7 @@ def test_the_stable_names_win_over_an_events_own_fields_and_objects_stay_in_the_
     assert "said ('legacy', 'tuple') at 5" in first["message"]
     assert first["time"] != 5 and "peer" not in first
     assert first["topics"] == ["a/b", "c"] and first["qos"] == 1
+    assert first["rate"] == "nan" and first["rates"] == [1.5, "inf"]
     assert second["level"] == "critical" and second["client_id"] == "dev-1"
     assert "ZeroDivisionError" in second["traceback"]
     assert "\x1e" not in out.getvalue()

@@ -6,6 +6,7 @@ than repeated (``mqttgw.broker.ratelimited``).  Under ``twistd`` the observer is
 (and SIGUSR1 rotates the log file, as twistd's own observer does).
 """
 
+import math
 import sys
 import time
 from datetime import datetime, timezone
@@ -72,8 +73,18 @@ def json_record(event):
         if isinstance(value, _PLAIN) or (
             isinstance(value, (list, tuple)) and all(isinstance(v, _PLAIN) for v in value)
         ):
-            record[key] = value
+            record[key] = _finite(value)
     return record
+
+
+def _finite(value):
+    # JSON has no NaN or infinity: json.dumps would write a token that
+    # strict readers refuse, so they are written as text.
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 def json_observer(out):
