@@ -6,7 +6,7 @@ than repeated (``mqttgw.broker.ratelimited``).  Under ``twistd`` the observer is
 (and SIGUSR1 rotates the log file, as twistd's own observer does).
 """
 
-import json
+import math
 import sys
 import time
 from datetime import datetime, timezone
@@ -16,6 +16,7 @@ from twisted.logger import (
     LogLevel,
     LogLevelFilterPredicate,
     formatEvent,
+    jsonFileLogObserver,
     textFileLogObserver,
 )
 from twisted.python.logfile import LogFile
@@ -41,33 +42,61 @@ def set_level(name):
     level_filter.setLogLevelForNamespace("", LEVELS[name])
 
 
+# What an event's own field may hold to be written as it is: the values
+# operators filter on.  Objects (a protocol, an address) are left to the
+# message, which carries their text.
+_PLAIN = (str, int, float, bool, type(None))
+
+
+def json_record(event):
+    """
+    The line an event becomes: ``time`` (UTC, ISO 8601, milliseconds),
+    ``level``, ``namespace``, ``message`` (the formatted text),
+    ``traceback`` for failures, and the event's own fields of plain types
+    or lists of them (``client_id``, ``peer``, ``topic``...).  Those four
+    names are kept whatever a field of the event is called.
+    """
+    record = {
+        "time": datetime.fromtimestamp(event.get("log_time", time.time()), timezone.utc)
+        .isoformat(timespec="milliseconds")
+        .replace("+00:00", "Z"),
+        "level": event["log_level"].name if "log_level" in event else "info",
+        "namespace": event.get("log_namespace", ""),
+        "message": formatEvent(event),
+    }
+    failure = event.get("log_failure")
+    if failure is not None:
+        record["traceback"] = failure.getTraceback()
+    for key, value in event.items():
+        if key.startswith("log_") or key in record:
+            continue
+        if isinstance(value, _PLAIN) or (
+            isinstance(value, (list, tuple)) and all(isinstance(v, _PLAIN) for v in value)
+        ):
+            record[key] = _finite(value)
+    return record
+
+
+def _finite(value):
+    # JSON has no NaN or infinity: json.dumps would write a token that
+    # strict readers refuse, so they are written as text.
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
 def json_observer(out):
     """
-    One JSON object per line: ``time`` (UTC, ISO 8601), ``level``,
-    ``namespace``, ``message`` (the formatted text), ``traceback`` for
-    failures, and the event's own fields of plain types (``client_id``,
-    ``peer``, ``topic``...).
+    One JSON object per line (:func:`json_record`), written by Twisted's
+    own ``jsonFileLogObserver``; with no record separator, as its default
+    RS character would make each line more than plain JSON.
     """
+    write = jsonFileLogObserver(out, recordSeparator="")
 
     def observe(event):
-        record = {
-            "time": datetime.fromtimestamp(event.get("log_time", time.time()), timezone.utc)
-            .isoformat(timespec="milliseconds")
-            .replace("+00:00", "Z"),
-            "level": event["log_level"].name if "log_level" in event else "info",
-            "namespace": event.get("log_namespace", ""),
-            "message": formatEvent(event),
-        }
-        failure = event.get("log_failure")
-        if failure is not None:
-            record["traceback"] = failure.getTraceback()
-        for key, value in event.items():
-            if not key.startswith("log_") and key not in record and (
-                value is None or isinstance(value, (str, int, float, bool))
-            ):
-                record[key] = value
-        out.write(json.dumps(record, ensure_ascii=False) + "\n")
-        out.flush()
+        write(json_record(event))
 
     return observe
 
