@@ -1,13 +1,14 @@
 """
-The files credentials are read from (passwords, ACL, token keys): their
-lines, and the error that names a file, and line, that cannot be used.
+The files credentials and rights are read from (passwords, ACL, token
+keys, MQTT-SN clients and pre-defined topics): their lines, and the error
+that names a file, and line, that cannot be used.
 """
 
 from mqttgw.schema import ConfigError
 
 
 class AuthConfigError(ConfigError):
-    """A password or ACL file that cannot be used; the message says where."""
+    """A password, ACL or MQTT-SN file that cannot be used; the message says where."""
 
 
 def read_lines(path):
