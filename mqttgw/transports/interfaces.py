@@ -1,29 +1,32 @@
 """
-The seams inside one MQTT connection: what its parts (reading, login,
+The seams of one MQTT connection: what its parts (reading, login,
 handshake, publishing, subscribing) may ask of the connection they work
-for, and what the connection asks of each part, as Twisted declares
-``ITransport`` and ``IProtocol``.  Every implementation declares these
-with ``@implementer``, and the tests verify it (``zope.interface.verify``).
+for and what it asks of each, and what the schedulers every connection
+shares ask of one, declared as Twisted declares ``ITransport`` and
+``IProtocol``.  Every implementation says so with ``@implementer``; the
+tests verify each (``zope.interface.verify``).
 """
 
 from zope.interface import Attribute, Interface
 
+# What the connection is, to its parts
+
 
 class IConnection(Interface):
     """
-    What a part may ask of the connection it works for, and read of it:
-    the facts the handshake established, nothing of the bytes below.
+    What any part may ask of the connection it works for, and read of it:
+    the facts its handshake established, nothing of the bytes below.
     """
 
     state = Attribute("The handshake's state (see handshake.TRANSITIONS); CLOSED once closing.")
-    log_id = Attribute("The client id made safe for a log line, once CONNECT named one, else None.")
+    log_id = Attribute("The client id made safe for a log line once CONNECT named one, else None.")
     peer = Attribute("The peer's address for a log line.")
     client_id = Attribute("The client identifier, from CONNECT or assigned; None before.")
     username = Attribute("The user name the client logged in as, or None.")
     identity = Attribute("Who the client is once logged in (a security.identity.Identity).")
 
     def write(data):
-        """Queue ``data``, bytes of whole packets; a turn's output leaves in one transport write."""
+        """Queue ``data``, whole packets' bytes; a turn's output leaves in one transport write."""
 
     def close(publish_will, graceful=False):
         """
@@ -33,7 +36,7 @@ class IConnection(Interface):
         """
 
     def protocol_error(reason, reason_code=None):
-        """The peer broke the protocol: log, count, tell a 5.0 client ``reason_code``, close."""
+        """The peer broke the protocol: tell a 5.0 client ``reason_code``, log, count, close."""
 
     def disconnect_first(reason_code, reason=None):
         """Send the DISCONNECT the dialect has for ``reason_code`` before a close; True if one was."""
@@ -49,10 +52,12 @@ class IConnection(Interface):
 class IConnecting(IConnection):
     """
     What the login and the handshake may also ask of the connection while
-    its client connects: the transitions of the handshake, the choices
-    CONNECT makes, and the answer.
+    its client connects: the handshake's transitions, what CONNECT
+    chooses, and the answer.  They set ``client_id``, ``log_id``,
+    ``username`` and ``identity`` as they learn them.
     """
 
+    dialect = Attribute("What the client's protocol version says and does (see dialects).")
     transport = Attribute("The connection's transport (a TLS one has the client's certificate).")
     host = Attribute("The peer's host, which the throttles count by.")
     factory = Attribute("The listener's MQTTServerFactory: its portal, throttle and methods.")
@@ -65,67 +70,158 @@ class IConnecting(IConnection):
         """CONNECT chose ``dialect``: the connection reads and answers in it from now on."""
 
     def authenticating(handshake):
-        """CONNECT began an enhanced authentication: ``handshake`` answers its AUTH packets."""
+        """CONNECT began an enhanced authentication: ``handshake`` takes its AUTH packets."""
 
     def accepted(session, may_write):
         """
         The client is accepted with ``session``: its packets are handled as
-        a connected client's from now on; ``may_write``, the ACL's cached
+        a connected client's from now on; ``may_write`` is the ACL's cached
         check of what it may publish, or None.
         """
 
     def keep_alive(seconds):
         """The keep alive the server takes (0: none): its deadline is watched from now on."""
 
+    def logged_in():
+        """The login holds nothing more (no token to expire): the connection lets it go."""
+
     def resume():
         """An answer came: what the client sent meanwhile is handled next."""
 
 
-class IReading(Interface):
-    """What the connection asks of what reads it: bytes in, packets handled, pausing."""
+class IReadingConnection(IConnection):
+    """What the reading may also ask of the connection it reads."""
 
-    paused = Attribute("Whether the transport is not being read from.")
-    unread = Attribute("Whether nothing has been read from this connection yet.")
-    last_received = Attribute("When a whole packet last arrived (the clock's seconds).")
-    awaiting_admission = Attribute("Whether it waits for its turn to be read from (see Flusher.admit).")
+    transport = Attribute("The connection's transport, paused and resumed.")
+    router = Attribute("The router, whose summarised warnings a protocol error's line goes through.")
+    factory = Attribute("The listener's MQTTServerFactory, whose refusals log is per address.")
+    host = Attribute("The peer's host.")
+    keepalive = Attribute("The keep alive the server took, in seconds (0: none).")
 
-    def received(data):
-        """Bytes from the peer."""
+    def flush_alone():
+        """Where this connection alone has output this turn, write it now."""
+
+
+class IScheduledConnection(Interface):
+    """What the schedulers every connection shares (see schedulers) ask of one."""
+
+    state = Attribute("The handshake's state: those BEFORE_CONNACK have a CONNECT deadline.")
+    opening = Attribute("Whether it holds one of the places of connections not yet read from.")
+    unread = Attribute("Whether nothing has been read from it yet.")
+    log_id = Attribute("The client id for a log line, or None.")
+    peer = Attribute("The peer's address for a log line.")
 
     def admitted():
         """Its turn has come to be read from."""
 
-    def speaking(handlers):
-        """Once connected, packets go to ``handlers``: by type, (receiver index, function)."""
+    def connect_due():
+        """Its CONNECT deadline came."""
 
-    def connected(receivers):
-        """The client is connected: ``receivers`` (by index) take its packets."""
+    def keepalive_due(now, stalls):
+        """Its keepalive deadline came: the next one, or None when it is gone."""
 
-    def output_paused():
-        """The peer does not read what it is sent: reading pauses too."""
+    def flush():
+        """Write this turn's output."""
 
-    def output_resumed():
-        """The peer reads again."""
+    def flush_failed():
+        """Writing raised: the connection cannot go on."""
+
+
+# What the connection asks of its parts
+
+
+class IReading(Interface):
+    """
+    What the connection asks of what reads it: bytes in, packets to the
+    handlers of the present state, reading paused and resumed, and the
+    deadlines of hearing from the peer.
+    """
+
+    framer = Attribute("The framer the bytes go through (a dialect configures it).")
+    handlers = Attribute(
+        "The present state's handlers by packet type, (index in receivers, function); None where"
+        " nothing is read."
+    )
+    receivers = Attribute("The connection and its parts that handle packets, by index.")
+    paused = Attribute("Whether the transport is not read from.")
+    output_full = Attribute("Whether the peer does not read what it is sent (reading waits too).")
+    unread = Attribute("Whether nothing has been read yet.")
+
+    def received(data):
+        """Bytes from the peer."""
+
+    def wait_for_admission():
+        """Many new connections are not yet read from: this one waits its turn."""
+
+    def admitted():
+        """Its turn has come to be read from."""
+
+    def pause():
+        """Stop reading the transport."""
+
+    def resume():
+        """Read the transport again, unless something else still holds it."""
+
+    def resume_put_off():
+        """An answer came: the packets put off while it was awaited are handled next."""
 
     def in_steps(work):
         """See :meth:`IConnection.in_steps`."""
 
+    def closing():
+        """The connection closes gracefully: what the peer still sends is read and ignored."""
+
+    def connect_due():
+        """The CONNECT deadline came: a client that has not connected is closed."""
+
+    def keepalive_due(now, stalls):
+        """The keepalive deadline came: the next one, or None when the client is gone or expired."""
+
     def protocol_error(reason):
-        """Log and count a protocol error of the peer (the connection closes)."""
+        """Log and count a protocol error of the peer (the connection closes it)."""
+
+    def not_connected(packet):
+        """A packet other than CONNECT before CONNECT."""
+
+    def second_connect(packet):
+        """A CONNECT from a connected client."""
+
+    def unexpected(packet):
+        """A packet only a server sends."""
 
 
 class ILogin(Interface):
-    """What the connection asks of its login: CONNECT to CONNACK, and the token's expiry."""
+    """
+    What the connection asks of its login (CONNECT to CONNACK, and the
+    token's expiry), and its handshake of it (the answer).
+    """
 
     def handle_CONNECT(packet):
-        """The client's CONNECT; True while the login's answer is awaited."""
+        """The client's CONNECT; True while the answer is awaited."""
+
+    def answered(ok):
+        """The throttle's delay before the answer (0 if no login was begun there)."""
+
+    def welcome_after(delay, packet, will, auth_properties=None):
+        """The credentials were accepted: the client is welcomed ``delay`` seconds from now."""
+
+    def refused(reason_code, reason):
+        """The credentials were refused: counted, answered after the throttle's delay."""
+
+    def refuse(reason_code, reason):
+        """CONNACK with a refusal (``reason_code`` in 5.0's terms), and the connection closes."""
 
     def ended():
         """The connection is closed: its throttle place and timers are released."""
 
 
 class IHandshake(Interface):
-    """What the connection asks of its 5.0 enhanced authentication (section 4.12)."""
+    """What the connection and its login ask of its 5.0 enhanced authentication (section 4.12)."""
+
+    method = Attribute("The method CONNECT authenticated with, once it has; else None.")
+
+    def begin(exchange):
+        """CONNECT named a method offered: ``exchange`` (a handshake.Exchange) starts."""
 
     def handle_AUTH(packet):
         """An AUTH from a connected client: re-authentication."""
@@ -145,6 +241,11 @@ class IHandshake(Interface):
 
 class IPublishing(Interface):
     """What the connection asks of its publishing: a connected client's PUBLISH and acks."""
+
+    router = Attribute("The router (a 5.0 PUBLISH's checks read its maximum QoS).")
+    limits = Attribute("The connection's limits (a 5.0 PUBLISH's checks read retain available).")
+    session = Attribute("The client's session.")
+    ordered_acks = Attribute("Acks waiting, in order, for a store commit (OrderedAcks), or None.")
 
     def handle_PUBLISH(packet):
         """A 3.x PUBLISH (and a 5.0 one past the dialect's checks)."""

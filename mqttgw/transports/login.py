@@ -152,10 +152,10 @@ class Login:
             # The certificate, checked by TLS, is the credential.
             connection.username = identity
             connection.identity = Identity(identity)
-            return self.logged_in(packet, will)
+            return self._logged_in(packet, will)
         portal = factory.portal
         if portal is None:
-            return self.logged_in(packet, will)
+            return self._logged_in(packet, will)
         ticket = factory.throttle.begin(connection.host, packet.username)
         if ticket is None:
             # Refused before any hashing: it tells nothing of the password.
@@ -217,7 +217,7 @@ class Login:
 
     def _welcome(self, packet, will, auth_properties):
         self._answer = None
-        self.logged_in(packet, will, auth_properties)
+        self._logged_in(packet, will, auth_properties)
         # What arrived during the login is handled next.
         self.connection.resume()
 
@@ -278,7 +278,7 @@ class Login:
                 )
         return None
 
-    def logged_in(self, packet, will, auth_properties=None):
+    def _logged_in(self, packet, will, auth_properties=None):
         """The client is who it says: its session, and CONNACK, unless refused."""
         connection = self.connection
         router = self.router
@@ -313,6 +313,8 @@ class Login:
             self._expiry = self.clock.callLater(
                 max(0.0, identity.expires - self.clock.seconds()), self._token_expired
             )
+        else:
+            connection.logged_in()
 
     def _too_large_for_connack(self):
         """

@@ -40,7 +40,7 @@ from mqttgw.transports.handshake import (
     connack_refusal,
     disconnect_refusal,
 )
-from mqttgw.transports.interfaces import IConnecting
+from mqttgw.transports.interfaces import IConnecting, IReadingConnection, IScheduledConnection
 from mqttgw.transports.login import Login
 from mqttgw.transports.publishing import Publishing
 from mqttgw.transports.reading import Reading
@@ -48,7 +48,7 @@ from mqttgw.transports.schedulers import Flusher
 from mqttgw.transports.subscribing import Subscribing
 from mqttgw.wire import packets as P
 from mqttgw.wire import reasons as R
-from mqttgw.wire.framing import STRICT, STRICT_TEXT, Framer, ProtocolViolation
+from mqttgw.wire.framing import ProtocolViolation
 
 # Where they were first defined (tests and tools import them from here).
 __all__ = ["ConnectionLimits", "MQTTServerFactory", "MQTTServerProtocol", "connack_refusal",
@@ -123,10 +123,10 @@ _UNMARKED = ()
 
 # Who handles a packet, by index in the reading's receivers: the
 # connection or one of its parts (None until it has that part).
-CONNECTION, READING, HANDSHAKE, PUBLISHING, SUBSCRIBING = range(5)
+CONNECTION, READING, HANDSHAKE, PUBLISHING = range(4)
 
 
-@implementer(IPushProducer, IConnecting)
+@implementer(IPushProducer, IConnecting, IReadingConnection, IScheduledConnection)
 class MQTTServerProtocol(Protocol):
     """
     One client's connection: its parts, the facts its handshake
@@ -145,8 +145,10 @@ class MQTTServerProtocol(Protocol):
         "max_delivery_rate",
         # What its handshake established.
         "client_id", "log_id", "username", "identity", "dialect", "session", "keepalive",
-        # Its parts: a login from CONNECT, a handshake where CONNECT named
-        # an authentication method, publishing and subscribing once connected.
+        # Its parts: a login from CONNECT until it holds nothing more, a
+        # handshake where CONNECT named an authentication method,
+        # publishing once connected, subscribing from the first SUBSCRIBE
+        # (an idle client costs fewer parts).
         "reading", "login", "handshake", "publishing", "subscribing",
     )
     # Seconds a peer has to close its side after we closed ours.
@@ -177,13 +179,7 @@ class MQTTServerProtocol(Protocol):
         self.session = None
         self.keepalive = 0
         self.login = self.handshake = self.publishing = self.subscribing = None
-        framer = Framer(
-            limits.max_packet_size,
-            first_packet=P.CONNECT,
-            first_packet_size=min(limits.max_connect_size, limits.max_packet_size),
-            strict_for_311=STRICT_TEXT if limits.reject_control_characters else STRICT,
-        )
-        self.reading = Reading(self, framer, clock, flusher, self.stats, BEFORE_CONNECT, None)
+        self.reading = Reading(self, limits, clock, flusher, self.stats, BEFORE_CONNECT)
         self._receivers_changed()
 
     # Connection life
@@ -449,10 +445,12 @@ class MQTTServerProtocol(Protocol):
         self.session = session
         self.publishing = Publishing(self, router, session, dialect, self.limits, may_write,
                                      router.access.reserved_topics)
-        self.subscribing = Subscribing(self, router, session, dialect, self.limits)
         self._receivers_changed()
         self.enter("accept")
         self._count_version(1)
+
+    def logged_in(self):
+        self.login = None
 
     def keep_alive(self, seconds):
         self.keepalive = seconds
@@ -466,7 +464,7 @@ class MQTTServerProtocol(Protocol):
         return self.reading.in_steps(work)
 
     def _receivers_changed(self):
-        self.reading.receivers = (self, self.reading, self.handshake, self.publishing, self.subscribing)
+        self.reading.receivers = (self, self.reading, self.handshake, self.publishing)
 
     def _count_version(self, change):
         name = self.dialect.counter
@@ -488,6 +486,17 @@ class MQTTServerProtocol(Protocol):
             # one not offered).
             return self.protocol_error("AUTH without an authentication method", R.PROTOCOL_ERROR)
         return self.handshake.handle_AUTH(packet)
+
+    def handle_SUBSCRIBE(self, packet):
+        return self._subscribing().handle_SUBSCRIBE(packet)
+
+    def handle_UNSUBSCRIBE(self, packet):
+        return self._subscribing().handle_UNSUBSCRIBE(packet)
+
+    def _subscribing(self):
+        if self.subscribing is None:
+            self.subscribing = Subscribing(self, self.router, self.session, self.dialect, self.limits)
+        return self.subscribing
 
     def handle_PINGREQ(self, packet):
         self.write(P.PINGRESP_WIRE)
@@ -533,16 +542,16 @@ _CONNECTED = {
     P.PUBREC: (PUBLISHING, "handle_PUBREC"),
     P.PUBREL: (PUBLISHING, "handle_PUBREL"),
     P.PUBCOMP: (PUBLISHING, "handle_PUBCOMP"),
-    P.SUBSCRIBE: (SUBSCRIBING, "handle_SUBSCRIBE"),
+    P.SUBSCRIBE: (CONNECTION, "handle_SUBSCRIBE"),
     P.SUBACK: (READING, "unexpected"),
-    P.UNSUBSCRIBE: (SUBSCRIBING, "handle_UNSUBSCRIBE"),
+    P.UNSUBSCRIBE: (CONNECTION, "handle_UNSUBSCRIBE"),
     P.UNSUBACK: (READING, "unexpected"),
     P.PINGREQ: (CONNECTION, "handle_PINGREQ"),
     P.PINGRESP: (READING, "unexpected"),
     P.DISCONNECT: (CONNECTION, "handle_DISCONNECT"),
     P.AUTH: (CONNECTION, "handle_AUTH"),
 }
-_RECEIVER_CLASSES = (MQTTServerProtocol, Reading, Handshake, Publishing, Subscribing)
+_RECEIVER_CLASSES = (MQTTServerProtocol, Reading, Handshake, Publishing)
 # The tables of connected clients, by dialect class.
 _CONNECTED_TABLES = {}
 

@@ -13,7 +13,7 @@ from mqttgw.transports.handshake import ANSWERING, BEFORE_CONNACK, CLOSED, CONNE
 from mqttgw.transports.interfaces import IReading
 from mqttgw.wire import packets as P
 from mqttgw.wire import reasons as R
-from mqttgw.wire.framing import ProtocolViolation
+from mqttgw.wire.framing import STRICT, STRICT_TEXT, Framer, ProtocolViolation
 
 # The namespace of these lines since they were first written (log
 # filters and JSON readers key on it).
@@ -50,9 +50,15 @@ class Reading:
     # the broker is busy, and fewer writes serve it better.
     FLUSH_EVERY = 8
 
-    def __init__(self, connection, framer, clock, flusher, stats, handlers, receivers):
+    def __init__(self, connection, limits, clock, flusher, stats, handlers):
         self.connection = connection
-        self.framer = framer
+        self.framer = Framer(
+            limits.max_packet_size,
+            first_packet=P.CONNECT,
+            # A CONNECT is small; until one arrives little is buffered.
+            first_packet_size=min(limits.max_connect_size, limits.max_packet_size),
+            strict_for_311=STRICT_TEXT if limits.reject_control_characters else STRICT,
+        )
         self.clock = clock
         self.flusher = flusher
         self.stats = stats
@@ -60,8 +66,9 @@ class Reading:
         # of the present state; None where nothing is read (an answer is
         # awaited, or closing).
         self.handlers = handlers
-        # The connection and its parts that handle packets.
-        self.receivers = receivers
+        # The connection and its parts that handle packets (the connection
+        # sets them as it gains parts).
+        self.receivers = ()
         self.last_received = 0.0
         self.paused = False
         self.output_full = False
@@ -86,7 +93,7 @@ class Reading:
         self.awaiting_admission = False
         if self._put_off is not None:
             # Held while the store was behind: what came meanwhile first.
-            self.next_turn()
+            self._next_turn()
         else:
             self.resume()
 
@@ -138,7 +145,7 @@ class Reading:
                     self.pause()
                     # After a login, its answer carries on.
                     if connection.state not in ANSWERING:
-                        self.clock.callLater(0, self.next_turn)
+                        self.clock.callLater(0, self._next_turn)
                     break
             # Keepalive counts whole packets only: a peer dripping the bytes
             # of a packet it never finishes is not alive for MQTT.
@@ -155,7 +162,7 @@ class Reading:
             )
             connection.close(publish_will=True)
 
-    def next_turn(self):
+    def _next_turn(self):
         """What was put off for a later turn (and held meanwhile) is handled."""
         connection = self.connection
         if connection.state is CLOSED:
@@ -174,7 +181,7 @@ class Reading:
                 connection.close(publish_will=True)
                 return
             if more:
-                self.clock.callLater(0, self.next_turn)
+                self.clock.callLater(0, self._next_turn)
                 return
             self._work = None
         packets, self._put_off = self._put_off, None
@@ -189,7 +196,7 @@ class Reading:
     def resume_put_off(self):
         """An answer came: the packets put off while it was awaited are handled next."""
         if self._put_off is not None:
-            self.clock.callLater(0, self.next_turn)
+            self.clock.callLater(0, self._next_turn)
 
     def in_steps(self, work):
         try:
