@@ -177,7 +177,7 @@ class IReading(Interface):
     def keepalive_due(now, stalls):
         """The keepalive deadline came: the next one, or None when the client is gone or expired."""
 
-    def protocol_error(reason):
+    def count_protocol_error(reason):
         """Log and count a protocol error of the peer (the connection closes it)."""
 
     def not_connected(packet):

@@ -26,7 +26,6 @@ from mqttgw.broker.ratelimited import BySource
 from mqttgw.schema import default
 from mqttgw.security.identity import Identity
 from mqttgw.security.throttle import ConnectionRate, Throttle
-from mqttgw.transports.connlog import DISCONNECTED, LOST
 from mqttgw.transports.dialects import UNKNOWN
 from mqttgw.transports.handshake import (
     AWAITING_CONNECT,
@@ -239,12 +238,7 @@ class MQTTServerProtocol(Protocol):
                 reason=_tls_reason(reason.value),
             )
         if self.session is not None and self.limits.connection_messages:
-            self._flusher.connection_messages.info(
-                LOST,
-                "client {client_id} connection lost: {reason}",
-                client_id=self.log_id,
-                reason=reason.getErrorMessage(),
-            )
+            self._flusher.connection_messages.lost(self.log_id, reason.getErrorMessage())
 
     def _closed(self, publish_will):
         """What closing leaves behind, once, whichever side closed first."""
@@ -262,7 +256,7 @@ class MQTTServerProtocol(Protocol):
             session, self.session = self.session, None
             self.router.disconnect(session, publish_will)
 
-    # What the scheduler of every connection asks (see schedulers)
+    # What the schedulers every connection shares ask (see IScheduledConnection)
 
     @property
     def unread(self):
@@ -271,6 +265,7 @@ class MQTTServerProtocol(Protocol):
 
     @property
     def reading_paused(self):
+        """Whether the transport is not read from (the WebSocket layer asks)."""
         return self.reading.paused
 
     def admitted(self):
@@ -363,7 +358,7 @@ class MQTTServerProtocol(Protocol):
 
     def protocol_error(self, reason, reason_code=None):
         self.disconnect_first(R.PROTOCOL_ERROR if reason_code is None else reason_code, reason)
-        self.reading.protocol_error(reason)
+        self.reading.count_protocol_error(reason)
         self.close(publish_will=True, graceful=True)
 
     def disconnect_first(self, reason_code, reason=None):
@@ -507,17 +502,7 @@ class MQTTServerProtocol(Protocol):
         except ProtocolViolation as e:
             return self.protocol_error(str(e), e.reason_code)
         if self.limits.connection_messages:
-            if packet.reason_code:
-                self._flusher.connection_messages.info(
-                    DISCONNECTED,
-                    "client {client_id} disconnected: {reason}",
-                    client_id=self.log_id,
-                    reason=R.name(packet.reason_code),
-                )
-            else:
-                self._flusher.connection_messages.info(
-                    DISCONNECTED, "client {client_id} disconnected", client_id=self.log_id
-                )
+            self._flusher.connection_messages.disconnected(self.log_id, packet.reason_code)
         # A clean DISCONNECT discards the will; anything after it is ignored.
         self.close(publish_will=publish_will, graceful=True)
 

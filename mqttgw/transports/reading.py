@@ -15,8 +15,8 @@ from mqttgw.wire import packets as P
 from mqttgw.wire import reasons as R
 from mqttgw.wire.framing import STRICT, STRICT_TEXT, Framer, ProtocolViolation
 
-# The namespace of these lines since they were first written (log
-# filters and JSON readers key on it).
+# These lines keep the namespaces they were first written in (log
+# filters and JSON readers key on them).
 log = Logger(namespace="mqttgw.transports.connection")
 keepalive_log = Logger(namespace="mqttgw.transports.protocol")
 
@@ -27,9 +27,10 @@ _NOTHING = ()
 @implementer(IReading)
 class Reading:
     """
-    The packets of one connection, read and handed to their handlers by
-    the state of its handshake (the connection sets :attr:`handlers` as
-    it moves from one to the next).
+    The packets of one connection (an
+    :class:`~mqttgw.transports.interfaces.IReadingConnection`), read and
+    handed to their handlers by the state of its handshake: the
+    connection sets :attr:`handlers` as it moves from one to the next.
     """
 
     # One per connection: slots, so an idle client costs no dictionary.
@@ -283,7 +284,7 @@ class Reading:
     def unexpected(self, packet):
         self.connection.protocol_error(f"unexpected {P.PACKET_NAMES[packet.packet_type]} from a client")
 
-    def protocol_error(self, reason):
+    def count_protocol_error(self, reason):
         """Log and count: the peer broke the protocol (its connection closes)."""
         connection = self.connection
         # Under a flood of broken clients: some lines, then a count.

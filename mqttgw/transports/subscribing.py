@@ -14,7 +14,7 @@ from mqttgw.broker.subscriptions import is_shared, shared_filter
 from mqttgw.broker.topics import InvalidTopic, filter_size, validate_topic_filter
 from mqttgw.transports.interfaces import ISubscribing
 from mqttgw.wire import reasons as R
-from mqttgw.wire.framing import FiltersToDecode, ProtocolViolation
+from mqttgw.wire.framing import FiltersToDecode
 from mqttgw.wire.printable import printable
 
 log = Logger()
