@@ -1193,7 +1193,7 @@ def test_MQTT_3_2_2_8_connack_reason_codes_come_from_the_connect_table():
     trees = [ast.parse(path.read_text()) for path in sorted(Path(protocol.__file__).parent.glob("*.py"))]
     codes = set()
     for node in (node for tree in trees for node in ast.walk(tree)):
-        if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "_refuse":
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "refuse":
             for arg in ast.walk(node.args[0]):
                 if isinstance(arg, ast.Attribute) and isinstance(arg.value, ast.Name) and arg.value.id == "R":
                     codes.add(getattr(R, arg.attr))

@@ -47,4 +47,4 @@ def test_the_session_is_given_the_frames_of_its_connections_dialect(level):
     if level != P.MQTT_5:
         assert frames.publish is type(protocol.dialect).frame
     else:
-        assert frames.encoder is protocol.dialect
+        assert frames.encoder is protocol.dialect.connection5

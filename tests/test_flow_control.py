@@ -137,7 +137,7 @@ def test_a_paused_connection_is_not_read_from_until_it_resumes(broker):
 
 
 def test_output_past_the_high_water_mark_is_written_at_once(broker):
-    from mqttgw.transports.connection import OUTPUT_HIGH_WATER
+    from mqttgw.transports.protocol import OUTPUT_HIGH_WATER
 
     sub = subscribed(broker, "s", ("a", 0))
     pub = connected(broker, "p")
@@ -216,7 +216,7 @@ def test_a_subscribe_with_many_filters_is_handled_over_several_turns_in_order(br
     client.protocol.flush()
     # Nothing answered in the first turn: one step's filters done of 1,501.
     assert client.transport.value() == b""
-    step = client.protocol.FILTERS_PER_STEP
+    step = client.protocol.subscribing.FILTERS_PER_STEP
     assert step < 1500
     assert len(broker.router.sessions["c"].subscriptions) == step
     assert client.transport.producerState == "paused"
@@ -292,7 +292,7 @@ def test_pending_retained_walks_are_bounded_for_a_client_that_never_reads(tmp_pa
 
 def test_a_lone_connections_output_leaves_while_its_read_is_handled(broker):
     sub, inflight = backlog_awaiting_acks(broker, 40)
-    every = sub.protocol.FLUSH_EVERY
+    every = sub.protocol.reading.FLUSH_EVERY
     acks = b"".join(P.Puback(p.message_id).encode() for p in inflight)
     writes = writes_during(sub, acks)
     # The next messages leave every FLUSH_EVERY PUBACKs, not at the end.

@@ -95,7 +95,7 @@ def test_outbound_aliases_are_bounded_by_the_servers_maximum_whatever_the_client
         pub.send(P.Publish(f"t/{i}", b"x", 0))
     aliases = [p.properties.get("topic_alias") for p in sub.received() if isinstance(p, P.Publish)]
     assert aliases == [1, 2, None, None, None]
-    assert len(sub.protocol.dialect.aliases_out) == 2
+    assert len(sub.protocol.dialect.connection5.aliases_out) == 2
 
 
 def test_a_subscription_identifier_past_its_range_is_malformed(broker):

@@ -6,7 +6,7 @@ OPENING_HOLD seconds at most by one that sends nothing.
 
 from twisted.internet.task import Clock
 
-from mqttgw.transports.connection import AWAITING_CONNECT, CLOSED
+from mqttgw.transports.handshake import AWAITING_CONNECT, CLOSED
 from mqttgw.transports.schedulers import Flusher
 
 

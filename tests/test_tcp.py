@@ -272,7 +272,7 @@ def test_a_storm_of_connects_is_accepted_in_bounded_batches(monkeypatch):
 def test_a_port_accepts_no_more_than_its_admission_has_room_for():
     from twisted.internet.task import Clock
 
-    from mqttgw.transports.connection import AWAITING_CONNECT
+    from mqttgw.transports.handshake import AWAITING_CONNECT
     from mqttgw.transports.schedulers import Flusher
 
     clock = Clock()

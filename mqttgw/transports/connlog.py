@@ -8,6 +8,8 @@ become most of the gateway's work when it can least afford it.
 
 from twisted.logger import Logger
 
+from mqttgw.wire import reasons as R
+
 log = Logger()
 
 CONNECTED, DISCONNECTED, LOST = "connected", "disconnected", "lost"
@@ -50,6 +52,20 @@ class ConnectionMessages:
             self._burst_since = now
             self._timer = self.clock.callLater(max(0.0, self._window_end - now), self._summarise)
         counts[kind] += 1
+
+    def disconnected(self, client_id, reason_code=0):
+        """A client's DISCONNECT (``reason_code``, 5.0's: 0 for a normal one)."""
+        if reason_code:
+            self.info(
+                DISCONNECTED, "client {client_id} disconnected: {reason}", client_id=client_id,
+                reason=R.name(reason_code),
+            )
+        else:
+            self.info(DISCONNECTED, "client {client_id} disconnected", client_id=client_id)
+
+    def lost(self, client_id, reason):
+        """A connected client's connection went away; ``reason``, why in words."""
+        self.info(LOST, "client {client_id} connection lost: {reason}", client_id=client_id, reason=reason)
 
     def _summarise(self):
         counts = self._counts

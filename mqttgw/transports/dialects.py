@@ -57,9 +57,9 @@ class V3:
             return "empty client id needs clean session"
         return None
 
-    def bad_will(self, protocol, why):
-        """The will topic of CONNECT is not a topic name."""
-        protocol.protocol_error(why)
+    def bad_will(self, login, why):
+        """The will topic of CONNECT is not a topic name (``login``: the connection's Login)."""
+        login.connection.protocol_error(why)
 
     def will_refusal(self, packet, max_qos, limits):
         """(reason code, why) when the will cannot be held, or None."""
@@ -73,7 +73,7 @@ class V3:
         """Whether the session outlives this connection."""
         return not packet.clean_session
 
-    def accept(self, protocol, packet, auth_properties):
+    def accept(self, packet, client_id, limits, max_qos, auth_properties):
         """
         The CONNACK's properties and the keep alive the server takes; None
         when no CONNACK fits the client (then none is sent).
@@ -113,7 +113,7 @@ class V3:
         """The DISCONNECT sent before the server closes, or None."""
         return None
 
-    def disconnecting(self, protocol, packet):
+    def disconnecting(self, packet, router, session):
         """The client's DISCONNECT: whether its will is published all the same."""
         return False
 
@@ -189,21 +189,21 @@ class V311(V3):
     session_present = True
 
 
-class V5(V3, Connection5):
+class V5(V3):
     """
     MQTT 5.0 (``MQTT``, level 5): reason codes and properties; the
-    client's limits and topic aliases (:class:`Connection5`), whose
+    client's limits and topic aliases in its :class:`Connection5`, whose
     ``frame`` the session calls for each PUBLISH to the client.
     """
 
-    __slots__ = ("session_expiry",)
+    __slots__ = ("session_expiry", "connection5")
     level = P.MQTT_5
     counter = "clients_v5"
     HANDLERS = {P.PUBLISH: "handle_PUBLISH5", P.PUBREL: "handle_PUBREL5"}
     QUOTA_REFUSAL = R.QUOTA_EXCEEDED
 
     def __init__(self, clock, connect_properties, alias_maximum_in, receive_maximum):
-        Connection5.__init__(self, clock, connect_properties, alias_maximum_in, receive_maximum)
+        self.connection5 = Connection5(clock, connect_properties, alias_maximum_in, receive_maximum)
         self.session_expiry = (connect_properties or {}).get("session_expiry_interval", 0)
 
     def configure(self, framer):
@@ -216,8 +216,8 @@ class V5(V3, Connection5):
         # One is assigned whatever Clean Start says ([MQTT-3.1.3-6]).
         return None
 
-    def bad_will(self, protocol, why):
-        protocol._refuse(R.TOPIC_NAME_INVALID, why)
+    def bad_will(self, login, why):
+        login.refuse(R.TOPIC_NAME_INVALID, why)
 
     def will_refusal(self, packet, max_qos, limits):
         if packet.will_qos > max_qos:
@@ -227,17 +227,17 @@ class V5(V3, Connection5):
         return None
 
     def refusal(self, reason_code, reason):
-        props = self.fit_connack(reason_code, {"reason_string": reason[:200]})
+        props = self.connection5.fit_connack(reason_code, {"reason_string": reason[:200]})
         return None if props is None else P.Connack(reason_code, False, props).encode()
 
     def persistent(self, packet):
         return self.session_expiry != 0
 
-    def accept(self, protocol, packet, auth_properties):
-        props, keepalive = connack_properties(protocol, packet, self)
+    def accept(self, packet, client_id, limits, max_qos, auth_properties):
+        props, keepalive = connack_properties(packet, client_id, limits, max_qos, self)
         if auth_properties:
             props.update(auth_properties)
-        props = self.fit_connack(R.SUCCESS, props)
+        props = self.connection5.fit_connack(R.SUCCESS, props)
         return None if props is None else (props, keepalive)
 
     def connect(self, router, client_id, packet, will, owner):
@@ -257,16 +257,32 @@ class V5(V3, Connection5):
     def attach(self, session, connection, packet):
         if session.store is not None:
             # Frames behind a store commit: aliases only on QoS 0 ones.
-            self.assign_aliases_at = 1
+            self.connection5.assign_aliases_at = 1
         session.attach(connection, self.frames(session), (packet.properties or {}).get("receive_maximum"))
 
-    # Connection5's, not 3.x's before it: properties, topic aliases, the
-    # client's maximum packet size.
-    frame = Connection5.frame
+    @property
+    def max_packet_size(self):
+        """The client's Maximum Packet Size, or None."""
+        return self.connection5.max_packet_size
+
+    @property
+    def receive_maximum(self):
+        """QoS 1/2 publishes of the client not yet completed may number at most this."""
+        return self.connection5.receive_maximum
+
+    def frame(self, message, qos, mid, retain, dup, subscription_ids):
+        # Connection5's, not 3.x's: properties, topic aliases, the client's
+        # maximum packet size.
+        return self.connection5.frame(message, qos, mid, retain, dup, subscription_ids)
 
     def frames(self, session):
-        # Our frame, given the session's subscription identifiers.
-        return EncodedFrames(self, session)
+        # Our Connection5's frame, with no call between, given the
+        # session's subscription identifiers.
+        return EncodedFrames(self.connection5, session)
+
+    def fit(self, packet_class, *args, properties=None, exempt=False):
+        """See :meth:`Connection5.fit`."""
+        return self.connection5.fit(packet_class, *args, properties=properties, exempt=exempt)
 
     def session_line(self, packet):
         # Clean Start says whether a session resumes, the expiry how long
@@ -275,9 +291,9 @@ class V5(V3, Connection5):
 
     def disconnect(self, reason_code, reason=None):
         props = {"reason_string": reason[:200]} if reason else None
-        return self.fit(P.Disconnect, reason_code, properties=props, exempt=True)
+        return self.connection5.fit(P.Disconnect, reason_code, properties=props, exempt=True)
 
-    def disconnecting(self, protocol, packet):
+    def disconnecting(self, packet, router, session):
         expiry = (packet.properties or {}).get("session_expiry_interval")
         if expiry is not None and expiry != self.session_expiry:
             if self.session_expiry == 0:
@@ -286,41 +302,43 @@ class V5(V3, Connection5):
                     "DISCONNECT sets a session expiry where CONNECT set none", R.PROTOCOL_ERROR
                 )
             self.session_expiry = expiry
-            protocol.router.set_session_expiry(protocol.session, expiry)
+            router.set_session_expiry(session, expiry)
         # 0x04: the client asks for its will all the same.
         return packet.reason_code == R.DISCONNECT_WITH_WILL_MESSAGE
 
     # PUBLISH and acknowledgements
 
-    def check_publish(self, packet, protocol):
+    def check_publish(self, packet, publishing):
         """
-        What a PUBLISH of ``protocol``'s client must pass first: its topic
-        alias, the server's maximum QoS, retain available and receive
-        maximum.  Raises ProtocolViolation with the reason code the
-        DISCONNECT gives.
+        What a PUBLISH must pass first (``publishing``: the client's
+        Publishing): its topic alias, the server's maximum QoS, retain
+        available and receive maximum.  Raises ProtocolViolation with the
+        reason code the DISCONNECT gives.
         """
-        self.inbound_topic(packet)
+        connection5 = self.connection5
+        connection5.inbound_topic(packet)
         qos = packet.qos
-        if qos > protocol.router.max_qos:
+        if qos > publishing.router.max_qos:
             raise ProtocolViolation(f"PUBLISH at QoS {qos} exceeds max_qos", R.QOS_NOT_SUPPORTED)
-        if packet.retain and not protocol.limits.retain_available:
+        if packet.retain and not publishing.limits.retain_available:
             raise ProtocolViolation("retained PUBLISH: retain_available is off", R.RETAIN_NOT_SUPPORTED)
         if qos:
             # The client's QoS 1/2 publishes not yet completed.
-            session = protocol.session
-            acks = protocol.ordered_acks
+            session = publishing.session
+            acks = publishing.ordered_acks
             waiting = len(session.awaiting_pubrel) + (acks.waiting if acks else 0)
-            if waiting >= self.receive_maximum and packet.message_id not in session.awaiting_pubrel:
+            receive_maximum = connection5.receive_maximum
+            if waiting >= receive_maximum and packet.message_id not in session.awaiting_pubrel:
                 # [MQTT-3.3.4-9]
                 raise ProtocolViolation(
-                    f"more than {self.receive_maximum} QoS 1/2 publishes unacknowledged",
+                    f"more than {receive_maximum} QoS 1/2 publishes unacknowledged",
                     R.RECEIVE_MAXIMUM_EXCEEDED,
                 )
 
     def ack(self, packet_class, mid, reason_code, reason=None):
         """An acknowledgement with a reason code (and why, if asked)."""
         props = {"reason_string": reason} if reason else None
-        return self.fit(packet_class, mid, reason_code, properties=props)
+        return self.connection5.fit(packet_class, mid, reason_code, properties=props)
 
     def denied_ack(self, session, packet):
         # 5.0 says why; a refused QoS 2 flow ends at its PUBREC.
@@ -372,7 +390,7 @@ class V5(V3, Connection5):
 
     def suback(self, message_id, codes, reason):
         props = {"reason_string": reason[:200]} if reason is not None else None
-        return self.fit(P.Suback, message_id, codes, properties=props)
+        return self.connection5.fit(P.Suback, message_id, codes, properties=props)
 
     def unsubscribed(self, held, step, codes):
         # As a sequence of single UNSUBSCRIBEs ([MQTT-3.10.4-6]).
@@ -382,18 +400,16 @@ class V5(V3, Connection5):
             gone.add(f)
 
     def unsuback(self, message_id, codes):
-        return self.fit(P.Unsuback, message_id, codes)
+        return self.connection5.fit(P.Unsuback, message_id, codes)
 
 
-def connack_properties(protocol, packet, dialect):
+def connack_properties(packet, client_id, limits, max_qos, dialect):
     """A 5.0 CONNACK's properties, and the keep alive the server takes."""
-    limits = protocol.limits
-    max_qos = protocol.router.max_qos
     props = {}
     if dialect.session_expiry and packet.properties.get("session_expiry_interval") is None:
         props["session_expiry_interval"] = dialect.session_expiry
     if not packet.client_id:
-        props["assigned_client_identifier"] = protocol.client_id
+        props["assigned_client_identifier"] = client_id
     if dialect.receive_maximum < 65535:
         props["receive_maximum"] = dialect.receive_maximum
     if max_qos < 2:
@@ -412,7 +428,7 @@ def connack_properties(protocol, packet, dialect):
         # [MQTT-3.2.2-21]: the client uses the server's value.
         keepalive = props["server_keep_alive"] = limits.max_keepalive
     if packet.properties.get("request_response_information") and limits.response_information:
-        props["response_information"] = limits.response_information.replace("%c", protocol.client_id)
+        props["response_information"] = limits.response_information.replace("%c", client_id)
     return props, keepalive
 
 

@@ -1,52 +1,67 @@
 """
-The server side of MQTT: the protocol of one connection, its packets
-dispatched to ``handle_<TYPE>`` by state and version, and the factory every
-listener shares.  Its jobs are in modules of their own: the handshake
-(:mod:`~mqttgw.transports.handshake`), CONNECT and the login
-(:mod:`~mqttgw.transports.login`), PUBLISH and acks
+The server side of MQTT: the protocol of one client connection, and the
+factory every listener shares.  The connection holds its parts, each in a
+module of its own and joined to it by the interfaces of
+:mod:`~mqttgw.transports.interfaces`: what it reads, and when
+(:mod:`~mqttgw.transports.reading`), CONNECT and the login
+(:mod:`~mqttgw.transports.login`), 5.0 enhanced authentication
+(:mod:`~mqttgw.transports.handshake`), PUBLISH and acks
 (:mod:`~mqttgw.transports.publishing`), SUBSCRIBE
 (:mod:`~mqttgw.transports.subscribing`); what differs by version is the
-dialect's (:mod:`~mqttgw.transports.dialects`), the bytes the
-connection's (:mod:`~mqttgw.transports.connection`).  Bad input closes
-this connection with a log line and nothing else.
+dialect's (:mod:`~mqttgw.transports.dialects`).  Its output leaves once a
+reactor turn.  Bad input closes this connection with a log line and
+nothing else.
 """
 
 import sys
 from types import MappingProxyType
 
 import attr
-from twisted.internet.protocol import Factory
+from twisted.internet.interfaces import IPushProducer, ISSLTransport, ITCPTransport
+from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
+from zope.interface import implementer
 
+from mqttgw.broker.interfaces import IClientConnection
 from mqttgw.broker.ratelimited import BySource
 from mqttgw.schema import default
 from mqttgw.security.identity import Identity
 from mqttgw.security.throttle import ConnectionRate, Throttle
-from mqttgw.transports.connection import MQTTConnection
-from mqttgw.transports.connlog import DISCONNECTED, LOST
 from mqttgw.transports.dialects import UNKNOWN
 from mqttgw.transports.handshake import (
+    AWAITING_CONNECT,
     BEFORE_CONNACK,
+    CHALLENGED,
+    CLOSED,
     CONNECTED,
+    TRANSITIONS,
     Handshake,
-    challenged_handlers,
+    cancel,
     connack_refusal,
     disconnect_refusal,
 )
+from mqttgw.transports.interfaces import IConnecting, IReadingConnection, IScheduledConnection
 from mqttgw.transports.login import Login
 from mqttgw.transports.publishing import Publishing
+from mqttgw.transports.reading import Reading
 from mqttgw.transports.schedulers import Flusher
 from mqttgw.transports.subscribing import Subscribing
 from mqttgw.wire import packets as P
 from mqttgw.wire import reasons as R
-from mqttgw.wire.framing import STRICT, STRICT_TEXT, Framer, ProtocolViolation
+from mqttgw.wire.framing import ProtocolViolation
 
 # Where they were first defined (tests and tools import them from here).
 __all__ = ["ConnectionLimits", "MQTTServerFactory", "MQTTServerProtocol", "connack_refusal",
            "disconnect_refusal", "refusal_log"]
 
 log = Logger()
+# The lines about a connection's bytes keep the namespace they were first
+# written in (log filters and JSON readers key on it).
+bytes_log = Logger(namespace="mqttgw.transports.connection")
 
+# Output of one reactor turn is written at once past this many bytes, so
+# that a full socket pauses delivery (and reading) before more piles up.
+OUTPUT_HIGH_WATER = 64 * 1024
 
 _NOBODY = Identity(None)
 
@@ -102,75 +117,121 @@ def _tls_reason(error):
 
 _NO_METHODS = MappingProxyType({})
 
+# ``MQTTServerProtocol._out`` when the connection has no output this turn
+# and is not in the flusher's list; a list (empty, too) once it is.
+_UNMARKED = ()
 
-class MQTTServerProtocol(Login, Handshake, Publishing, Subscribing, MQTTConnection):
-    """The MQTT packets of one connection, dispatched to ``handle_<TYPE>``."""
+# Who handles a packet, by index in the reading's receivers: the
+# connection or one of its parts (None until it has that part).
+CONNECTION, READING, HANDSHAKE, PUBLISHING = range(4)
 
+
+@implementer(IClientConnection, IPushProducer, IConnecting, IReadingConnection, IScheduledConnection)
+class MQTTServerProtocol(Protocol):
+    """
+    One client's connection: its parts, the facts its handshake
+    established (see :class:`IConnection`), its output and its end.
+    """
+
+    # One per connection, so its attributes are slots: an idle client costs
+    # no instance dictionary (see the connections benchmark).
     __slots__ = (
-        "session", "client_id", "keepalive", "username",
-        "identity", "_denied_topics", "_may_write", "_reserved",
-        # Acks waiting, in order, behind a store commit (OrderedAcks), once
-        # some have.
-        "ordered_acks",
-        # What the client's protocol version says and does (see dialects),
-        # chosen at CONNECT.
-        "dialect",
+        "transport", "connected", "router", "limits", "clock", "_flusher", "stats", "state",
+        "host", "opening", "_out", "_out_size", "_close_grace",
         # The listener's MQTTServerFactory (its portal, throttle and 5.0
         # authentication methods) and kind (tcp, tls, ws or wss).
         "factory", "listener_kind",
-        # 5.0 enhanced authentication: the method CONNECT authenticated
-        # with, and the exchange under way (handshake.Exchange), if any.
-        "auth_method", "_auth",
         # Messages a second it is sent at most (0: no bound): a dashboard page.
         "max_delivery_rate",
-        # The login under way in the throttle (a Login), or None.
-        "_login",
-        # One timer per purpose: a login's answer (welcome or refusal)
-        # the throttle delays; the deadline of an enhanced authentication;
-        # the expiry of the client's token.
-        "_answer", "_auth_deadline", "_expiry",
+        # What its handshake established.
+        "client_id", "log_id", "username", "identity", "dialect", "session", "keepalive",
+        # Its parts: a login from CONNECT until it holds nothing more, a
+        # handshake where CONNECT named an authentication method,
+        # publishing once connected, subscribing from the first SUBSCRIBE
+        # (an idle client costs fewer parts).
+        "reading", "login", "handshake", "publishing", "subscribing",
     )
+    # Seconds a peer has to close its side after we closed ours.
+    CLOSE_GRACE = 2.0
 
     def __init__(self, router, limits, clock, flusher):
-        super().__init__(
-            router,
-            limits,
-            clock,
-            flusher,
-            Framer(
-                limits.max_packet_size,
-                first_packet=P.CONNECT,
-                first_packet_size=min(limits.max_connect_size, limits.max_packet_size),
-                strict_for_311=STRICT_TEXT if limits.reject_control_characters else STRICT,
-            ),
-        )
-        self.session = None
-        self.client_id = None
-        self.dialect = UNKNOWN
-        self.keepalive = 0
-        self.username = None
-        self.identity = _NOBODY
+        self.transport = None
+        self.connected = 0
+        self.router = router
+        self.limits = limits
+        self.clock = clock
+        self._flusher = flusher
+        self.stats = router.stats
+        self.state = AWAITING_CONNECT
+        self.host = None
+        # Admitted and not yet read from (see Flusher.admit).
+        self.opening = False
+        # Bytes written this reactor turn: a list once there are some.
+        self._out = _UNMARKED
+        self._out_size = 0
+        self._close_grace = None
         self.factory = None
         self.listener_kind = None
-        self.auth_method = None
-        self._auth = None
         self.max_delivery_rate = 0
-        self._login = None
-        self.ordered_acks = None
-        self._denied_topics = None
-        # A cached ACL check of what the client may publish, or None: then
-        # only the reserved topics are checked (see _write_allowed).
-        self._may_write = None
-        self._reserved = frozenset()
-        self._answer = self._auth_deadline = self._expiry = None
+        self.client_id = self.log_id = self.username = None
+        self.identity = _NOBODY
+        self.dialect = UNKNOWN
+        self.session = None
+        self.keepalive = 0
+        self.login = self.handshake = self.publishing = self.subscribing = None
+        self.reading = Reading(self, limits, clock, flusher, self.stats, BEFORE_CONNECT)
+        self._receivers_changed()
 
     # Connection life
 
     def connectionMade(self):
-        super().connectionMade()
+        transport = self.transport
+        # Writes are already batched per reactor turn; Nagle would only delay.
+        if hasattr(transport, "setTcpNoDelay"):
+            transport.setTcpNoDelay(True)
+        self.host = getattr(transport.getPeer(), "host", None)
+        stats = self.stats
+        stats.connections += 1
+        stats.connections_accepted += 1
+        if stats.connections > stats.clients_maximum:
+            stats.clients_maximum = stats.connections
+        # We are the producer of the bytes the transport sends: it tells us
+        # when its buffer is full so a slow reader can't grow it without end.
+        transport.registerProducer(self, True)
+        if not self._flusher.admit(self):
+            # Many new connections not yet read from: this one waits its turn.
+            self.reading.wait_for_admission()
         self._flusher.connects.add(self, self.limits.connect_timeout)
 
+    @property
+    def peer(self):
+        """The peer's address for log lines (made when needed: idle
+        connections are many, log lines about them few)."""
+        transport = self.transport
+        if transport is None:
+            return "?"
+        peer = transport.getPeer()
+        host = getattr(peer, "host", None)
+        return f"{host}:{peer.port}" if host else str(peer)
+
+    def dataReceived(self, data):
+        if self.opening:
+            self._flusher.opened(self)
+        # Closing: whatever the peer still sends is ignored.
+        if self.state is not CLOSED:
+            self.reading.received(data)
+
+    def connectionLost(self, reason):
+        if self.opening:
+            self._flusher.opened(self)
+        self.stats.connections -= 1
+        if self.state is not CLOSED:
+            self._lost(reason)
+            self._closed(publish_will=True)
+        self._close_grace = cancel(self._close_grace)
+
     def _lost(self, reason):
+        """The peer went away before we closed."""
         if self.state in BEFORE_CONNACK and _tls_failed(reason):
             self.router.limited("tls handshakes", log).warn(
                 "TLS handshake with {peer} failed: {reason}",
@@ -178,51 +239,128 @@ class MQTTServerProtocol(Login, Handshake, Publishing, Subscribing, MQTTConnecti
                 reason=_tls_reason(reason.value),
             )
         if self.session is not None and self.limits.connection_messages:
-            self._flusher.connection_messages.info(
-                LOST,
-                "client {client_id} connection lost: {reason}",
-                client_id=self.log_id,
-                reason=reason.getErrorMessage(),
-            )
+            self._flusher.connection_messages.lost(self.log_id, reason.getErrorMessage())
 
-    def _ended(self, publish_will):
+    def _closed(self, publish_will):
+        """What closing leaves behind, once, whichever side closed first."""
+        self.state = CLOSED
+        self.reading.handlers = None
         self._flusher.connects.closed()
         if self.keepalive:
             self._flusher.keepalives.closed()
-        self._cancel_answers()
-        if self._login is not None:
-            # Gone while its credentials were checked.
-            self.factory.throttle.release(self._login)
-            self._login = None
+        if self.handshake is not None:
+            self.handshake.ended()
+        if self.login is not None:
+            self.login.ended()
         if self.session is not None:
             self._count_version(-1)
             session, self.session = self.session, None
             self.router.disconnect(session, publish_will)
 
-    def _output_paused(self):
-        # Its deliveries wait in the session's bounded queue.
+    # What the schedulers every connection shares ask (see IScheduledConnection)
+
+    @property
+    def unread(self):
+        """Whether nothing has been read from this connection yet."""
+        return self.reading.unread
+
+    @property
+    def reading_paused(self):
+        """Whether the transport is not read from (the WebSocket layer asks)."""
+        return self.reading.paused
+
+    def admitted(self):
+        """Our turn has come to be read from (see :meth:`Flusher.admit`)."""
+        self.reading.admitted()
+
+    def connect_due(self):
+        self.reading.connect_due()
+
+    def keepalive_due(self, now, stalls):
+        return self.reading.keepalive_due(now, stalls)
+
+    # Output
+
+    def write(self, data):
+        """
+        Queue bytes for this connection.  Everything written in one reactor
+        turn goes out in a single transport write.
+        """
+        out = self._out
+        if out is not _UNMARKED:
+            out.append(data)
+        else:
+            self._flusher.mark(self)
+            self._out = [data]
+        self._out_size += len(data)
+        if self._out_size > OUTPUT_HIGH_WATER:
+            self.flush()
+
+    def flush(self):
+        out = self._out
+        self._out = _UNMARKED
+        if out:
+            # Counted per flush, not per packet: one write is one packet.
+            stats = self.stats
+            stats.packets_sent += len(out)
+            stats.bytes_sent += self._out_size
+            self._out_size = 0
+            try:
+                self.transport.write(out[0] if len(out) == 1 else b"".join(out))
+            except Exception:
+                self.flush_failed()
+
+    def flush_alone(self):
+        """
+        Where this connection alone has output this turn, it is written now
+        (see Reading.FLUSH_EVERY); it stays in the flusher's list for what
+        comes next.
+        """
+        if self._out and self._flusher.alone(self):
+            self.flush()
+            if self.state is not CLOSED:
+                self._out = []
+
+    def flush_failed(self):
+        """Writing to the transport raised: this connection cannot go on."""
+        self._out = _UNMARKED
+        self._out_size = 0
+        if self.state is CLOSED:
+            return
+        bytes_log.failure(
+            "cannot write to client {client_id} at {peer}: closing",
+            client_id=self.log_id,
+            peer=self.peer,
+        )
+        self.close(publish_will=True)
+
+    def pauseProducing(self):
+        # The peer is not reading what we send: its deliveries wait in the
+        # session's bounded queue, and its requests, whose answers would
+        # pile up here, are not read.
+        reading = self.reading
+        reading.output_full = True
         if self.session is not None:
             self.session.pause()
+        reading.pause()
 
-    def _output_resumed(self):
+    def resumeProducing(self):
+        self.reading.output_full = False
+        if self.state is CLOSED:
+            return
+        self.reading.resume()
         if self.session is not None:
             self.session.resume()
 
-    def kick(self):
-        """The admin API disconnects the client (its will is published)."""
-        log.info("client {client_id} disconnected by the admin API", client_id=self.log_id)
-        self.disconnect_first(R.ADMINISTRATIVE_ACTION)
-        self._close(publish_will=True, graceful=True)
+    def stopProducing(self):
+        pass
 
-    def taken_over(self, publish_will=True):
-        """Another connection claims our client id: make way for it now."""
-        # A 5.0 client reads why before the connection ends.
-        self._close(publish_will, graceful=self.disconnect_first(R.SESSION_TAKEN_OVER))
+    # The end (see IConnection)
 
-    def shutting_down(self):
-        """The gateway stops: a 5.0 client is told so ([MQTT-4.13.2-1])."""
-        self.disconnect_first(R.SERVER_SHUTTING_DOWN)
-        self._close(publish_will=True, graceful=True)
+    def protocol_error(self, reason, reason_code=None):
+        self.disconnect_first(R.PROTOCOL_ERROR if reason_code is None else reason_code, reason)
+        self.reading.count_protocol_error(reason)
+        self.close(publish_will=True, graceful=True)
 
     def disconnect_first(self, reason_code, reason=None):
         """
@@ -238,117 +376,187 @@ class MQTTServerProtocol(Login, Handshake, Publishing, Subscribing, MQTTConnecti
         self.write(frame)
         return True
 
-    def protocol_error(self, reason, reason_code=None):
-        self.disconnect_first(R.PROTOCOL_ERROR if reason_code is None else reason_code, reason)
-        super().protocol_error(reason, reason_code)
+    def close(self, publish_will, graceful=False):
+        if self.state is CLOSED:
+            return
+        self._closed(publish_will)
+        if graceful:
+            self._close_gracefully()
+        else:
+            self._out = _UNMARKED
+            self._out_size = 0
+            self.transport.abortConnection()
 
-    # Timers
-
-    def connect_due(self):
-        """The CONNECT deadline came (see :class:`ConnectDeadlines`)."""
-        if self.state in BEFORE_CONNACK:
-            # Idle connections by the thousand: one line per address.
-            self.factory.refusals.info(
-                self._host,
-                "no CONNECT from {peer} in time: closing",
-                peer=self.peer,
-                reason="no CONNECT in time",
-            )
-            self._close(publish_will=False, graceful=True)
-
-    def keepalive_due(self, now, stalls):
+    def _close_gracefully(self):
         """
-        The keepalive's deadline came (see :class:`KeepaliveTimers`): None
-        when the client is gone or expired, else its next deadline.
-        Rather than re-arming a timer per packet, check now how long it has
-        really been since the client was last heard from, less the time
-        the gateway could not read it (``stalls``, a :class:`Stalls`).
+        What is queued (a CONNACK with a refusal, say) goes out, then our
+        side closes, so the peer reads an orderly end of stream rather than
+        a reset.  What it still sends is read and ignored until it closes
+        too; a peer that does not within ``CLOSE_GRACE`` is cut off.
         """
-        if self.state is not CONNECTED:
-            return None
-        limit = self.keepalive * 1.5
-        if self._awaiting_admission:
-            # Not read from because of us (see Flusher): its silence is ours.
-            return now + limit
-        last = self._last_received
-        idle = now - last
-        if idle >= limit:
-            stalled = stalls.since(last)
-            if idle - stalled < limit:
-                return last + stalled + limit
-            log.info(
-                "client {client_id} keepalive expired ({idle:.1f}s silent)",
-                client_id=self.log_id,
-                idle=idle - stalled,
-            )
-            self._close(publish_will=True, graceful=self.disconnect_first(R.KEEP_ALIVE_TIMEOUT))
-            return None
-        return last + limit
+        self.flush()
+        transport = self.transport
+        self.reading.closing()
+        if ITCPTransport.providedBy(transport) and not ISSLTransport.providedBy(transport):
+            transport.loseWriteConnection()
+        else:
+            transport.loseConnection()
+        self._close_grace = self.clock.callLater(self.CLOSE_GRACE, transport.abortConnection)
 
-    # Packet handlers (the others are the mixins')
+    # What the broker and the admin API ask
+
+    def kick(self):
+        """The admin API disconnects the client (its will is published)."""
+        log.info("client {client_id} disconnected by the admin API", client_id=self.log_id)
+        self.disconnect_first(R.ADMINISTRATIVE_ACTION)
+        self.close(publish_will=True, graceful=True)
+
+    def taken_over(self, publish_will=True):
+        """Another connection claims our client id: make way for it now."""
+        # A 5.0 client reads why before the connection ends.
+        self.close(publish_will, graceful=self.disconnect_first(R.SESSION_TAKEN_OVER))
+
+    def shutting_down(self):
+        """The gateway stops: a 5.0 client is told so ([MQTT-4.13.2-1])."""
+        self.disconnect_first(R.SERVER_SHUTTING_DOWN)
+        self.close(publish_will=True, graceful=True)
+
+    # The handshake (see IConnecting)
+
+    def enter(self, event):
+        state = self.state = TRANSITIONS[self.state][event]
+        self.reading.handlers = handlers_in(state, self.dialect)
+
+    def speak(self, dialect):
+        self.dialect = dialect
+        dialect.configure(self.reading.framer)
+
+    def authenticating(self, handshake):
+        self.handshake = handshake
+        self._receivers_changed()
+
+    def accepted(self, session, may_write):
+        router = self.router
+        dialect = self.dialect
+        self.session = session
+        self.publishing = Publishing(self, router, session, dialect, self.limits, may_write,
+                                     router.access.reserved_topics)
+        self._receivers_changed()
+        self.enter("accept")
+        self._count_version(1)
+
+    def logged_in(self):
+        self.login = None
+
+    def keep_alive(self, seconds):
+        self.keepalive = seconds
+        if seconds:
+            self._flusher.keepalives.add(self, self.clock.seconds() + seconds * 1.5)
+
+    def resume(self):
+        self.reading.resume_put_off()
+
+    def in_steps(self, work):
+        return self.reading.in_steps(work)
+
+    def _receivers_changed(self):
+        self.reading.receivers = (self, self.reading, self.handshake, self.publishing)
+
+    def _count_version(self, change):
+        name = self.dialect.counter
+        setattr(self.stats, name, getattr(self.stats, name) + change)
+
+    # Packets the connection handles itself
+
+    def handle_CONNECT(self, packet):
+        # Behind a PROXY protocol listener (haproxy:tcp:PORT) the client's
+        # address is known only once the header before this packet was
+        # read: the throttles count that address, not the load balancer's.
+        self.host = getattr(self.transport.getPeer(), "host", None)
+        login = self.login = Login(self, self.router, self.clock, self.limits, self._flusher.connection_messages)
+        return login.handle_CONNECT(packet)
+
+    def handle_AUTH(self, packet):
+        if self.handshake is None:
+            # CONNECT named no method (it was refused with 0x8C if it named
+            # one not offered).
+            return self.protocol_error("AUTH without an authentication method", R.PROTOCOL_ERROR)
+        return self.handshake.handle_AUTH(packet)
+
+    def handle_SUBSCRIBE(self, packet):
+        return self._subscribing().handle_SUBSCRIBE(packet)
+
+    def handle_UNSUBSCRIBE(self, packet):
+        return self._subscribing().handle_UNSUBSCRIBE(packet)
+
+    def _subscribing(self):
+        if self.subscribing is None:
+            self.subscribing = Subscribing(self, self.router, self.session, self.dialect, self.limits)
+        return self.subscribing
 
     def handle_PINGREQ(self, packet):
         self.write(P.PINGRESP_WIRE)
 
     def handle_DISCONNECT(self, packet):
         try:
-            publish_will = self.dialect.disconnecting(self, packet)
+            publish_will = self.dialect.disconnecting(packet, self.router, self.session)
         except ProtocolViolation as e:
             return self.protocol_error(str(e), e.reason_code)
         if self.limits.connection_messages:
-            if packet.reason_code:
-                self._flusher.connection_messages.info(
-                    DISCONNECTED,
-                    "client {client_id} disconnected: {reason}",
-                    client_id=self.log_id,
-                    reason=R.name(packet.reason_code),
-                )
-            else:
-                self._flusher.connection_messages.info(
-                    DISCONNECTED, "client {client_id} disconnected", client_id=self.log_id
-                )
+            self._flusher.connection_messages.disconnected(self.log_id, packet.reason_code)
         # A clean DISCONNECT discards the will; anything after it is ignored.
-        self._close(publish_will=publish_will, graceful=True)
-
-    def _second_connect(self, packet):
-        self.protocol_error("second CONNECT")
-
-    def _not_connected(self, packet):
-        self.protocol_error(f"{P.PACKET_NAMES[packet.packet_type]} before CONNECT")
-
-    def _unexpected(self, packet):
-        self.protocol_error(
-            f"unexpected {P.PACKET_NAMES[packet.packet_type]} from a client"
-        )
-
-    handle_CONNACK = handle_SUBACK = handle_UNSUBACK = handle_PINGRESP = _unexpected
-
-    # The handlers of a connected client, by class and dialect class.
-    _TABLES = {}
-
-    @classmethod
-    def _handlers_for(cls, dialect):
-        """The handlers of a connected client of ``dialect``: its own where it has some."""
-        table = cls._TABLES.get((cls, type(dialect)))
-        if table is None:
-            table = {t: getattr(cls, "handle_" + name) for t, name in P.PACKET_NAMES.items()}
-            table[P.CONNECT] = cls._second_connect
-            for packet_type, name in dialect.HANDLERS.items():
-                table[packet_type] = getattr(cls, name)
-            cls._TABLES[cls, type(dialect)] = table
-        return table
+        self.close(publish_will=publish_will, graceful=True)
 
 
+# Until CONNECT, every other packet is a protocol violation.
+BEFORE_CONNECT = {t: (READING, Reading.not_connected) for t in P.PACKET_NAMES}
+BEFORE_CONNECT[P.CONNECT] = (CONNECTION, MQTTServerProtocol.handle_CONNECT)
 
+# After a CONNECT that began an enhanced authentication, only AUTH and
+# DISCONNECT may come before CONNACK ([MQTT-3.1.2-30]).
+CHALLENGED_HANDLERS = {t: (HANDSHAKE, Handshake.challenge_broken) for t in P.PACKET_NAMES}
+CHALLENGED_HANDLERS[P.AUTH] = (HANDSHAKE, Handshake.challenge_answered)
+CHALLENGED_HANDLERS[P.DISCONNECT] = (HANDSHAKE, Handshake.challenge_dropped)
 
-# Until CONNECT, every other packet is a protocol violation; after a
-# CONNECT that began an enhanced authentication, only AUTH and DISCONNECT
-# may come before CONNACK ([MQTT-3.1.2-30]).
-MQTTServerProtocol._before_connect = {
-    t: MQTTServerProtocol.handle_CONNECT if t == P.CONNECT else MQTTServerProtocol._not_connected
-    for t in P.PACKET_NAMES
+# A connected client's packets: who handles each, and its method's name
+# (a dialect may name another of the same receiver's, see V5.HANDLERS).
+_CONNECTED = {
+    P.CONNECT: (READING, "second_connect"),
+    P.CONNACK: (READING, "unexpected"),
+    P.PUBLISH: (PUBLISHING, "handle_PUBLISH"),
+    P.PUBACK: (PUBLISHING, "handle_PUBACK"),
+    P.PUBREC: (PUBLISHING, "handle_PUBREC"),
+    P.PUBREL: (PUBLISHING, "handle_PUBREL"),
+    P.PUBCOMP: (PUBLISHING, "handle_PUBCOMP"),
+    P.SUBSCRIBE: (CONNECTION, "handle_SUBSCRIBE"),
+    P.SUBACK: (READING, "unexpected"),
+    P.UNSUBSCRIBE: (CONNECTION, "handle_UNSUBSCRIBE"),
+    P.UNSUBACK: (READING, "unexpected"),
+    P.PINGREQ: (CONNECTION, "handle_PINGREQ"),
+    P.PINGRESP: (READING, "unexpected"),
+    P.DISCONNECT: (CONNECTION, "handle_DISCONNECT"),
+    P.AUTH: (CONNECTION, "handle_AUTH"),
 }
-MQTTServerProtocol._challenged = challenged_handlers()
+_RECEIVER_CLASSES = (MQTTServerProtocol, Reading, Handshake, Publishing)
+# The tables of connected clients, by dialect class.
+_CONNECTED_TABLES = {}
+
+
+def handlers_in(state, dialect):
+    """The handlers of ``state`` (None where nothing is read), a connected client's by ``dialect``."""
+    if state is CONNECTED:
+        table = _CONNECTED_TABLES.get(type(dialect))
+        if table is None:
+            table = _CONNECTED_TABLES[type(dialect)] = {
+                t: (receiver, getattr(_RECEIVER_CLASSES[receiver], dialect.HANDLERS.get(t, name)))
+                for t, (receiver, name) in _CONNECTED.items()
+            }
+        return table
+    if state is AWAITING_CONNECT:
+        return BEFORE_CONNECT
+    if state is CHALLENGED:
+        return CHALLENGED_HANDLERS
+    return None
 
 
 class MQTTServerFactory(Factory):

@@ -2,14 +2,17 @@
 A client's PUBLISH and the acknowledgements of both directions: the ACL
 at the door, the router, and PUBACK/PUBREC/PUBCOMP written in order, after
 the store's commit where the message must outlive a crash.  The hot path:
-its cost per message is measured by ``bench.hotpath``.
+its cost per message is measured by ``bench.hotpath``.  A part of
+:class:`~mqttgw.transports.protocol.MQTTServerProtocol`.
 """
 
 from twisted.logger import Logger
+from zope.interface import implementer
 
 from mqttgw.broker.access import BRIDGE_STATE_PREFIX
 from mqttgw.broker.acks import OrderedAcks
 from mqttgw.transports.handshake import CONNECTED
+from mqttgw.transports.interfaces import IPublishing
 from mqttgw.wire import packets as P
 from mqttgw.wire import reasons as R
 from mqttgw.wire.printable import printable
@@ -24,10 +27,44 @@ _pubrec_bytes = P.pubrec_bytes
 _pubcomp_bytes = P.pubcomp_bytes
 
 
-class Publishing:
-    """PUBLISH and its acknowledgements; a mixin of MQTTServerProtocol."""
+def write_allowed(may_write, access, username, client_id, topic):
+    """
+    Whether a client may publish on ``topic``: its cached ACL check
+    ``may_write``, or without one the reserved topics' rule.
+    """
+    if may_write is not None:
+        return may_write(topic)
+    return access.may_publish(username, client_id, topic)
 
-    __slots__ = ()
+
+@implementer(IPublishing)
+class Publishing:
+    """
+    A connected client's PUBLISH and acknowledgements, for its connection
+    (an :class:`~mqttgw.transports.interfaces.IConnection`) and session.
+    """
+
+    __slots__ = (
+        "connection", "router", "stats", "session", "dialect", "limits",
+        "_may_write", "_reserved", "_denied_topics",
+        # Acks waiting, in order, behind a store commit (OrderedAcks), once
+        # some have.
+        "ordered_acks",
+    )
+
+    def __init__(self, connection, router, session, dialect, limits, may_write, reserved):
+        self.connection = connection
+        self.router = router
+        self.stats = router.stats
+        self.session = session
+        self.dialect = dialect
+        self.limits = limits
+        # A cached ACL check of what the client may publish, or None: then
+        # only the reserved topics are checked (see write_allowed).
+        self._may_write = may_write
+        self._reserved = reserved
+        self._denied_topics = None
+        self.ordered_acks = None
 
     def handle_PUBLISH5(self, packet):
         """A 5.0 PUBLISH: the dialect's checks first (alias, maximum QoS, receive maximum)."""
@@ -37,7 +74,7 @@ class Publishing:
     def handle_PUBLISH(self, packet):
         topic = packet.topic
         if not topic or "+" in topic or "#" in topic or "\x00" in topic:
-            return self.protocol_error(
+            return self.connection.protocol_error(
                 f"invalid topic name {topic!r} in PUBLISH", R.TOPIC_NAME_INVALID
             )
         qos = packet.qos
@@ -98,20 +135,19 @@ class Publishing:
         it reconnects (and CONNACK tells it when the gateway cannot hold
         persistent sessions).
         """
+        connection = self.connection
         self.stats.store_refused += 1
         self.router.limited("store refusals", log).warn(
             "closing connection of client {client_id}: its QoS 1/2 publish needs"
             " the store, which cannot be written",
-            client_id=self.log_id,
+            client_id=connection.log_id,
         )
-        self.disconnect_first(R.UNSPECIFIED_ERROR, "the store cannot be written")
-        self._close(publish_will=True, graceful=True)
+        connection.disconnect_first(R.UNSPECIFIED_ERROR, "the store cannot be written")
+        connection.close(publish_will=True, graceful=True)
 
     def _write_allowed(self, topic):
-        may_write = self._may_write
-        if may_write is not None:
-            return may_write(topic)
-        return self.router.access.may_publish(self.username, self.client_id, topic)
+        connection = self.connection
+        return write_allowed(self._may_write, self.router.access, connection.username, connection.client_id, topic)
 
     def _denied(self, packet):
         """
@@ -127,8 +163,8 @@ class Publishing:
             denied.add(packet.topic)
             log.warn(
                 "client {client_id} (user {username}) may not publish on {topic}",
-                client_id=self.log_id,
-                username=printable(self.username),
+                client_id=self.connection.log_id,
+                username=printable(self.connection.username),
                 topic=printable(packet.topic),
             )
         ack = self.dialect.denied_ack(self.session, packet)
@@ -140,8 +176,9 @@ class Publishing:
         if not durable and (acks is None or not acks.queue):
             # Nothing to wait for, and nothing waiting before it: written
             # now, without the queue's calls (most acks, on the hot path).
-            if self.state is CONNECTED:
-                self.write(ack)
+            connection = self.connection
+            if connection.state is CONNECTED:
+                connection.write(ack)
             return
         if acks is None:
             acks = self.ordered_acks = OrderedAcks(self.router.store, self._write_if_connected)
@@ -149,8 +186,9 @@ class Publishing:
         acks.send(ack, durable, held)
 
     def _write_if_connected(self, data):
-        if self.state is CONNECTED:
-            self.write(data)
+        connection = self.connection
+        if connection.state is CONNECTED:
+            connection.write(data)
 
     def handle_PUBACK(self, packet):
         self.session.window.puback(packet.message_id)

@@ -3,15 +3,18 @@ SUBSCRIBE and UNSUBSCRIBE in steps of bounded size: each filter checked
 (its syntax, the dialect's options, the ACL, the session's quotas), the
 router asked for what is granted, then SUBACK or UNSUBACK and the retained
 messages.  What is left of a large packet runs over the next reactor
-turns, before any further packet of the connection.
+turns, before any further packet of the connection.  A part of
+:class:`~mqttgw.transports.protocol.MQTTServerProtocol`.
 """
 
 from twisted.logger import Logger
+from zope.interface import implementer
 
 from mqttgw.broker.subscriptions import is_shared, shared_filter
 from mqttgw.broker.topics import InvalidTopic, filter_size, validate_topic_filter
+from mqttgw.transports.interfaces import ISubscribing
 from mqttgw.wire import reasons as R
-from mqttgw.wire.framing import FiltersToDecode, ProtocolViolation
+from mqttgw.wire.framing import FiltersToDecode
 from mqttgw.wire.printable import printable
 
 log = Logger()
@@ -42,34 +45,29 @@ class _Granting:
         self.identifier = identifier
 
 
+@implementer(ISubscribing)
 class Subscribing:
-    """SUBSCRIBE and UNSUBSCRIBE; a mixin of MQTTServerProtocol."""
+    """
+    A connected client's SUBSCRIBE and UNSUBSCRIBE, for its connection
+    (an :class:`~mqttgw.transports.interfaces.IConnection`) and session.
+    """
 
-    __slots__ = ()
+    __slots__ = ("connection", "router", "session", "dialect", "limits")
     # Topic filters of one SUBSCRIBE or UNSUBSCRIBE handled per turn.
     FILTERS_PER_STEP = 64
 
+    def __init__(self, connection, router, session, dialect, limits):
+        self.connection = connection
+        self.router = router
+        self.session = session
+        self.dialect = dialect
+        self.limits = limits
+
     def handle_SUBSCRIBE(self, packet):
-        return self._in_steps(self._subscribe(packet))
+        return self.connection.in_steps(self._subscribe(packet))
 
     def handle_UNSUBSCRIBE(self, packet):
-        return self._in_steps(self._unsubscribe(packet))
-
-    def _in_steps(self, work):
-        """
-        Run ``work``, a generator that yields between steps of bounded
-        size; what is left of it runs over the next reactor turns, before
-        any further packet of this connection.  True when some is left.
-        """
-        try:
-            more = next(work, True) is not True
-        except ProtocolViolation as e:
-            # Closed for it, as a handler would have closed it.
-            self.protocol_error(str(e), e.reason_code)
-            return False
-        if more:
-            self._work = work
-        return more
+        return self.connection.in_steps(self._unsubscribe(packet))
 
     def _decoded(self, packet):
         """
@@ -97,13 +95,13 @@ class Subscribing:
             # One line per packet, however many filters it refuses.
             log.info(
                 "client {client_id} SUBSCRIBE refused {refused} of {n} filters: {reason}",
-                client_id=self.log_id,
+                client_id=self.connection.log_id,
                 refused=granting.refused,
                 n=len(topics),
                 reason=printable(granting.first_reason),
             )
         reason = granting.first_reason if granting.refused else None
-        self.write(self.dialect.suback(packet.message_id, granting.suback, reason))
+        self.connection.write(self.dialect.suback(packet.message_id, granting.suback, reason))
         self.router.send_retained(session, granting.accepted)
 
     def _subscribe_step(self, step, granting):
@@ -186,8 +184,9 @@ class Subscribing:
             return refusal
         # 3.1 has no failure code: a filter that can match nothing
         # readable is granted, and nothing is delivered on it.
+        connection = self.connection
         if dialect.may_refuse_filters and not self.router.access.may_subscribe(
-            self.username, self.client_id, inner, self.identity.subscribe
+            connection.username, connection.client_id, inner, connection.identity.subscribe
         ):
             return R.NOT_AUTHORIZED, f"not authorized for {topic_filter!r}"
         return None, None
@@ -202,4 +201,4 @@ class Subscribing:
             step = _take_step(topics, start, self.FILTERS_PER_STEP)
             self.dialect.unsubscribed(self.session.subscriptions, step, codes)
             self.router.unsubscribe(self.session, step)
-        self.write(self.dialect.unsuback(packet.message_id, codes))
+        self.connection.write(self.dialect.unsuback(packet.message_id, codes))
