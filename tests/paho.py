@@ -101,3 +101,18 @@ class PahoClient:
         """Lose the connection without DISCONNECT, as a crashed device would."""
         self.client.loop_stop()
         self.client.socket().close()
+
+
+def connack_code(port, version, client_id, username=None, password=None):
+    """The CONNACK return (or reason) code a login gets."""
+    c = PahoClient(port, client_id, version)
+    if username is not None:
+        c.client.username_pw_set(username, password)
+    c.client.connect("127.0.0.1", port, 60)
+    c.client.loop_start()
+    try:
+        _, rc = c.connack.get(timeout=TIMEOUT)
+    finally:
+        c.client.disconnect()
+        c.client.loop_stop()
+    return rc.value if hasattr(rc, "value") else rc

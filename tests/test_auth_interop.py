@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import require_program
 from tests.mosquitto_clients import Sub, pub
-from tests.paho import TIMEOUT, PahoClient
+from tests.paho import PahoClient, connack_code
 
 VERSIONS = ["MQTTv31", "MQTTv311"]
 # paho reports MQTT 3 CONNACK codes as MQTT 5 reason codes.
@@ -28,20 +28,6 @@ def password_file(tmp_path):
     subprocess.run([mosquitto_passwd, "-c", "-b", str(path), "alice", "s3cret"], check=True)
     subprocess.run([mosquitto_passwd, "-b", str(path), "bob", "hunter2"], check=True)
     return path
-
-
-def connack_code(port, version, client_id, username=None, password=None):
-    c = PahoClient(port, client_id, version)
-    if username is not None:
-        c.client.username_pw_set(username, password)
-    c.client.connect("127.0.0.1", port, 60)
-    c.client.loop_start()
-    try:
-        _, rc = c.connack.get(timeout=TIMEOUT)
-    finally:
-        c.client.disconnect()
-        c.client.loop_stop()
-    return rc.value if hasattr(rc, "value") else rc
 
 
 @pytest.mark.parametrize("version", VERSIONS)

@@ -17,7 +17,7 @@ from twisted.logger import Logger
 from mqttgw.passwd import main as passwd
 from mqttgw.service.logs import json_observer
 from tests.gateway import TWISTD, Gateway, gateway_env
-from tests.paho import TIMEOUT, PahoClient
+from tests.paho import PahoClient, connack_code
 
 ISO_UTC = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z\Z")
 LEVELS = {"debug", "info", "warn", "error", "critical"}
@@ -48,19 +48,6 @@ def one(records, text, **fields):
     raise AssertionError(f"no record with {text!r} and {fields}: {[r['message'] for r in records]}")
 
 
-def connack_code(port, client_id, username, password):
-    c = PahoClient(port, client_id, "MQTTv311")
-    c.client.username_pw_set(username, password)
-    c.client.connect("127.0.0.1", port, 60)
-    c.client.loop_start()
-    try:
-        _, rc = c.connack.get(timeout=TIMEOUT)
-    finally:
-        c.client.disconnect()
-        c.client.loop_stop()
-    return rc.value
-
-
 def test_json_lines_through_a_connect_a_refusal_and_a_bridge_outage(tmp_path, start_mosquitto):
     upstream = start_mosquitto(tmp_path / "upstream")
     passwords = tmp_path / "passwd"
@@ -81,7 +68,7 @@ def test_json_lines_through_a_connect_a_refusal_and_a_bridge_outage(tmp_path, st
         device.connect()
         device.publish("$SYS/forged", b"x", 1)
         gw.wait_for_log("may not publish on $SYS/forged")
-        assert connack_code(gw.port, "intruder", "dev-1", "wrong") != 0
+        assert connack_code(gw.port, "MQTTv311", "intruder", "dev-1", "wrong") != 0
         gw.wait_for_log("refusing CONNECT")
         upstream.stop()
         gw.wait_for_log("bridge centre: upstream connection lost")
