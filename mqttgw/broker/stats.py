@@ -56,6 +56,10 @@ class Stats:
         "clients_v31",
         "clients_v311",
         "clients_v5",
+        # MQTT-SN clients connected (asleep ones too), and datagrams their
+        # listeners dropped (malformed, unknown, or out of turn).
+        "clients_mqttsn",
+        "mqttsn_dropped",
         # Gauges of the sessions, kept where they change so that no reader
         # scans them: clients (not the gateway's own sessions) with a
         # connection, and persistent ones without; persistent sessions of
