@@ -19,7 +19,9 @@ def gateway_env():
     return dict(os.environ, PYTHONPATH=str(REPO))
 
 
-_LISTENING = re.compile(r" starting on (\d+)")
+# MQTT-SN's UDP ports (its listener's, its discovery's) are told apart.
+_LISTENING = re.compile(r"(?<!MQTT-SN listener)(?<!MQTT-SN discovery) starting on (\d+)")
+_MQTTSN_LISTENING = re.compile(r"MQTT-SN listener starting on (\d+)")
 LISTENER_FLAGS = ("--tcp", "--tls", "--ws", "--wss")
 
 
@@ -37,6 +39,9 @@ class Gateway:
         command += list(args)
         # Wait until every listener is up; the first TCP one gives .port.
         self._listeners = sum(a in LISTENER_FLAGS for a in command)
+        self._mqttsn_listeners = sum(a == "--mqttsn" for a in command)
+        # The MQTT-SN listeners' UDP ports, in the order they started.
+        self.mqttsn_ports = []
         self.process = subprocess.Popen(
             command,
             cwd=self.workdir,
@@ -49,13 +54,21 @@ class Gateway:
     def _wait_for_port(self, timeout):
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            found = _LISTENING.findall(self.log())
-            if len(found) >= self._listeners:
+            text = self.log()
+            found = _LISTENING.findall(text)
+            mqttsn = _MQTTSN_LISTENING.findall(text)
+            if len(found) >= self._listeners and len(mqttsn) >= self._mqttsn_listeners:
+                self.mqttsn_ports = [int(port) for port in mqttsn]
                 return int(found[0])
             if self.process.poll() is not None:
                 raise RuntimeError(f"gateway exited early:\n{self.log()}")
             time.sleep(0.05)
         raise RuntimeError(f"gateway did not start listening:\n{self.log()}")
+
+    @property
+    def mqttsn_port(self):
+        """The first MQTT-SN listener's UDP port."""
+        return self.mqttsn_ports[0]
 
     def log(self):
         return self.log_path.read_text(errors="replace")

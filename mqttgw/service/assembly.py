@@ -39,6 +39,8 @@ from mqttgw.service.build import (
 from mqttgw.service.gateway import Gateway
 from mqttgw.service.reload import ReloadService
 from mqttgw.transports.listening import ListenerService
+from mqttgw.transports.mqttsn.listener import MqttSnProtocol
+from mqttgw.transports.mqttsn.service import MqttSnListenerService, make_discovery
 from mqttgw.transports.protocol import MQTTServerFactory
 from mqttgw.transports.schedulers import Flusher
 from mqttgw.web.systopics import SysTopics
@@ -301,6 +303,28 @@ class Assembly:
                 made_ = self.tls(made_, table["tls_options"], table["tls_files"])
             self.listen(kind, table["address"], made_, anonymous)
         self.reloader.renewable_tls = list(self.renewable.values())
+        self.mqttsn_listeners()
+
+    def mqttsn_listeners(self):
+        """--mqttsn: MQTT-SN over UDP, on the same router."""
+        options = self.options.mqttsn
+        for address in self.settings["listeners.mqttsn"]:
+            protocol = MqttSnProtocol(
+                self.gateway.router, self.reactor, options, self.limits, self.connection_rate, self.refusals
+            )
+            service = MqttSnListenerService(self.reactor, address, protocol, anonymous=options.clients is None)
+            service.discovery = make_discovery(self.reactor, options, service.interface)
+            if service.name in self.gateway.namedServices:
+                raise SystemExit(f"mqttgw: mqttsn listener {address}: given twice")
+            self.gateway.listeners.append(service)
+            service.setServiceParent(self.gateway)
+            if options.clients is None:
+                log.warn(
+                    "listener {listener} (mqttsn) accepts any client id: MQTT-SN carries no"
+                    " password, so anyone who can reach it may publish and subscribe (set"
+                    " mqttsn.clients to list who may connect, from where)",
+                    listener=address,
+                )
 
     def bridges(self):
         gateway = self.gateway

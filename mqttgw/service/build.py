@@ -25,6 +25,10 @@ from mqttgw.security.passwords import PasswordTable
 from mqttgw.security.throttle import ConnectionRate, Throttle
 from mqttgw.security.tokens import TokenKeys
 from mqttgw.service import config
+from mqttgw.security.mqttsn_clients import ClientList
+from mqttgw.security.predefined_topics import PredefinedTopics
+from mqttgw.transports.mqttsn.options import MqttSnOptions, parse_multicast
+from mqttgw.transports.mqttsn.service import udp_address
 from mqttgw.transports.protocol import ConnectionLimits, refusal_log
 
 log = Logger()
@@ -185,7 +189,40 @@ def check_endpoint(listener, where):
 def check_listeners(settings):
     for path in config.LISTENERS:
         for listener in settings[path]:
-            check_endpoint(listener, path)
+            if path == "listeners.mqttsn":
+                check_udp_address(listener, path)
+            else:
+                check_endpoint(listener, path)
+
+
+def check_udp_address(listener, where):
+    """(interface, port) of an MQTT-SN listener, or ConfigError naming it."""
+    try:
+        return udp_address(listener)
+    except ValueError as e:
+        raise config.ConfigError(f"{where}: {e}") from None
+
+
+def check_mqttsn(settings, limits=None):
+    """The [mqttsn] section as the listeners run with it, its files read; ConfigError naming a key."""
+    section = settings.section("mqttsn")
+    try:
+        multicast = parse_multicast(section["multicast"])
+    except ValueError as e:
+        raise config.ConfigError(f"mqttsn.multicast: {e}") from None
+    # The files' errors name the file and line (FILE:LINE: what).
+    clients = ClientList.from_file(section["clients"]) if section["clients"] else None
+    predefined = PredefinedTopics.from_file(section["predefined_topics"]) if section["predefined_topics"] else None
+    return MqttSnOptions(
+        gateway_id=section["gateway_id"],
+        multicast=multicast,
+        advertise_interval=section["advertise_interval"],
+        qos_minus_one=section["qos_minus_one"],
+        clients=clients,
+        predefined=predefined,
+        max_datagram_size=min(settings["limits.max_packet_size"], 0xFFFF),
+        half_open_timeout=settings["limits.connect_timeout"],
+    )
 
 
 def check_http(settings):

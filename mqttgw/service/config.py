@@ -43,6 +43,14 @@ KEYS = [
         ),
     ),
     Key(
+        "listeners", "mqttsn", list, [], "MQTT-SN 1.2 listener (UDP): a port, HOST:PORT or udp:PORT:interface=HOST",
+        doc=(
+            "MQTT-SN over UDP, on the same router and sessions as MQTT; off "
+            "unless given (the Paho MQTT-SN Gateway uses 10000, mqtt-sn-12's "
+            'tools 2442).  See ``[mqttsn]``.  E.g. ``["10000"]``.'
+        ),
+    ),
+    Key(
         "auth",
         "password_file",
         str,
@@ -774,6 +782,58 @@ KEYS = [
     CONNECTION_KEYS["mqtt.allow_long_client_ids"],
     BROKER_KEYS["mqtt.retry_interval"],
     BROKER_KEYS["mqtt.retry_max_interval"],
+    Key(
+        "mqttsn", "gateway_id", int, 1, "the gateway id MQTT-SN's ADVERTISE and GWINFO carry", 1, 255,
+        flag_name="mqttsn-gateway-id",
+    ),
+    Key(
+        "mqttsn", "multicast", str, "", "multicast GROUP:PORT for ADVERTISE and SEARCHGW (empty: no discovery)",
+        flag_name="mqttsn-multicast",
+        doc=(
+            'E.g. ``"225.1.1.1:1883"``.  The group is joined, and ADVERTISE '
+            "sent, on the listener's address when it is an IPv4 address; "
+            "SEARCHGW on the group is answered with GWINFO to the group and "
+            "to the asker.  A SEARCHGW sent to the listener's port is always "
+            "answered, to its sender."
+        ),
+    ),
+    Key(
+        "mqttsn", "advertise_interval", int, 900, "seconds between ADVERTISE messages on the multicast group",
+        1, 65535, flag_name="mqttsn-advertise-interval",
+        doc="900 (15 minutes) is the Paho MQTT-SN Gateway's default; ADVERTISE carries it as its Duration.",
+    ),
+    Key(
+        "mqttsn", "predefined_topics", str, "",
+        "pre-defined topic ids, in the Paho MQTT-SN Gateway's predefinedTopic.conf format",
+        flag_name="mqttsn-predefined-topics",
+        doc=(
+            "One ``ClientId, TopicName, TopicId`` a line, ``*`` for every "
+            "client; a client's own line wins over a ``*`` line."
+        ),
+    ),
+    Key(
+        "mqttsn", "clients", str, "",
+        "who may connect over MQTT-SN, from where: the Paho gateway's clients.conf format (empty: anyone)",
+        flag_name="mqttsn-clients",
+        doc=(
+            "One ``ClientId, ADDRESS:PORT[, flag...]`` a line.  With a file, "
+            "only listed client ids from their listed addresses connect, the "
+            "client id is the identity the ACL and session ownership read, "
+            "a ``forwarder`` line's encapsulated messages are taken, and a "
+            "``QoS-1`` line's address may publish at QoS -1 as that client."
+            "  Without one, any client id connects as an anonymous client."
+        ),
+    ),
+    Key(
+        "mqttsn", "qos_minus_one", bool, False,
+        "route QoS -1 PUBLISH (no CONNECT) on pre-defined ids and short names",
+        flag_name="mqttsn-qos-minus-one",
+        doc=(
+            "Off by default: a QoS -1 sender is not even asked who it is.  "
+            "The ACL is read for the anonymous identity, or for the client "
+            "id the clients file gives the sender's address."
+        ),
+    ),
 ]
 
 KEYS_BY_PATH = {k.path: k for k in KEYS}

@@ -58,6 +58,12 @@ INTRODUCTIONS = {
         "Settings for MQTT 5.0 clients are what CONNACK tells them, named as"
         " mosquitto names them where it has them."
     ),
+    "mqttsn": (
+        "The MQTT-SN 1.2 listeners (``listeners.mqttsn``): discovery, QoS -1,"
+        " and the Paho MQTT-SN Gateway's clients and pre-defined topics"
+        " files, read as they are.  A reload leaves them as they are: a"
+        " change needs a restart."
+    ),
     "listener": (
         "Listeners with their own security settings, beside (or instead of)"
         " those of ``[listeners]``: one table per listener.  What a table leaves"

@@ -203,7 +203,9 @@ class Gateway(MultiService):
                     "client_id": session.client_id,
                     "address": connection.peer,
                     "listener": getattr(connection, "listener_kind", None),
-                    "protocol": P.VERSION_NAMES[connection.dialect.level],
+                    # An MQTT-SN client's dialect names itself.
+                    "protocol": getattr(connection.dialect, "name", None)
+                    or P.VERSION_NAMES[connection.dialect.level],
                     "username": connection.username,
                     "keepalive": connection.keepalive,
                     "clean_session": session.ends_with_connection,

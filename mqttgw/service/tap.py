@@ -16,6 +16,7 @@ from mqttgw.service.build import (
     check_http,
     check_listener_tables,
     check_listeners,
+    check_mqttsn,
     load_auth_files,
     server_tls_options,
 )
@@ -41,7 +42,7 @@ class Options(usage.Options):
     synopsis = "[--tcp PORT]... [--ws PORT]... [--tls PORT --cert F --key F]... [options]"
     longdesc = (
         "Run the mqttgw MQTT broker.  Listener options (--tcp, --tls, --ws,"
-        " --wss) take a port, HOST:PORT ([::1]:PORT) or a Twisted endpoint string and may repeat;"
+        " --wss, --mqttsn) take a port, HOST:PORT ([::1]:PORT) or a Twisted endpoint string and may repeat;"
         " with none, it listens on TCP port 1883.  Every option has a key in"
         " the --config TOML file; options given here win over the file."
     )
@@ -105,6 +106,7 @@ class Options(usage.Options):
             self.auth_files = load_auth_files(settings)
             self.listener_tables = check_listener_tables(settings)
             check_http(settings)
+            self.mqttsn = check_mqttsn(settings)
         except config.ConfigError as e:
             # One line naming the problem, not a page of usage.
             sys.exit(f"mqttgw: {e}")

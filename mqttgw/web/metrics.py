@@ -31,6 +31,8 @@ COUNTERS = [
     ("mqttgw_publish_bytes_received", "publish_bytes_received", "PUBLISH payload bytes received"),
     ("mqttgw_publish_bytes_sent", "publish_bytes_sent", "payload bytes routed to subscribers"),
     ("mqttgw_protocol_errors", "protocol_errors", "connections closed for a protocol violation"),
+    ("mqttgw_mqttsn_datagrams_dropped", "mqttsn_dropped",
+     "MQTT-SN datagrams dropped: malformed, of an unknown type, or out of turn"),
     ("mqttgw_connections_accepted", "connections_accepted", "connections accepted"),
     ("mqttgw_connections_refused", "connections_refused", "connections or CONNECTs refused"),
     ("mqttgw_logins_refused", "logins_refused", "CONNECTs refused for their credentials"),
@@ -185,7 +187,9 @@ class Metrics:
         by_protocol = GaugeMetricFamily(
             "mqttgw_clients_by_protocol", "clients connected, by MQTT version", labels=["protocol"]
         )
-        for version, attribute in (("3.1", "clients_v31"), ("3.1.1", "clients_v311"), ("5.0", "clients_v5")):
+        for version, attribute in (
+            ("3.1", "clients_v31"), ("3.1.1", "clients_v311"), ("5.0", "clients_v5"), ("MQTT-SN 1.2", "clients_mqttsn")
+        ):
             by_protocol.add_metric([version], getattr(stats, attribute))
         yield by_protocol
         per_listener = GaugeMetricFamily(

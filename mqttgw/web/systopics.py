@@ -73,6 +73,8 @@ MEANINGS = {
     "clients/protocol/3.1": "clients connected with MQTT 3.1 (shown once any is not 3.1.1)",
     "clients/protocol/3.1.1": "clients connected with MQTT 3.1.1",
     "clients/protocol/5.0": "clients connected with MQTT 5.0",
+    "clients/protocol/mqtt-sn": "MQTT-SN clients connected, asleep ones too (shown once there was one)",
+    "mqtt-sn/datagrams/dropped": "MQTT-SN datagrams dropped: malformed, of an unknown type, or out of turn (shown once one was)",
     "messages/received": "MQTT packets received, of every type",
     "messages/sent": "MQTT packets sent, of every type",
     "messages/stored": "messages queued or in flight for sessions",
@@ -221,6 +223,10 @@ class SysTopics:
             values[broker + "clients/protocol/3.1"] = stats.clients_v31
             values[broker + "clients/protocol/3.1.1"] = stats.clients_v311
             values[broker + "clients/protocol/5.0"] = stats.clients_v5
+        if stats.clients_mqttsn or broker + "clients/protocol/mqtt-sn" in self._last:
+            values[broker + "clients/protocol/mqtt-sn"] = stats.clients_mqttsn
+        if stats.mqttsn_dropped or broker + "mqtt-sn/datagrams/dropped" in self._last:
+            values[broker + "mqtt-sn/datagrams/dropped"] = stats.mqttsn_dropped
         if stats.messages_expired or broker + "publish/messages/expired" in self._last:
             values[broker + "publish/messages/expired"] = stats.messages_expired
         values.update(self._load_values(stats))
