@@ -1,0 +1,230 @@
+"""
+The MQTT-SN listener in-process, on a fake clock and a fake datagram
+transport: its parts provide their declared interfaces, and the timing
+rules (keep alive and sleep at 1.5 times, held deliveries on waking), the
+bounds on half-open state and the no-amplification rule hold without a
+test waiting on the wall clock.
+"""
+
+import random
+
+import pytest
+from zope.interface.verify import verifyObject
+
+from mqttgw.broker.interfaces import IClientConnection, IFrames
+from mqttgw.testing import FakeBroker
+from mqttgw.transports.mqttsn.client import ASLEEP, SnClient
+from mqttgw.transports.mqttsn.frames import SnFrames
+from mqttgw.transports.mqttsn.interfaces import ISnClient, ISnListener
+from mqttgw.transports.mqttsn.listener import MqttSnProtocol
+from mqttgw.transports.mqttsn.options import MqttSnOptions, parse_multicast
+from mqttgw.transports.mqttsn.publishing import ISnPublishing
+from mqttgw.transports.mqttsn.service import udp_address
+from mqttgw.transports.mqttsn.subscribing import ISnSubscribing
+from mqttgw.transports.mqttsn.topics import LAST_TOPIC_ID, MAX_TOPICS, TopicRegistry
+from mqttgw.wire import mqttsn as S
+from mqttgw.wire import packets as P
+
+
+class FakeDatagramTransport:
+    def __init__(self):
+        self.written = []
+
+    def write(self, data, addr):
+        self.written.append((data, addr))
+
+
+class Listener:
+    """A listener on a FakeBroker's router, its datagrams in and out."""
+
+    def __init__(self, **options):
+        self.broker = FakeBroker()
+        self.protocol = MqttSnProtocol(self.broker.router, self.broker.clock, MqttSnOptions(**options))
+        self.transport = FakeDatagramTransport()
+        self.protocol.transport = self.transport
+
+    def send(self, message, addr=("127.0.0.1", 5000)):
+        data = message if isinstance(message, bytes) else message.encode()
+        self.protocol.datagramReceived(data, addr)
+
+    def out(self, addr=None):
+        got = [(S.decode(d), a) for d, a in self.transport.written if addr is None or a == addr]
+        self.transport.written = [(d, a) for d, a in self.transport.written if not (addr is None or a == addr)]
+        return [m for m, _ in got]
+
+    def connect(self, client_id, addr=("127.0.0.1", 5000), duration=10, will=None, clean=True):
+        self.send(S.Connect(client_id, duration, clean_session=clean, will=will is not None), addr)
+        if will is not None:
+            assert self.out(addr) == [S.WillTopicReq()]
+            self.send(S.WillTopic(will[0]), addr)
+            assert self.out(addr) == [S.WillMsgReq()]
+            self.send(S.WillMsg(will[1]), addr)
+        assert self.out(addr) == [S.Connack(0)]
+        return self.protocol.clients[(addr[0], addr[1], None)]
+
+    def mqtt_subscriber(self, topic_filter):
+        client = self.broker.client(client_id="watcher", keepalive=0)
+        client.send(P.Subscribe(1, [(topic_filter, 1)]))
+        client.received()
+        return client
+
+
+def test_the_listener_and_a_clients_parts_provide_their_interfaces():
+    listener = Listener()
+    client = listener.connect("c1")
+    listener.send(S.Subscribe(1, "t", qos=0))
+    assert verifyObject(ISnListener, listener.protocol)
+    assert verifyObject(IClientConnection, client)
+    assert verifyObject(ISnClient, client)
+    assert verifyObject(IFrames, client.frames) and isinstance(client.frames, SnFrames)
+    assert verifyObject(ISnPublishing, client.publishing)
+    assert verifyObject(ISnSubscribing, client.subscribing)
+    # The broker holds the client as its session's carrier, nothing else.
+    assert client.session.connection is client and isinstance(client, SnClient)
+
+
+def test_keepalive_at_one_and_a_half_times_then_lost_with_the_will_published():
+    listener = Listener()
+    watcher = listener.mqtt_subscriber("wills/#")
+    listener.connect("k1", duration=10, will=("wills/k1", b"gone"))
+    clock = listener.broker.clock
+    clock.advance(14.9)
+    assert ("127.0.0.1", 5000, None) in listener.protocol.clients
+    assert [p for p in watcher.received() if isinstance(p, P.Publish)] == []
+    clock.advance(0.2)
+    assert listener.protocol.clients == {}
+    [will] = [p for p in watcher.received() if isinstance(p, P.Publish)]
+    assert (will.topic, will.payload) == ("wills/k1", b"gone")
+
+
+def test_a_datagram_moves_the_keepalive_deadline():
+    listener = Listener()
+    listener.connect("k2", duration=10)
+    clock = listener.broker.clock
+    for _ in range(5):
+        clock.advance(10)
+        listener.send(S.Pingreq())
+        assert listener.out() == [S.Pingresp()]
+    assert ("127.0.0.1", 5000, None) in listener.protocol.clients
+
+
+def test_a_sleeper_holds_deliveries_until_its_pingreq_and_is_lost_past_its_duration():
+    listener = Listener()
+    client = listener.connect("sleepy", duration=10, will=("wills/sleepy", b"lost"))
+    listener.send(S.Subscribe(1, "news", qos=1))
+    assert listener.out()[0].return_code == 0
+    listener.send(S.Disconnect(100))
+    assert listener.out() == [S.Disconnect()]
+    assert client.state is ASLEEP
+    publisher = listener.broker.client(client_id="pub")
+    publisher.send(P.Publish("news", b"one", 1, message_id=1), P.Publish("news", b"two", 0))
+    clock = listener.broker.clock
+    clock.advance(60)
+    assert listener.out() == []
+    listener.send(S.Pingreq("sleepy"))
+    woke = listener.out()
+    # (QoS 0 and QoS 1 messages each in order; not one order between them.)
+    assert sorted(m.data for m in woke if isinstance(m, S.Publish)) == [b"one", b"two"]
+    assert S.Pingresp() not in woke
+    [first] = [m for m in woke if isinstance(m, S.Publish) and m.qos == 1]
+    listener.send(S.Puback(first.topic_id, first.message_id, 0))
+    assert listener.out() == [S.Pingresp()]
+    assert client.state is ASLEEP
+    # Asleep again: 100 x 1.5 from its last datagram it is lost.
+    watcher = listener.mqtt_subscriber("wills/#")
+    clock.advance(149)
+    assert client.state is ASLEEP
+    clock.advance(2)
+    assert ("127.0.0.1", 5000, None) not in listener.protocol.clients
+    assert [p.payload for p in watcher.received() if isinstance(p, P.Publish)] == [b"lost"]
+
+
+def test_a_wildcard_delivery_is_registered_first_and_held_until_regack():
+    listener = Listener()
+    listener.connect("w")
+    listener.send(S.Subscribe(1, "s/+", qos=0))
+    assert listener.out() == [S.Suback(0, 1, 0, 0)]
+    listener.broker.client(client_id="p").send(P.Publish("s/a", b"x", 0), P.Publish("s/a", b"y", 0))
+    [register] = listener.out()
+    assert isinstance(register, S.Register) and register.topic_name == "s/a" and register.topic_id == 1
+    listener.send(S.Regack(register.topic_id, register.message_id, 0))
+    assert [m.data for m in listener.out()] == [b"x", b"y"]
+
+
+def test_the_topic_registry_is_idempotent_bounded_and_below_0x8000():
+    registry = TopicRegistry("c")
+    assert registry.register("a/b") == registry.register("a/b") == 1
+    ids = [registry.register(f"t/{n}") for n in range(MAX_TOPICS + 10)]
+    assert ids.count(None) == 11 and max(i for i in ids if i) <= LAST_TOPIC_ID < 0x8000
+
+
+def test_half_open_connects_are_bounded_and_expire():
+    listener = Listener(max_half_open=8, half_open_timeout=5.0)
+    for port in range(6000, 6100):
+        listener.send(S.Connect(f"c{port}", 10, will=True), ("10.0.0.1", port))
+    assert len(listener.protocol.login.waiting) == 8
+    listener.broker.clock.advance(6)
+    listener.send(S.Connect("late", 10, will=True), ("10.0.0.2", 1))
+    assert list(listener.protocol.login.waiting) == [("10.0.0.2", 1, None)]
+    assert listener.broker.router.stats.mqttsn_dropped >= 92
+
+
+def test_no_unconnected_address_is_answered_with_more_bytes_than_it_sent():
+    listener = Listener()
+    rng = random.Random(56)
+    sent = {}
+    valid = [S.SearchGw(0).encode(), S.Connect("x", 5, will=True).encode(), S.Pingreq().encode(),
+             S.Pingreq("nobody").encode(), S.Publish(1, b"", -1, topic_id_type=1).encode(),
+             S.Subscribe(1, "a/#").encode(), S.Register(0, 1, "t").encode(), S.WillMsg(b"m").encode()]
+    for n in range(3000):
+        addr = ("192.0.2.1", 1000 + n % 300)
+        if n % 3 == 0:
+            data = rng.choice(valid)
+        else:
+            data = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 40)))
+            if n % 3 == 1:
+                data = bytes((len(data),)) + data[1:]
+        sent[addr] = sent.get(addr, 0) + len(data)
+        listener.send(data, addr)
+    answered = {}
+    for data, addr in listener.transport.written:
+        answered[addr] = answered.get(addr, 0) + len(data)
+    # A CONNECT makes a client: only addresses that never completed one are held to it.
+    connected = {(h, p) for h, p, _ in listener.protocol.clients} | {
+        (h, p) for h, p, _ in listener.protocol.login.waiting
+    }
+    assert answered and all(answered[a] <= sent[a] for a in answered if a not in connected)
+
+
+def test_a_forwarders_node_is_answered_through_the_forwarder_with_its_node_id():
+    listener = Listener()
+    node = b"\x01\x02\x03"
+    listener.send(S.Encapsulated(S.Connect("node1", 30), node), ("127.0.0.1", 7000))
+    [(data, addr)] = listener.transport.written
+    answer = S.decode(data)
+    assert addr == ("127.0.0.1", 7000)
+    assert answer == S.Encapsulated(S.Connack(0), node)
+    assert ("127.0.0.1", 7000, node) in listener.protocol.clients
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [("10000", ("", 10000)), ("127.0.0.1:2442", ("127.0.0.1", 2442)), ("[::1]:0", ("::1", 0)),
+     ("udp:1884:interface=127.0.0.1", ("127.0.0.1", 1884))],
+)
+def test_listener_addresses_as_the_other_listeners_take_them(text, expected):
+    assert udp_address(text) == expected
+
+
+@pytest.mark.parametrize("text", ["tcp:1883", "host.example:1", "70000", "udp:1:backlog=3"])
+def test_a_listener_address_that_is_not_one_is_refused(text):
+    with pytest.raises(ValueError):
+        udp_address(text)
+
+
+def test_the_multicast_setting_is_a_group_and_a_port():
+    assert parse_multicast("") is None
+    assert parse_multicast("225.1.1.1:1883") == ("225.1.1.1", 1883)
+    for bad in ("10.0.0.1:1883", "225.1.1.1", "225.1.1.1:0"):
+        with pytest.raises(ValueError):
+            parse_multicast(bad)
