@@ -160,8 +160,12 @@ class SnClient:
             return
         self.period = seconds * 1.5
         self.deadline = self.clock.seconds() + self.period
-        if self._timer is None:
+        timer = self._timer
+        if timer is None:
             self._timer = self.clock.callLater(self.period, self._due)
+        elif timer.getTime() > self.deadline:
+            # A sleep shorter than the keep alive it had.
+            timer.reset(self.period)
 
     def _due(self):
         # One timer per client, moved only when it fires: a datagram
