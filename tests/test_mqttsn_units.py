@@ -23,6 +23,7 @@ from mqttgw.transports.mqttsn.service import udp_address
 from mqttgw.transports.mqttsn.subscribing import ISnSubscribing
 from mqttgw.transports.mqttsn.topics import LAST_TOPIC_ID, MAX_TOPICS, TopicRegistry
 from mqttgw.wire import mqttsn as S
+from mqttgw.wire.mqttsn import constants as C
 from mqttgw.wire import packets as P
 
 
@@ -228,3 +229,68 @@ def test_the_multicast_setting_is_a_group_and_a_port():
     for bad in ("10.0.0.1:1883", "225.1.1.1", "225.1.1.1:0"):
         with pytest.raises(ValueError):
             parse_multicast(bad)
+
+
+def _mutations(rng, valid):
+    data = bytearray(rng.choice(valid))
+    for _ in range(rng.randrange(1, 4)):
+        what = rng.randrange(4)
+        if what == 0 and data:
+            data[rng.randrange(len(data))] = rng.randrange(256)
+        elif what == 1:
+            data = data[: rng.randrange(len(data) + 1)]
+        elif what == 2:
+            data += bytes(rng.randrange(256) for _ in range(rng.randrange(1, 8)))
+        elif data:
+            # A Length field that tells the truth about the damaged datagram.
+            data[0] = len(data) if len(data) < 256 else data[0]
+    return bytes(data)
+
+
+def test_damaged_messages_from_connected_and_unconnected_addresses_raise_nothing():
+    listener = Listener()
+    listener.connect("fuzzed", addr=("127.0.0.1", 5000))
+    listener.connect("other", addr=("127.0.0.1", 5001))
+    listener.send(S.Subscribe(1, "#", qos=2), ("127.0.0.1", 5001))
+    rng = random.Random(1256)
+    valid = [m.encode() for m in (
+        S.Register(0, 1, "a/b"), S.Publish(1, b"x", 1, message_id=2), S.Publish(1, b"x", 2, message_id=3),
+        S.Publish(1, b"x", -1, topic_id_type=2), S.Pubrel(3), S.Puback(1, 1, 0), S.Pubrec(1), S.Pubcomp(1),
+        S.Subscribe(4, "a/+", qos=1), S.Subscribe(5, topic_id=1, topic_id_type=1), S.Unsubscribe(6, "a/+"),
+        S.Pingreq("fuzzed"), S.Disconnect(5), S.Disconnect(), S.WillTopicUpd("w", 1, True), S.WillMsgUpd(b"m"),
+        S.Regack(1, 1, 0), S.Connect("fuzzed", 10, will=True), S.WillTopic("w/t", 1), S.WillMsg(b"w"),
+        S.SearchGw(0), S.Encapsulated(S.Connect("n", 5), b"\x01"),
+    )]
+    for n in range(5000):
+        port = rng.choice((5000, 5001, 5002, 6000 + n % 50))
+        listener.send(_mutations(rng, valid), ("127.0.0.1", port))
+        if n % 500 == 0:
+            listener.broker.clock.advance(7)
+    assert listener.broker.router.stats.mqttsn_dropped > 0
+
+
+def test_the_admin_api_lists_an_mqtt_sn_client_as_such():
+    from mqttgw.service.gateway import Gateway
+
+    listener = Listener()
+    listener.connect("listed", duration=30)
+    gateway = Gateway(listener.broker.router, listener.broker.clock)
+    [entry] = [c for c in gateway.clients() if c["client_id"] == "listed"]
+    assert (entry["listener"], entry["protocol"], entry["address"], entry["keepalive"]) == (
+        "mqttsn", "MQTT-SN 1.2", "127.0.0.1:5000", 30
+    )
+    assert listener.broker.router.stats.clients_mqttsn == 1
+
+
+def test_mqtt_sn_clients_are_bounded_apart_from_the_stream_listeners_connections():
+    from mqttgw.transports.protocol import ConnectionLimits
+
+    listener = Listener()
+    listener.protocol.limits = ConnectionLimits(max_connections=3)
+    for port in range(4):
+        listener.send(S.Connect(f"c{port}", 30), ("192.0.2.9", port + 1))
+    answers = listener.out()
+    assert answers == [S.Connack(0)] * 3 + [S.Connack(C.REJECTED_CONGESTION)]
+    assert len(listener.protocol.clients) == 3
+    # The TCP side's count is untouched: spoofed datagrams take no TCP client's place.
+    assert listener.broker.router.stats.connections == 0

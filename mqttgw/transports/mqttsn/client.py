@@ -195,6 +195,9 @@ class SnClient:
                 call.cancel()
         self._timer = self._awake_call = None
         self.held = None
+        if self.listener.limits.connection_messages and reason is not None:
+            log.info("client {client_id} ({peer}, MQTT-SN) gone: {reason}", client_id=self.log_id,
+                     peer=self.peer, reason=reason)
         self.listener.forget(self)
         session, self.session = self.session, None
         if session is not None:
@@ -343,7 +346,7 @@ class SnClient:
             self.send(WillTopicResp(C.REJECTED_NOT_SUPPORTED).encode())
             return
         payload = session.will.payload if session.will is not None else b""
-        session.will = P.Publish(message.will_topic, payload, message.qos, message.retain)
+        session.will = P.Publish(message.will_topic, payload, max(message.qos, 0), message.retain)
         self.send(WillTopicResp(C.ACCEPTED).encode())
 
     def handle_WILLMSGUPD(self, message):

@@ -42,6 +42,7 @@ class ISnListener(Interface):
     router = Attribute("The router.")
     clock = Attribute("The reactor's clock.")
     options = Attribute("The listener's MqttSnOptions.")
+    limits = Attribute("The listeners' ConnectionLimits (max_connections, connection_messages...).")
 
     def send(route, frame):
         """Send ``frame`` along ``route`` (a Route), counted."""

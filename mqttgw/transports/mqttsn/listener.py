@@ -157,18 +157,12 @@ class MqttSnProtocol(DatagramProtocol):
     def add(self, client):
         self.clients[client.route.key] = client
         self.by_id[client.client_id] = client
-        stats = self.stats
-        stats.connections += 1
-        stats.connections_accepted += 1
-        if stats.connections > stats.clients_maximum:
-            stats.clients_maximum = stats.connections
 
     def forget(self, client):
         if self.clients.get(client.route.key) is client:
             del self.clients[client.route.key]
         if self.by_id.get(client.client_id) is client:
             del self.by_id[client.client_id]
-        self.stats.connections -= 1
         session = client.session
         if session is not None and not session.ends_with_connection and client.topics:
             # Its registrations wait for it, within a bound.

@@ -121,9 +121,11 @@ class SnLogin:
         if clients is not None and not listed(clients, route, client_id):
             return C.REJECTED_NOT_SUPPORTED, "not listed at this address in mqttsn.clients"
         known = listener.clients.get(route.key) is not None or client_id in listener.by_id
-        stats = self.router.stats
-        if not known and stats.connections + stats.handshakes >= listener.limits.max_connections:
-            return C.REJECTED_CONGESTION, f"{listener.limits.max_connections} connections is the limit"
+        # Counted apart from the stream listeners' connections: CONNECTs
+        # from spoofed addresses cost nothing to send, and must not take
+        # the places of TCP clients.
+        if not known and len(listener.clients) >= listener.limits.max_connections:
+            return C.REJECTED_CONGESTION, f"{listener.limits.max_connections} MQTT-SN clients is the limit"
         if not known and not listener.connection_rate.allows(route.host):
             return C.REJECTED_CONGESTION, "over limits.max_connection_rate"
         return None
