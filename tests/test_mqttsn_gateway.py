@@ -486,3 +486,47 @@ def test_settings_a_bad_mqttsn_address_or_key_is_one_line_at_start_up(tmp_path):
         assert run.returncode != 0
         assert text in run.stderr + run.stdout, run.stderr + run.stdout
         assert "Traceback" not in run.stderr
+
+
+def test_item_4_the_mqtt_sn_12_library_with_a_will_clean_session_0_and_a_sleep_it_misses(gateway_with):
+    from mqttsn12.client.MqttSnClient import MqttSnClient
+
+    gw = sn_gateway(gateway_with)
+    watcher = mqtt_subscriber(gw, "#")
+    client = MqttSnClient()
+    client.set_client_id("lib-node")
+    client.set_keep_alive(30)
+    client.set_timeout(5)
+    client.set_clean_session(False)
+    client.set_will("lib/will", "asleep too long", 1, False)
+    client.open("127.0.0.1", gw.mqttsn_port)
+    try:
+        client.send_connect()
+        client.send_publish("lib/data", b"qos 1", 1)
+        client.send_publish("lib/data", b"qos 2", 2)
+        client.send_publish_short(S.short_topic_id("lb"), b"short", 0)
+        client.send_will_message_update("asleep far too long")
+        # Asleep for 1 s; it never wakes (the library cannot), so at 1.5 s it is lost.
+        client.send_disconnect(1)
+    finally:
+        client.close()
+    got = [(m.topic, m.payload) for m in watcher.receive(4)]
+    assert got[:3] == [("lib/data", b"qos 1"), ("lib/data", b"qos 2"), ("lb", b"short")]
+    assert got[3] == ("lib/will", b"asleep far too long")
+
+
+def test_item_5_an_ipv6_listener_serves_clients_on_its_address(gateway_with):
+    gw = gateway_with("--mqttsn", "[::1]:0")
+    watcher = mqtt_subscriber(gw, "v6/#")
+    client = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+    client.settimeout(5)
+    try:
+        client.sendto(S.Connect("six", 30).encode(), ("::1", gw.mqttsn_port))
+        assert S.decode(client.recvfrom(100)[0]) == S.Connack(0)
+        client.sendto(S.Publish(S.short_topic_id("v6"), b"over ::1", 1, message_id=1, topic_id_type=2).encode(),
+                      ("::1", gw.mqttsn_port))
+        assert S.decode(client.recvfrom(100)[0]) == S.Puback(S.short_topic_id("v6"), 1, 0)
+    finally:
+        client.close()
+    assert watcher.receive()[0].payload == b"over ::1"
+    assert "client six connected from [::1]:" in gw.log()

@@ -294,3 +294,21 @@ def test_mqtt_sn_clients_are_bounded_apart_from_the_stream_listeners_connections
     assert len(listener.protocol.clients) == 3
     # The TCP side's count is untouched: spoofed datagrams take no TCP client's place.
     assert listener.broker.router.stats.connections == 0
+
+
+def test_what_a_sleeper_holds_is_bounded_by_the_session_limits_and_the_overflow_counted():
+    from mqttgw.broker.session import SessionLimits
+
+    listener = Listener()
+    listener.broker.router.limits = SessionLimits(max_queued_messages=3)
+    listener.connect("bounded", duration=10, clean=False)
+    listener.send(S.Subscribe(1, "flood", qos=1))
+    listener.out()
+    listener.send(S.Disconnect(600))
+    listener.out()
+    publisher = listener.broker.client(client_id="flooder", keepalive=0)
+    publisher.send(*[P.Publish("flood", b"%d" % n, 1, message_id=n + 1) for n in range(10)])
+    session = listener.broker.router.sessions["bounded"]
+    assert session.queued == 3 and session.dropped == 7
+    listener.send(S.Pingreq("bounded"))
+    assert [m.data for m in listener.out() if isinstance(m, S.Publish)] == [b"0", b"1", b"2"]
