@@ -14,11 +14,10 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 
 from mqttgw.wire import mqttsn as S
 from tests.conftest import require_program
-from tests.gateway import Gateway
+from tests.gateway import Gateway, gateway_env
 from tests.mqttsn_raw import RawSn
 from tests.paho import PahoClient
 
@@ -334,8 +333,8 @@ def test_item_6_qos_minus_one_is_routed_only_when_enabled(gateway_with, tmp_path
     watchers = {gw: mqtt_subscriber(gw, "#") for gw in (on, off)}
     for gw in (on, off):
         port = str(gw.mqttsn_port)
-        assert tool("mqtt_sn_pub", "-p", port, "-q", "-1", "-T", "7", "-m", "no connect", "--timeout", "3").returncode == 0
-        assert tool("mqtt_sn_pub", "-p", port, "-q", "-1", "-t", "mo", "-m", "short", "--timeout", "3").returncode == 0
+        for topic in (["-T", "7", "-m", "no connect"], ["-t", "mo", "-m", "short"]):
+            assert tool("mqtt_sn_pub", "-p", port, "-q", "-1", *topic, "--timeout", "3").returncode == 0
     got = {(m.topic, m.payload) for m in watchers[on].receive(2)}
     assert got == {("field/minus", b"no connect"), ("mo", b"short")}
     assert watchers[off].nothing_more(0.5)
@@ -482,7 +481,7 @@ def test_settings_a_bad_mqttsn_address_or_key_is_one_line_at_start_up(tmp_path):
         (["--mqttsn", "0", "--mqttsn-multicast", "10.0.0.1:1883"], "mqttsn.multicast"),
     ):
         run = subprocess.run([str(twistd), "-n", "--pidfile=", "mqttgw", *args], capture_output=True, text=True,
-                             cwd=tmp_path, timeout=60, env=dict(os.environ, PYTHONPATH=str(Path(__file__).parent.parent)))
+                             cwd=tmp_path, timeout=60, env=gateway_env())
         assert run.returncode != 0
         assert text in run.stderr + run.stdout, run.stderr + run.stdout
         assert "Traceback" not in run.stderr

@@ -312,3 +312,12 @@ def test_what_a_sleeper_holds_is_bounded_by_the_session_limits_and_the_overflow_
     assert session.queued == 3 and session.dropped == 7
     listener.send(S.Pingreq("bounded"))
     assert [m.data for m in listener.out() if isinstance(m, S.Publish)] == [b"0", b"1", b"2"]
+
+
+def test_a_client_connecting_again_from_its_address_with_a_will_gets_its_will_asked_for():
+    listener = Listener()
+    listener.connect("again", duration=30)
+    listener.send(S.Disconnect(60))
+    listener.out()
+    client = listener.connect("again", duration=30, will=("wills/again", b"w"))
+    assert client.session.will.topic == "wills/again"

@@ -250,11 +250,14 @@ class SnClient:
         return topic_id
 
     def _send_register(self, topic_id, name):
+        if self.state is ASLEEP:
+            # Sent with the first delivery on it once awake.
+            self.topics.pending[topic_id] = float("-inf")
+            return
         self.topics.pending[topic_id] = self.clock.seconds()
         mid = self.next_mid
         self.next_mid = mid + 1 if mid < 0x7FFF else 1
-        if self.state is not ASLEEP:
-            self.send(Register(topic_id, mid, name).encode())
+        self.send(Register(topic_id, mid, name).encode())
 
     def registered(self, topic_id, return_code):
         topics = self.topics
@@ -324,8 +327,9 @@ class SnClient:
             # A clean DISCONNECT: the will is not published.
             self.close(publish_will=False, reason="disconnected")
             return
-        if self.state is AWAKE:
-            self._sleep_again()
+        call, self._awake_call = self._awake_call, None
+        if call is not None and call.active():
+            call.cancel()
         self.state = ASLEEP
         self.session.pause()
         self.watch(duration)

@@ -12,7 +12,9 @@ class ISnClient(Interface):
 
     client_id = Attribute("Its client id.")
     log_id = Attribute("Its client id as log lines show it.")
-    username = Attribute("The identity its ACL rules are read for (the client id when a clients file lists it), or None.")
+    username = Attribute(
+        "The identity its ACL rules are read for (the client id when a clients file lists it), or None."
+    )
     session = Attribute("Its session (an ISession), or None once it has ended.")
     topics = Attribute("Its TopicRegistry.")
     state = Attribute("active, asleep, awake or lost.")

@@ -28,6 +28,8 @@ from mqttgw.wire.mqttsn import constants as C
 log = Logger()
 
 LOG_PREFIX = "MQTT-SN listener"
+# The will's messages of a CONNECT (which may come from a connected client's address).
+_WILL = ("WillTopic", "WillMsg")
 
 
 @implementer(ISnListener)
@@ -102,8 +104,9 @@ class MqttSnProtocol(DatagramProtocol):
     def _dispatch(self, route, client, message):
         name = type(message).__name__
         if client is not None:
-            if name == "Connect":
-                self.login.handle_CONNECT(route, message)
+            if name == "Connect" or (name in _WILL and route.key in self.login.waiting):
+                # Connecting again from where it is: the login's, not the client's.
+                self._unconnected[name](route, message)
             elif not client.received(message):
                 self.drop(route, f"{C.message_name(message.message_type)} from a client {client.state}")
             return
