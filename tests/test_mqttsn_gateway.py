@@ -529,3 +529,18 @@ def test_item_5_an_ipv6_listener_serves_clients_on_its_address(gateway_with):
         client.close()
     assert watcher.receive()[0].payload == b"over ::1"
     assert "client six connected from [::1]:" in gw.log()
+
+
+def test_item_10_messages_from_mqtt_sn_clients_are_bridged_upstream_like_any_other(gateway_with, start_mosquitto,
+                                                                                    tmp_path):
+    upstream = start_mosquitto(tmp_path / "mosquitto")
+    gw = sn_gateway(gateway_with, "--bridge", f"127.0.0.1:{upstream.port}", "--bridge-topic", "field/# out 1")
+    gw.wait_for_log("bridge default: upstream accepted CONNECT")
+    central = PahoClient(upstream.port, "central", "MQTTv311")
+    central.connect()
+    central.subscribe("field/#", 1)
+    run = tool("mqtt_sn_pub", "-p", str(gw.mqttsn_port), "-t", "field/meter", "-m", "upstream", "-q", "1",
+               "--timeout", "5")
+    assert run.returncode == 0, run.stdout + run.stderr
+    message = central.receive()[0]
+    assert (message.topic, message.payload) == ("field/meter", b"upstream")
