@@ -321,3 +321,17 @@ def test_a_client_connecting_again_from_its_address_with_a_will_gets_its_will_as
     listener.out()
     client = listener.connect("again", duration=30, will=("wills/again", b"w"))
     assert client.session.will.topic == "wills/again"
+
+
+def test_clients_from_one_address_are_bounded_and_counted_back_when_they_go():
+    listener = Listener(max_clients_per_address=2)
+    for port in (1, 2, 3):
+        listener.send(S.Connect(f"h{port}", 30), ("198.51.100.7", port))
+    assert listener.out() == [S.Connack(0), S.Connack(0), S.Connack(C.REJECTED_CONGESTION)]
+    listener.send(S.Connect("elsewhere", 30), ("198.51.100.8", 1))
+    assert listener.out() == [S.Connack(0)]
+    listener.send(S.Disconnect(), ("198.51.100.7", 1))
+    listener.out()
+    listener.send(S.Connect("h3", 30), ("198.51.100.7", 3))
+    assert listener.out() == [S.Connack(0)]
+    assert listener.protocol.per_host == {"198.51.100.7": 2, "198.51.100.8": 1}

@@ -218,6 +218,7 @@ def check_mqttsn(settings, limits=None):
         multicast=multicast,
         advertise_interval=section["advertise_interval"],
         qos_minus_one=section["qos_minus_one"],
+        max_clients_per_address=section["max_clients_per_address"],
         clients=clients,
         predefined=predefined,
         max_datagram_size=min(settings["limits.max_packet_size"], 0xFFFF),

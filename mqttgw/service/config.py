@@ -825,6 +825,17 @@ KEYS = [
         ),
     ),
     Key(
+        "mqttsn", "max_clients_per_address", int, 1000,
+        "MQTT-SN clients connected from one IP address at most, a forwarder's nodes included (0: no bound)",
+        0, flag_name="mqttsn-max-clients-per-address",
+        doc=(
+            "A CONNECT past it is refused with CONNACK \"Rejected: congestion\".  "
+            "Datagrams cost nothing to send from a spoofed address: this "
+            "keeps one source from taking every place under "
+            "``limits.max_connections``."
+        ),
+    ),
+    Key(
         "mqttsn", "qos_minus_one", bool, False,
         "route QoS -1 PUBLISH (no CONNECT) on pre-defined ids and short names",
         flag_name="mqttsn-qos-minus-one",

@@ -57,6 +57,7 @@ class MqttSnProtocol(DatagramProtocol):
         )
         self.clients = {}  # route key -> SnClient
         self.by_id = {}  # client id -> SnClient
+        self.per_host = {}  # host -> clients connected from it
         self.registries = OrderedDict()  # client id -> TopicRegistry, of sessions away
         self.login = SnLogin(self)
         self.anonymous = QosMinusOne(self)
@@ -149,21 +150,33 @@ class MqttSnProtocol(DatagramProtocol):
         )
         if self.clients.get(client.route.key) is client:
             del self.clients[client.route.key]
+            self._count(client.route.host, -1)
         other = self.clients.get(route.key)
         if other is not None:
             other.close(publish_will=True, reason="its address was taken by another client")
         client.route = route
         self.clients[route.key] = client
+        self._count(route.host, 1)
 
     # The tables
 
     def add(self, client):
         self.clients[client.route.key] = client
         self.by_id[client.client_id] = client
+        self._count(client.route.host, 1)
+
+    def _count(self, host, change):
+        per_host = self.per_host
+        count = per_host.get(host, 0) + change
+        if count > 0:
+            per_host[host] = count
+        else:
+            per_host.pop(host, None)
 
     def forget(self, client):
         if self.clients.get(client.route.key) is client:
             del self.clients[client.route.key]
+            self._count(client.route.host, -1)
         if self.by_id.get(client.client_id) is client:
             del self.by_id[client.client_id]
         session = client.session

@@ -126,6 +126,9 @@ class SnLogin:
         # the places of TCP clients.
         if not known and len(listener.clients) >= listener.limits.max_connections:
             return C.REJECTED_CONGESTION, f"{listener.limits.max_connections} MQTT-SN clients is the limit"
+        bound = listener.options.max_clients_per_address
+        if not known and bound and listener.per_host.get(route.host, 0) >= bound:
+            return C.REJECTED_CONGESTION, f"{bound} MQTT-SN clients from this address is the limit"
         if not known and not listener.connection_rate.allows(route.host):
             return C.REJECTED_CONGESTION, "over limits.max_connection_rate"
         return None

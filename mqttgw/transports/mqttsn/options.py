@@ -46,6 +46,8 @@ class MqttSnOptions:
     # how long one waits.
     max_half_open = attr.ib(default=1024)
     half_open_timeout = attr.ib(default=10.0)
+    # Clients connected from one host (a forwarder's nodes too) at most; 0: no bound.
+    max_clients_per_address = attr.ib(default=1000)
     # Persistent sessions whose topic registrations are kept while their
     # client is away.
     max_kept_registries = attr.ib(default=100_000)
