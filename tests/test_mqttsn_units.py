@@ -38,8 +38,8 @@ class FakeDatagramTransport:
 class Listener:
     """A listener on a FakeBroker's router, its datagrams in and out."""
 
-    def __init__(self, **options):
-        self.broker = FakeBroker()
+    def __init__(self, acl=None, **options):
+        self.broker = FakeBroker(acl=acl)
         self.protocol = MqttSnProtocol(self.broker.router, self.broker.clock, MqttSnOptions(**options))
         self.transport = FakeDatagramTransport()
         self.protocol.transport = self.transport
@@ -335,3 +335,41 @@ def test_clients_from_one_address_are_bounded_and_counted_back_when_they_go():
     listener.send(S.Connect("h3", 30), ("198.51.100.7", 3))
     assert listener.out() == [S.Connack(0)]
     assert listener.protocol.per_host == {"198.51.100.7": 2, "198.51.100.8": 1}
+
+
+def test_qos_minus_one_is_read_against_the_acl_for_anonymous_or_the_listed_client_id():
+    from mqttgw.security.mqttsn_clients import ClientList
+    from mqttgw.security.predefined_topics import PredefinedTopics
+
+    acl = ["topic read #", "topic write open/#", "user meter-9", "topic write meters/9/#"]
+    predefined = PredefinedTopics.parse(["*, open/a, 1", "*, closed/a, 2", "*, meters/9/kwh, 3"])
+    anonymous = Listener(acl=acl, qos_minus_one=True, predefined=predefined)
+    watcher = anonymous.mqtt_subscriber("#")
+    for topic_id in (1, 2, 3):
+        anonymous.send(S.Publish(topic_id, b"%d" % topic_id, -1, topic_id_type=1), ("192.0.2.50", 9))
+    assert [(p.topic, p.payload) for p in watcher.received() if isinstance(p, P.Publish)] == [("open/a", b"1")]
+    assert anonymous.out() == []
+    clients = ClientList.parse(["meter-9, 192.0.2.50:9, QoS-1"])
+    listed = Listener(acl=acl, qos_minus_one=True, predefined=predefined, clients=clients)
+    watcher = listed.mqtt_subscriber("#")
+    for addr in (("192.0.2.50", 9), ("192.0.2.51", 9)):
+        listed.send(S.Publish(3, b"as meter-9", -1, topic_id_type=1), addr)
+    assert [(p.topic, p.payload) for p in watcher.received() if isinstance(p, P.Publish)] == [
+        ("meters/9/kwh", b"as meter-9")
+    ]
+    off = Listener(predefined=predefined)
+    watcher = off.mqtt_subscriber("#")
+    off.send(S.Publish(1, b"off", -1, topic_id_type=1), ("192.0.2.50", 9))
+    assert [p for p in watcher.received() if isinstance(p, P.Publish)] == []
+    assert off.broker.router.stats.mqttsn_dropped == 1
+
+
+def test_metrics_count_mqtt_sn_clients_by_protocol_and_their_dropped_datagrams():
+    from mqttgw.web.metrics import Metrics
+
+    listener = Listener()
+    listener.connect("counted")
+    listener.send(b"\x02\x99", ("192.0.2.1", 1))
+    text = Metrics(listener.broker.router).text().decode()
+    assert 'mqttgw_clients_by_protocol{protocol="MQTT-SN 1.2"} 1.0' in text
+    assert "mqttgw_mqttsn_datagrams_dropped_total 1.0" in text
