@@ -373,3 +373,18 @@ def test_metrics_count_mqtt_sn_clients_by_protocol_and_their_dropped_datagrams()
     text = Metrics(listener.broker.router).text().decode()
     assert 'mqttgw_clients_by_protocol{protocol="MQTT-SN 1.2"} 1.0' in text
     assert "mqttgw_mqttsn_datagrams_dropped_total 1.0" in text
+
+
+def test_a_sleep_shorter_than_the_keep_alive_is_watched_from_its_own_deadline():
+    listener = Listener()
+    quiet = listener.connect("quiet", duration=60)
+    chatty = listener.connect("chatty", addr=("127.0.0.1", 5001), duration=60)
+    listener.send(S.Disconnect(2))
+    clock = listener.broker.clock
+    for _ in range(4):
+        clock.advance(1)
+        listener.send(S.Pingreq(), ("127.0.0.1", 5001))
+    # Lost within a second of 2 x 1.5, not at 60 x 1.5; the other one is there.
+    assert quiet.state == "lost" and chatty.state == "active"
+    clock.advance(95)
+    assert chatty.state == "lost" and listener.protocol.watchdog.buckets == {}

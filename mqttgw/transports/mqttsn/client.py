@@ -91,8 +91,8 @@ class SnClient:
 
     __slots__ = (
         "listener", "router", "clock", "route", "client_id", "log_id", "username", "keepalive",
-        "session", "topics", "frames", "state", "publishing", "subscribing", "may_write",
-        "held", "next_mid", "deadline", "period", "_timer", "_awake_call",
+        "session", "topics", "frames", "state", "_publishing", "_subscribing", "may_write",
+        "held", "next_mid", "deadline", "period", "watched", "_awake_call",
     )
     listener_kind = "mqttsn"
     dialect = MQTTSN
@@ -110,14 +110,17 @@ class SnClient:
         self.topics = topics
         self.frames = SnFrames(self, listener.options.max_datagram_size)
         self.state = ACTIVE
-        self.publishing = self.subscribing = None
+        # Its parts, made as it first needs them (an idle client costs fewer).
+        self._publishing = self._subscribing = None
         self.may_write = None
         # PUBLISH frames waiting for a REGACK: topic id -> [frame], once some do.
         self.held = None
         # The gateway's own message ids (REGISTER), below 0x8000 (see topics).
         self.next_mid = 1
         self.deadline = self.period = None
-        self._timer = self._awake_call = None
+        # The listener's watchdog bucket it waits in (a whole second), or None.
+        self.watched = None
+        self._awake_call = None
 
     def __repr__(self):
         return f"<SnClient {self.log_id} at {self.route} {self.state}>"
@@ -134,12 +137,25 @@ class SnClient:
         router = self.router
         self.session = session
         self.may_write = may_write
-        self.publishing = SnPublishing(self, router, session, may_write)
-        self.subscribing = SnSubscribing(self, router, session)
-        stats = router.stats
-        stats.clients_mqttsn += 1
+        router.stats.clients_mqttsn += 1
         session.attach(self, self.frames)
         self.watch(self.keepalive)
+
+    @property
+    def publishing(self):
+        """Its SnPublishing part."""
+        part = self._publishing
+        if part is None:
+            part = self._publishing = SnPublishing(self, self.router, self.session, self.may_write)
+        return part
+
+    @property
+    def subscribing(self):
+        """Its SnSubscribing part."""
+        part = self._subscribing
+        if part is None:
+            part = self._subscribing = SnSubscribing(self, self.router, self.session)
+        return part
 
     def received(self, message):
         """A message from the client; False when its state takes no such message."""
@@ -155,28 +171,17 @@ class SnClient:
 
     def watch(self, seconds):
         """The client is lost if silent 1.5 times ``seconds`` from now (0: never)."""
+        watchdog = self.listener.watchdog
         if not seconds:
             self.period = self.deadline = None
+            watchdog.unwatch(self)
             return
         self.period = seconds * 1.5
         self.deadline = self.clock.seconds() + self.period
-        timer = self._timer
-        if timer is None:
-            self._timer = self.clock.callLater(self.period, self._due)
-        elif timer.getTime() > self.deadline:
-            # A sleep shorter than the keep alive it had.
-            timer.reset(self.period)
+        watchdog.watch(self)
 
-    def _due(self):
-        # One timer per client, moved only when it fires: a datagram
-        # costs an addition, not a timer.
-        self._timer = None
-        if self.state is LOST or self.deadline is None:
-            return
-        left = self.deadline - self.clock.seconds()
-        if left > 0:
-            self._timer = self.clock.callLater(left, self._due)
-            return
+    def overdue(self):
+        """Its deadline passed in silence: lost, its will published."""
         asleep = self.state is not ACTIVE
         log.info(
             "MQTT-SN client {client_id} at {peer} is lost: silent past its {what} x 1.5",
@@ -190,10 +195,10 @@ class SnClient:
         if self.state is LOST:
             return
         self.state = LOST
-        for call in (self._timer, self._awake_call):
-            if call is not None and call.active():
-                call.cancel()
-        self._timer = self._awake_call = None
+        self.listener.watchdog.unwatch(self)
+        call, self._awake_call = self._awake_call, None
+        if call is not None and call.active():
+            call.cancel()
         self.held = None
         if self.listener.limits.connection_messages and reason is not None:
             log.info("client {client_id} ({peer}, MQTT-SN) gone: {reason}", client_id=self.log_id,
@@ -252,9 +257,9 @@ class SnClient:
     def _send_register(self, topic_id, name):
         if self.state is ASLEEP:
             # Sent with the first delivery on it once awake.
-            self.topics.pending[topic_id] = float("-inf")
+            self.topics.registering(topic_id, float("-inf"))
             return
-        self.topics.pending[topic_id] = self.clock.seconds()
+        self.topics.registering(topic_id, self.clock.seconds())
         mid = self.next_mid
         self.next_mid = mid + 1 if mid < 0x7FFF else 1
         self.send(Register(topic_id, mid, name).encode())
@@ -268,7 +273,7 @@ class SnClient:
             topics.forget(topic_id)
             self.router.stats.messages_dropped += len(held)
             return
-        del topics.pending[topic_id]
+        topics.acknowledged(topic_id)
         for frame in held:
             self.send(frame)
 

@@ -18,6 +18,8 @@ class ISnClient(Interface):
     session = Attribute("Its session (an ISession), or None once it has ended.")
     topics = Attribute("Its TopicRegistry.")
     state = Attribute("active, asleep, awake or lost.")
+    deadline = Attribute("When (clock time) it is lost unless heard from, or None: never.")
+    watched = Attribute("The watchdog's bucket (a whole second) it waits in, or None.")
 
     def send(frame):
         """Send ``frame`` (an encoded MQTT-SN message) to the client now, whatever its state."""
@@ -34,6 +36,9 @@ class ISnClient(Interface):
     def acknowledged():
         """An outbound flow completed (PUBACK, PUBCOMP): a client awake may go back to sleep."""
 
+    def overdue():
+        """Its keep-alive or sleep deadline passed in silence (the watchdog's call)."""
+
     def close(publish_will, reason=None):
         """The client is gone: its session is left (its will published if ``publish_will``)."""
 
@@ -44,6 +49,7 @@ class ISnListener(Interface):
     router = Attribute("The router.")
     clock = Attribute("The reactor's clock.")
     options = Attribute("The listener's MqttSnOptions.")
+    watchdog = Attribute("The Watchdog of its clients' keep-alive and sleep deadlines.")
     limits = Attribute("The listeners' ConnectionLimits (max_connections, connection_messages...).")
 
     def send(route, frame):

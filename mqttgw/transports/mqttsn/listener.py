@@ -20,6 +20,7 @@ from mqttgw.transports.mqttsn.interfaces import ISnListener
 from mqttgw.transports.mqttsn.login import SnLogin, listed
 from mqttgw.transports.mqttsn.route import Route
 from mqttgw.transports.mqttsn.topics import TopicRegistry
+from mqttgw.transports.mqttsn.watchdog import Watchdog
 from mqttgw.transports.protocol import ConnectionLimits, refusal_log
 from mqttgw.wire.framing import ProtocolViolation
 from mqttgw.wire.mqttsn import Encapsulated, GwInfo, MalformedDatagram, decode
@@ -58,6 +59,7 @@ class MqttSnProtocol(DatagramProtocol):
         self.clients = {}  # route key -> SnClient
         self.by_id = {}  # client id -> SnClient
         self.per_host = {}  # host -> clients connected from it
+        self.watchdog = Watchdog(clock)
         self.registries = OrderedDict()  # client id -> TopicRegistry, of sessions away
         self.login = SnLogin(self)
         self.anonymous = QosMinusOne(self)
@@ -76,6 +78,7 @@ class MqttSnProtocol(DatagramProtocol):
 
     def stopProtocol(self):
         self.drops.stop()
+        self.watchdog.stop()
 
     # Datagrams in
 
@@ -192,7 +195,8 @@ class MqttSnProtocol(DatagramProtocol):
         """The registry of a client that connects: its session's if that was present."""
         kept = self.registries.pop(client_id, None)
         if present and kept is not None:
-            kept.pending.clear()
+            for topic_id in list(kept.pending):
+                kept.acknowledged(topic_id)
             return kept
         return TopicRegistry(client_id, self.options.predefined)
 

@@ -10,15 +10,18 @@ from mqttgw.wire.mqttsn import constants as C
 class Route:
     """A client's address (``host``, ``port``) and forwarder node id (bytes, or None)."""
 
-    __slots__ = ("host", "port", "node", "key", "_header")
+    __slots__ = ("host", "port", "node", "_header")
 
     def __init__(self, host, port, node=None):
         self.host = host
         self.port = port
         self.node = node
-        # What the listener's tables are keyed by.
-        self.key = (host, port, node)
         self._header = None if node is None else bytes((3 + len(node), C.ENCAPSULATED_MESSAGE, 0)) + node
+
+    @property
+    def key(self):
+        """What the listener's tables are keyed by."""
+        return (self.host, self.port, self.node)
 
     @property
     def address(self):

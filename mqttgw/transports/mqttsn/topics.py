@@ -5,6 +5,8 @@ or the gateway registered with it before a delivery, its pre-defined ids
 within a bound of names and bytes.
 """
 
+from types import MappingProxyType
+
 from mqttgw.wire.mqttsn import constants as C
 from mqttgw.wire.mqttsn import MalformedDatagram, short_topic_id, short_topic_name
 
@@ -15,6 +17,9 @@ LAST_TOPIC_ID = 0x7FFF
 # Names one client may register, and their UTF-8 bytes in all.
 MAX_TOPICS = 1000
 MAX_TOPIC_BYTES = 64 * 1024
+# ``pending`` of a registry with none: shared, read-only (most clients
+# never wait for a REGACK).
+_NONE_PENDING = MappingProxyType({})
 
 
 class TopicRegistry:
@@ -35,7 +40,7 @@ class TopicRegistry:
         self.size = 0
         self.next_id = FIRST_TOPIC_ID
         # Ids the gateway sent a REGISTER for: topic id -> clock time sent.
-        self.pending = {}
+        self.pending = _NONE_PENDING
 
     def __len__(self):
         return len(self.names)
@@ -69,10 +74,23 @@ class TopicRegistry:
     def forget(self, topic_id):
         """A registration the client refused (REGACK with a return code)."""
         name = self.names.pop(topic_id, None)
-        self.pending.pop(topic_id, None)
+        self.acknowledged(topic_id)
         if name is not None:
             del self.ids[name]
             self.size -= len(name.encode("utf-8"))
+
+    def registering(self, topic_id, when):
+        """The gateway sent a REGISTER of ``topic_id`` at ``when`` (clock time)."""
+        if self.pending is _NONE_PENDING:
+            self.pending = {}
+        self.pending[topic_id] = when
+
+    def acknowledged(self, topic_id):
+        """Its REGACK came (or it was given up)."""
+        if topic_id in self.pending:
+            del self.pending[topic_id]
+            if not self.pending:
+                self.pending = _NONE_PENDING
 
     def predefined_name(self, topic_id):
         if self.predefined is None:
