@@ -19,6 +19,9 @@ def gateway_env():
     return dict(os.environ, PYTHONPATH=str(REPO))
 
 
+# The gateways the running test started, for its failure report (conftest).
+STARTED = []
+
 _LISTENING = re.compile(r" starting on (\d+)")
 LISTENER_FLAGS = ("--tcp", "--tls", "--ws", "--wss")
 
@@ -37,6 +40,7 @@ class Gateway:
         command += list(args)
         # Wait until every listener is up; the first TCP one gives .port.
         self._listeners = sum(a in LISTENER_FLAGS for a in command)
+        STARTED.append(self)
         self.process = subprocess.Popen(
             command,
             cwd=self.workdir,
