@@ -51,15 +51,38 @@ def pytest_runtest_makereport(item, call):
     return report
 
 
+# The in-process stores' files opened by the running test (StoreFile).
+_STORE_FILES = []
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _store_files_kept():
+    from mqttgw.broker.storefile import StoreFile
+
+    opened = StoreFile.__init__
+
+    def kept(self, *args, **kwargs):
+        opened(self, *args, **kwargs)
+        _STORE_FILES.append(self)
+
+    StoreFile.__init__ = kept
+    yield
+    StoreFile.__init__ = opened
+
+
 @pytest.fixture(autouse=True)
-def _stop_leftovers():
+def _stop_leftovers(_store_files_kept):
     """Gateways' logs are one test's; paho clients a test left running stop
-    with it, so none reconnects into a later test's gateway."""
+    with it, so none reconnects into a later test's gateway, and stores a
+    test left open are closed.  A long run would otherwise pass 1,024
+    descriptors, past which paho's select() fails every client."""
     from tests.gateway import STARTED
     from tests.paho import RUNNING
 
     STARTED.clear()
     yield
+    while _STORE_FILES:
+        _STORE_FILES.pop().close()
     # DISCONNECT all first: each ends its thread's wait at once.
     left = RUNNING[:]
     RUNNING.clear()
