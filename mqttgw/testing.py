@@ -124,10 +124,13 @@ class FakeBroker:
         committed is lost.
         """
         path = self.store.path.parent
-        self.store._db.close()
-        self.store._lock.close()
-        self.store._record.close()
+        self.close()
         return FakeBroker(self.router.limits, store_dir=path)
+
+    def close(self):
+        """Its store's files closed, what was not committed lost."""
+        if self.store is not None:
+            self.store.file.close()
 
     def client(self, connect=None, **connect_fields):
         """

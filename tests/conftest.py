@@ -34,6 +34,64 @@ def report(request):
     return lambda lines: REPORTS.append((request.node.nodeid, list(lines)))
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test's report carries the end of each gateway's log it
+    started (tests/gateway.py), where a CI run shows why it failed."""
+    from tests.gateway import STARTED
+
+    report = yield
+    if report.failed and call.when == "call":
+        for gw in STARTED:
+            try:
+                text = gw.log()
+            except OSError as e:
+                text = f"(unreadable: {e})"
+            report.sections.append((f"gateway log {gw.log_path}", text[-4000:]))
+    return report
+
+
+# The in-process stores' files opened by the running test (StoreFile).
+_STORE_FILES = []
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _store_files_kept():
+    from mqttgw.broker.storefile import StoreFile
+
+    opened = StoreFile.__init__
+
+    def kept(self, *args, **kwargs):
+        opened(self, *args, **kwargs)
+        _STORE_FILES.append(self)
+
+    StoreFile.__init__ = kept
+    yield
+    StoreFile.__init__ = opened
+
+
+@pytest.fixture(autouse=True)
+def _stop_leftovers(_store_files_kept):
+    """Gateways' logs are one test's; paho clients a test left running stop
+    with it, so none reconnects into a later test's gateway, and stores a
+    test left open are closed.  A long run would otherwise pass 1,024
+    descriptors, past which paho's select() fails every client."""
+    from tests.gateway import STARTED
+    from tests.paho import RUNNING
+
+    STARTED.clear()
+    yield
+    while _STORE_FILES:
+        _STORE_FILES.pop().close()
+    # DISCONNECT all first: each ends its thread's wait at once.
+    left = RUNNING[:]
+    RUNNING.clear()
+    for c in left:
+        c.client.disconnect()
+    for c in left:
+        c.client.loop_stop()
+
+
 def pytest_collection_modifyitems(items):
     for item in items:
         if item.module.__name__.rpartition(".")[2] in UNIT_MODULES:

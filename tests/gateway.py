@@ -19,6 +19,9 @@ def gateway_env():
     return dict(os.environ, PYTHONPATH=str(REPO))
 
 
+# The gateways the running test started, for its failure report (conftest).
+STARTED = []
+
 # MQTT-SN's UDP ports (its listener's, its discovery's) are told apart.
 _LISTENING = re.compile(r"(?<!MQTT-SN listener)(?<!MQTT-SN discovery) starting on (\d+)")
 _MQTTSN_LISTENING = re.compile(r"MQTT-SN listener starting on (\d+)")
@@ -42,6 +45,7 @@ class Gateway:
         self._mqttsn_listeners = sum(a == "--mqttsn" for a in command)
         # The MQTT-SN listeners' UDP ports, in the order they started.
         self.mqttsn_ports = []
+        STARTED.append(self)
         self.process = subprocess.Popen(
             command,
             cwd=self.workdir,

@@ -7,6 +7,9 @@ import paho.mqtt.client as mqtt
 
 VERSIONS = {"MQTTv31": mqtt.MQTTv31, "MQTTv311": mqtt.MQTTv311, "MQTTv5": mqtt.MQTTv5}
 TIMEOUT = 10
+# Clients whose network thread runs: stopped after each test (conftest),
+# so none left behind reconnects into a later test's gateway.
+RUNNING = []
 
 
 class PahoClient:
@@ -63,7 +66,14 @@ class PahoClient:
         else:
             self.client.connect(transport_host, self.port, keepalive)
         self.client.loop_start()
-        flags, rc = self.connack.get(timeout=TIMEOUT)
+        RUNNING.append(self)
+        try:
+            flags, rc = self.connack.get(timeout=TIMEOUT)
+        except queue.Empty:
+            raise AssertionError(
+                f"{self.client._client_id.decode()!r}: no CONNACK from {transport_host}:{self.port}"
+                f" within {TIMEOUT} s"
+            ) from None
         assert rc == 0, rc
         return flags
 

@@ -311,6 +311,24 @@ def test_a_killed_node_moves_the_bridge_to_another_within_10_s_with_a_clean_sess
     assert "'site/clean'" in line
 
 
+def test_a_link_dropped_once_as_it_was_accepted_resumes_the_persistent_session(router, reactor):
+    # A bad link (a reset, a stall) right after CONNACK is not a node that
+    # cannot serve the session: the next round resumes it.
+    bridge = start_bridge(router, reactor, addresses=[FIRST], try_private=False)
+    dropped = []
+
+    def drops_once(cluster, upstream, connect):
+        accepts(cluster, upstream, connect)
+        if not dropped:
+            dropped.append(connect)
+            upstream.lose()
+
+    cluster = Cluster(reactor, **{FIRST: drops_once})
+    assert cluster.run(SETTLE_SECONDS + 3, lambda: on(bridge, FIRST))
+    assert [c.clean_session for _, c in cluster.connects] == [False, False]
+    assert bridge.status()["clean_fallback"] is False
+
+
 def test_a_node_refusing_the_persistent_session_gets_a_clean_one(router, reactor):
     bridge = start_bridge(router, reactor, try_private=False)
     cluster = Cluster(reactor, **{FIRST: refuses_the_persistent_session, SECOND: refuses_the_persistent_session})
@@ -338,7 +356,9 @@ def test_with_session_fallback_wait_it_says_so_once_and_backs_off(router, reacto
 def test_on_a_clean_session_the_persistent_one_is_tried_again_after_session_fallback_retry(router, reactor, logged):
     bridge = start_bridge(router, reactor, addresses=[FIRST], try_private=False, session_fallback_retry=60)
     cluster = Cluster(reactor, **{FIRST: drops_the_persistent_session})
-    assert cluster.run(SETTLE_SECONDS, lambda: bridge.status()["clean_fallback"] and on(bridge, FIRST))
+    # Dropped in two rounds in a row (the second after a reconnect delay
+    # of at most 2 s), then a clean session.
+    assert cluster.run(SETTLE_SECONDS + 2, lambda: bridge.status()["clean_fallback"] and on(bridge, FIRST))
     clean_link = cluster.links[-1]
     # The node gets its session back: after 60 s the bridge closes its
     # clean link (with DISCONNECT) and resumes it at once.
@@ -350,8 +370,10 @@ def test_on_a_clean_session_the_persistent_one_is_tried_again_after_session_fall
     clean_link.lose()
     resumed = reactor.seconds()
     assert cluster.run(SETTLE_SECONDS, lambda: not bridge.status()["clean_fallback"] and on(bridge, FIRST))
-    assert reactor.seconds() - resumed == SETTLE_SECONDS
-    assert [(a, c.clean_session) for a, c in cluster.connects] == [(FIRST, False), (FIRST, True), (FIRST, False)]
+    assert reactor.seconds() - resumed == pytest.approx(SETTLE_SECONDS)
+    assert [(a, c.clean_session) for a, c in cluster.connects] == [
+        (FIRST, False), (FIRST, False), (FIRST, True), (FIRST, False),
+    ]
     assert any("trying the persistent session again" in line for line in logged())
 
 

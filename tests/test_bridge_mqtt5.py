@@ -426,6 +426,46 @@ def test_a_new_session_upstream_frees_the_ids_of_qos_2_messages_not_released(rou
     assert got == [b"first", b"second"]
 
 
+def test_a_new_session_upstream_is_sent_again_what_it_had_of_ours_past_pubrec(router, reactor):
+    # mosquitto passes a QoS 2 message on at PUBREL: an upstream that lost
+    # the session before it came lost the message with it.
+    bridge = start_bridge(router, reactor, rules=["t/# out 2"])
+    upstream = connected(reactor)
+    publisher = Listener.of(router, reactor).client("pub")
+    publisher.send(P.Publish("t/a", b"held", 2, message_id=5))
+    publisher.send(P.Pubrel(5))
+    [sent] = published(upstream)
+    upstream.send(P.Pubrec(sent.message_id))
+    assert [type(p) for p in upstream.received()] == [P.Pubrel]
+    upstream.lose()
+    reactor.advance(120)
+    upstream, _ = upstream_connect(reactor)
+    upstream.send(P.Connack(0, session_present=False, properties={}))
+    [again] = published(upstream)
+    assert (again.topic, again.payload, again.qos) == ("t/a", b"held", 2)
+    upstream.send(P.Pubrec(again.message_id))
+    assert [type(p) for p in upstream.received()] == [P.Pubrel]
+    upstream.send(P.Pubcomp(again.message_id))
+    assert not bridge.session.inflight
+
+
+def test_a_resumed_session_upstream_is_sent_pubrel_again_not_the_message(router, reactor):
+    start_bridge(router, reactor, rules=["t/# out 2"])
+    upstream = connected(reactor)
+    publisher = Listener.of(router, reactor).client("pub")
+    publisher.send(P.Publish("t/a", b"held", 2, message_id=5))
+    publisher.send(P.Pubrel(5))
+    [sent] = published(upstream)
+    upstream.send(P.Pubrec(sent.message_id))
+    upstream.received()
+    upstream.lose()
+    reactor.advance(120)
+    upstream, _ = upstream_connect(reactor)
+    upstream.send(P.Connack(0, session_present=True, properties={}))
+    got = [p for p in upstream.received() if getattr(p, "topic", None) != REMOTE_STATE]
+    assert [(type(p), p.message_id) for p in got] == [(P.Pubrel, sent.message_id)]
+
+
 def test_a_3_1_1_upstream_refusing_a_5_0_connect_is_logged_as_such(router, reactor, logged):
     start_bridge(router, reactor)
     upstream, _ = upstream_connect(reactor)

@@ -125,6 +125,8 @@ class SessionGauges(RuleBasedStateMachine):
         self.next_mid = 0
 
     def teardown(self):
+        if getattr(self, "broker", None) is not None:
+            self.broker.close()
         if getattr(self, "directory", None) is not None:
             shutil.rmtree(self.directory, ignore_errors=True)
 

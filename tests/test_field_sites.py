@@ -16,6 +16,7 @@ import os
 import re
 import socket
 import time
+from pathlib import Path
 
 import pytest
 
@@ -246,6 +247,15 @@ def test_the_drain_benchmark_reports_both_runs_and_loses_nothing():
         assert r["drain_s"] is not None and r["live_delay_max_s"] is not None, r
 
 
+def bridge_lines(workdir, most=80):
+    """The field gateways' bridge lines, for a failure's message: what their links did."""
+    lines = []
+    for path in sorted(Path(workdir).glob("**/gateway.log")):
+        lines += [f"{path.parent.parent.name}: {line}" for line in path.read_text(errors="replace").splitlines()
+                  if "bridge" in line]
+    return lines[-most:]
+
+
 @pytest.mark.parametrize("centre", ["mosquitto", "mqttgw"])
 def test_eight_sites_of_a_hundred_devices_lose_nothing_through_partition_kill_and_centre_restart(
     tmp_path, centre
@@ -269,7 +279,7 @@ def test_eight_sites_of_a_hundred_devices_lose_nothing_through_partition_kill_an
     assert r["acknowledged"] == qos12 and r["unacknowledged"] == 0, r
     # Every QoS 1/2 reading a gateway acknowledged reached the centre, in
     # order per device; QoS 2 exactly once.
-    assert r["lost"] == 0, d["lost"]
+    assert r["lost"] == 0, (d["lost"], bridge_lines(tmp_path))
     assert r["out_of_order"] == 0, d["out_of_order_devices"]
     assert r["duplicates_qos2"] == 0, d["duplicated"]
     # QoS 1 duplicates are counted: at most a window for each broken link.

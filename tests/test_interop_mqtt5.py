@@ -599,3 +599,14 @@ def test_mosquitto5_pub_topic_alias_over_the_maximum_is_refused(gateway):
     # [MQTT-3.3.2-9].
     assert "Received DISCONNECT (148)" in out.stdout, out
     assert sub.nothing_more()
+
+
+def test_a_gateway_that_stops_tells_its_5_0_clients_why_and_closes_3_1_1_ones(gateway):
+    # [MQTT-4.13.2-1]: a 5.0 client is sent DISCONNECT 0x8B; 3.1.1 has no
+    # DISCONNECT from the server, so its connection just closes.
+    v5 = client(gateway, "five")
+    v311 = client(gateway, "three", version="MQTTv311")
+    gateway.stop()
+    reason, _ = v5.disconnect_reason.get(timeout=TIMEOUT)
+    assert reason.value == 0x8B and str(reason) == "Server shutting down"
+    assert v311.disconnected.wait(TIMEOUT)

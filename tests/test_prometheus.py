@@ -86,7 +86,8 @@ def test_the_dashboard_is_a_grafana_dashboard_with_a_datasource_variable():
     for family in ("mqttgw_clients_connected", "mqttgw_publish_received_total", "mqttgw_publish_sent_total",
                    "mqttgw_messages_stored", "mqttgw_publish_dropped_total", "mqttgw_store_commit_seconds_bucket",
                    "mqttgw_bridge_up", "mqttgw_bridge_queued", "mqttgw_connections_refused_total",
-                   "mqttgw_sparkplug_nodes_online"):
+                   "mqttgw_sparkplug_nodes_online", "mqttgw_bridge_down_seconds",
+                   "mqttgw_bridge_connect_failures_total", "mqttgw_bridge_clean_fallback"):
         assert family in exprs, family
 
 
@@ -356,4 +357,12 @@ def dashboard_queries_evaluate(prometheus, gateway_http):
     assert value("Sparkplug edge nodes online", "nodes") == 1
     assert value("Clients connected", "clients") >= 3
     assert value("Gateways scraped", "up") == 1
+    # The two bridges whose upstream never answers are down, and failing.
+    down = {s["metric"]["bridge"]: float(s["value"][1])
+            for s in answers[("Bridge links down and fallbacks", "{{bridge}} down for ({{instance}})")]}
+    assert down["centre"] == 0 and down["spare"] > 0 and down["tiny"] > 0, down
+    failing = answers[("Bridge connect failures", "{{bridge}} {{address}}: {{reason}} ({{instance}})")]
+    assert {(s["metric"]["bridge"], s["metric"]["reason"]) for s in failing} >= {
+        ("spare", "unreachable"), ("tiny", "unreachable"),
+    }, failing
 

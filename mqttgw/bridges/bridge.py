@@ -270,6 +270,8 @@ class MQTTBridge(Service):
             # A new session upstream: the ids of QoS 2 messages it had not
             # released are free again there, and must be here too.
             session.forget_inbound_qos2()
+            # And what it had of ours past PUBREC is sent again.
+            session.window.forget_released()
         # The upstream's limits, which the session keeps to.
         frames, receive_maximum, max_qos = self.version.attach(upstream, self.reactor, session)
         session.deliver_as(attr.evolve(self.policy, max_qos=max_qos))

@@ -142,24 +142,10 @@ class DeathCarriers:
         s = bridge.settings
         self._made += 1
         payload, qos = carrier.will
-        # Where the bridge is, in the version spoken there.
+        # Where the bridge is, in the version spoken there; Sparkplug:
+        # NDEATH at QoS 1, not retained.
         version = bridge.version
-        v5 = version.level == P.MQTT_5
-        connect = P.Connect(
-            client_id=f"{s.client_id}/{self._made}",
-            protocol_level=version.level,
-            clean_session=True,
-            keepalive=s.keepalive,
-            will_topic=carrier.key,
-            will_message=payload,
-            # Sparkplug: NDEATH at QoS 1, not retained.
-            will_qos=max(1, qos),
-            will_retain=False,
-            username=s.username,
-            password=s.password,
-            properties={} if v5 else None,
-            will_properties={} if v5 else None,
-        )
+        connect = version.carrier_connect(f"{s.client_id}/{self._made}", carrier.key, payload, max(1, qos))
         factory = Factory.forProtocol(lambda: MQTTClientProtocol(connect, carrier, bridge.reactor, version=version))
         factory.noisy = False
         d = address_endpoint(bridge.reactor, s, bridge.upstreams.current.text).connect(factory)

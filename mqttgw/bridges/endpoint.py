@@ -32,6 +32,10 @@ log = Logger()
 SETTLE_SECONDS = 2.0
 # Seconds a connection may wait for its CONNACK.
 CONNACK_TIMEOUT = 10.0
+# Rounds in a row in which links were dropped as soon as they were
+# accepted before a clean session stands in for the persistent one: a
+# node that cannot serve the session does it every time, a bad link once.
+DROPPED_ROUNDS = 2
 # CONNECTs sent to one address in one round: its fallbacks are at most
 # three steps (5.0, try_private, a 5.0 will's retain and QoS).
 MAX_CONNECTS = 5
@@ -83,6 +87,8 @@ class FailoverEndpoint:
         self.on_link = on_link
         # The persistent session's loss said, until it is resumed.
         self._session_said = False
+        # Rounds in a row that dropped the persistent session (DROPPED_ROUNDS).
+        self._dropped_rounds = 0
 
     def __repr__(self):
         # ClientService names its endpoint when it logs a retry.
@@ -104,14 +110,19 @@ class FailoverEndpoint:
         """One round: each address once, then at once with a clean session if that is the way left."""
         s = self.settings
         failure = suspect = None
+        refused = False
         for address in self.upstreams.round():
             try:
                 return (yield self._attempt(factory, address, False))
             except AttemptFailed as e:
                 failure = e
-                if e.session_suspect and suspect is None:
-                    suspect = address
-        if suspect is not None and not s.clean_session and self._fall_back_to_clean(suspect):
+                if e.session_suspect:
+                    suspect = suspect or address
+                    refused = refused or isinstance(e, Refused)
+        self._dropped_rounds = self._dropped_rounds + 1 if suspect is not None else 0
+        # A refusal says so; a drop must repeat, unless the session failed so before.
+        sure = refused or self._session_said or self._dropped_rounds >= DROPPED_ROUNDS
+        if suspect is not None and sure and not s.clean_session and self._fall_back_to_clean(suspect):
             for address in self.upstreams.round(start=suspect):
                 try:
                     return (yield self._attempt(factory, address, True))
@@ -176,6 +187,7 @@ class FailoverEndpoint:
             self.upstreams.settled(address)
             if not clean_fallback:
                 self._session_said = False
+                self._dropped_rounds = 0
             protocol.lost.addCallback(self._lost, address)
             if self.on_link is not None:
                 self.on_link(protocol, address, clean_fallback)

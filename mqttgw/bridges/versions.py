@@ -83,6 +83,11 @@ class Upstream3:
         level = self.level | (0x80 if try_private else 0)
         return _connect(self.settings, level, clean_fallback, remote_state and self, None, None)
 
+    def carrier_connect(self, client_id, will_topic, will_message, will_qos):
+        """The CONNECT of a link that holds an edge node's NDEATH upstream
+        as its will (bridges.deaths)."""
+        return _carrier_connect(self.settings, self.level, client_id, will_topic, will_message, will_qos, None)
+
     def protocol_refused(self, code):
         """Whether a CONNACK with ``code`` refuses the protocol level."""
         return code == P.CONNACK_UNACCEPTABLE_PROTOCOL
@@ -169,6 +174,9 @@ class Upstream5(Upstream3):
         if s.session_expiry_interval and not clean_fallback:
             properties["session_expiry_interval"] = s.session_expiry_interval
         return _connect(s, self.level, clean_fallback, remote_state and self, properties, {})
+
+    def carrier_connect(self, client_id, will_topic, will_message, will_qos):
+        return _carrier_connect(self.settings, self.level, client_id, will_topic, will_message, will_qos, {})
 
     def protocol_refused(self, code):
         # A 3.x CONNACK 1 is read as this too (wire.reasons.CONNACK_FROM_V3).
@@ -277,6 +285,24 @@ def _connect(s, level, clean_fallback, will, properties, will_properties):
         password=s.password,
         properties=properties,
         will_properties=will_properties if will else None,
+    )
+
+
+def _carrier_connect(s, level, client_id, will_topic, will_message, will_qos, properties):
+    """``properties``: the empty properties of a 5.0 CONNECT and its will, or None."""
+    return P.Connect(
+        client_id=client_id,
+        protocol_level=level,
+        clean_session=True,
+        keepalive=s.keepalive,
+        will_topic=will_topic,
+        will_message=will_message,
+        will_qos=will_qos,
+        will_retain=False,
+        username=s.username,
+        password=s.password,
+        properties=properties,
+        will_properties=properties,
     )
 
 

@@ -113,6 +113,21 @@ class Window:
 
     # Sending again
 
+    def forget_released(self):
+        """
+        The receiver's session is new (a bridge's upstream answered
+        without it): the flows it had past PUBREC went with that session,
+        the message too where the receiver releases it only on PUBREL (as
+        mosquitto does), so they start again from PUBLISH.  A receiver that
+        had already passed it on gets it twice, which is better than never.
+        """
+        deliveries = self.deliveries
+        for mid, flight in deliveries.inflight.items():
+            if flight.state == AWAITING_PUBCOMP:
+                flight.state = AWAITING_ACK
+                if flight.seq is not None:
+                    deliveries.store.update_delivery(deliveries.client_id, flight.seq, mid, AWAITING_ACK)
+
     def resume_flights(self, now):
         """A carrier is attached: in-flight deliveries go again in their
         order, as many as the window takes; the rest as earlier ones

@@ -15,6 +15,7 @@ from twisted.logger import Logger
 
 from mqttgw import __version__
 from mqttgw.broker.access import BRIDGE_STATE_PREFIX
+from mqttgw.broker.interfaces import IClientConnection
 from mqttgw.service.runtime_bridges import RuntimeBridges
 from mqttgw.wire import packets as P
 
@@ -96,7 +97,7 @@ class Gateway(MultiService):
         # 5.0 clients are told why the connection ends ([MQTT-4.13.2-1]).
         for session in list(self.router.sessions.values()):
             connection = session.connection
-            if not session.internal and getattr(connection, "v5", None) is not None:
+            if not session.internal and IClientConnection.providedBy(connection):
                 connection.shutting_down()
         return super().stopService()
 
