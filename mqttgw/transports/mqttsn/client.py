@@ -289,7 +289,9 @@ class SnClient:
         self.close(publish_will=True, reason="kicked")
 
     def shutting_down(self):
-        self.send(Disconnect().encode())
+        # A sleeper's radio is off: it learns on waking, with no answer.
+        if self.state is not ASLEEP:
+            self.send(Disconnect().encode())
         self.close(publish_will=True, reason="shutting down")
 
     # Messages the client itself handles
