@@ -544,3 +544,15 @@ def test_item_10_messages_from_mqtt_sn_clients_are_bridged_upstream_like_any_oth
     assert run.returncode == 0, run.stdout + run.stderr
     message = central.receive()[0]
     assert (message.topic, message.payload) == ("field/meter", b"upstream")
+
+
+def test_item_4_mqtt_sn_pub_with_a_will_that_sleeps_and_never_wakes_is_lost_and_its_will_sent(gateway_with):
+    gw = sn_gateway(gateway_with)
+    watcher = mqtt_subscriber(gw, "tool/#")
+    run = tool("mqtt_sn_pub", "-p", str(gw.mqttsn_port), "-i", "tool-sleeper", "-t", "tool/data", "-m", "last words",
+               "-q", "1", "--will-topic", "tool/will", "--will-payload", "slept too long", "--will-qos", "1",
+               "-e", "1", "--timeout", "5")
+    assert run.returncode == 0, run.stdout + run.stderr
+    got = [(m.topic, m.payload) for m in watcher.receive(2)]
+    assert got == [("tool/data", b"last words"), ("tool/will", b"slept too long")]
+    assert "MQTT-SN client tool-sleeper at 127.0.0.1:" in gw.log() and "silent past its sleep duration" in gw.log()
