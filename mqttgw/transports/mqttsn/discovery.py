@@ -6,6 +6,7 @@ Nothing is sent to a client's own address unasked (a client waiting for
 an answer takes any datagram for it).
 """
 
+from twisted.internet.error import CannotListenError
 from twisted.internet.protocol import DatagramProtocol
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
@@ -66,7 +67,13 @@ class Discovery:
             return
         group, port = self.multicast
         self.protocol = MulticastDiscovery(self.gateway_id, group, port)
-        self._port = self.reactor.listenMulticast(port, self.protocol, listenMultiple=True)
+        try:
+            self._port = self.reactor.listenMulticast(port, self.protocol, listenMultiple=True)
+        except CannotListenError as e:
+            # The listener serves its clients without discovery.
+            log.error("MQTT-SN discovery: cannot listen on port {port}: {error}; going on without it",
+                      port=port, error=str(e.socketError))
+            return
         if self.interface:
             self._port.setOutgoingInterface(self.interface)
         joined = self._port.joinGroup(group, self.interface or "0.0.0.0")
