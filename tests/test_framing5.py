@@ -258,6 +258,20 @@ def test_exactly_max_user_properties_are_accepted():
     assert decoded_props(wire, P.PUBLISH) == {"user_property": pairs}
 
 
+@pytest.mark.parametrize(
+    "field, error",
+    [
+        (b"\x02\x80\x01", "unknown property identifier 0x80"),
+        (b"\x02\x81\x00", "variable byte integer is not minimally encoded"),
+        (b"\x01\x80", "variable byte integer runs past end of packet"),
+    ],
+)
+def test_a_property_identifier_of_two_bytes_is_read_as_a_variable_byte_integer(field, error):
+    with pytest.raises(PropertyError) as e:
+        decode_properties(field, 0, len(field), P.PUBLISH)
+    assert str(e.value) == error and e.value.reason_code == R.MALFORMED_PACKET
+
+
 # 1. Round trips: packets
 
 subscription_options = st.builds(

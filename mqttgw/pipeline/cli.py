@@ -486,6 +486,23 @@ def log_run(spark, out, record):
     spark.range(1).select(F.lit(line).alias("value")).coalesce(1).write.mode("append").text(_join(out, "_runs"))
 
 
+def _run_command(args, spark, classes, run, stats):
+    """
+    The tables of a batch or stream: ``{name: rows written}``.  A failure
+    is recorded in the runs' log, and Spark stopped, before it is raised.
+    """
+    try:
+        return run_batch(args, spark, stats) if args.command == "batch" else run_stream(args, spark, stats)
+    except BaseException as e:
+        try:
+            log_run(spark, args.out, dict(run, end=_now(), status="failed", error=f"{type(e).__name__}: {e}"[:2000]))
+        except Exception as unrecorded:  # Spark itself failing: the run's own error is what tells
+            say(f"the failed run could not be recorded: {type(unrecorded).__name__}")
+        finally:
+            _stop(spark, classes)
+        raise
+
+
 def main(argv=None):
     args = _parser().parse_args(argv)
     try:
@@ -516,16 +533,7 @@ def main(argv=None):
         return 2
     if staged(spark, args.out):
         staging.recover(args.out, say)
-    try:
-        written = run_batch(args, spark, stats) if args.command == "batch" else run_stream(args, spark, stats)
-    except BaseException as e:
-        try:
-            log_run(spark, args.out, dict(run, end=_now(), status="failed", error=f"{type(e).__name__}: {e}"[:2000]))
-        except Exception as unrecorded:  # Spark itself failing: the run's own error is what tells
-            say(f"the failed run could not be recorded: {type(unrecorded).__name__}")
-        finally:
-            _stop(spark, classes)
-        raise
+    written = _run_command(args, spark, classes, run, stats)
     log_run(
         spark,
         args.out,

@@ -103,54 +103,82 @@ def messages(spark, out, prefix):
             return None  # not computed
 
     mine = f"{prefix}/"
+
+    def unpublished(name):
+        """Table ``name`` without the topics under the prefix, or None."""
+        frame = table(name)
+        return None if frame is None else frame.where(~F.col("topic").startswith(mine))
+
     result = []
     for name, suffix in (("topic_minute", "1m"), ("topic_hour", "1h")):
-        frame = table(name)
-        if frame is None:
-            continue
-        frame = frame.where(~F.col("topic").startswith(mine))
-        summed = _newest(frame, ["topic"]).groupBy("topic", "window_start", "window_end").agg(
-            *(F.sum(k).alias(k) for k in ("messages", "bytes", "publishers", "qos0", "qos1", "qos2", "retained")),
-            F.countDistinct("gateway_id").alias("gateways"),
-        )
-        for row in summed.collect():
-            body = {"topic": row["topic"], "window_start": _iso(row["window_start"]), "window_end": _iso(row["window_end"])}
-            body.update((k, row[k]) for k in ("messages", "bytes", "publishers", "qos0", "qos1", "qos2", "retained", "gateways"))
-            result.append((topic_name(prefix, row["topic"], suffix), body))
-    frame = table("json_minute")
-    if frame is not None:
-        frame = frame.where(~F.col("topic").startswith(mine))
-        summed = _newest(frame, ["topic", "field"]).groupBy("topic", "field", "window_start", "window_end").agg(
-            F.sum("count").alias("count"),
-            F.sum("invalid").alias("invalid"),
-            F.min("min").alias("min"),
-            F.max("max").alias("max"),
-            (F.sum(F.col("avg") * F.col("count")) / F.sum("count")).alias("avg"),
-        )
-        for row in summed.collect():
-            body = {"topic": row["topic"], "field": row["field"], "window_start": _iso(row["window_start"]),
-                    "window_end": _iso(row["window_end"])}
-            body.update((k, row[k]) for k in ("count", "invalid", "min", "max", "avg"))
-            result.append((topic_name(prefix, row["topic"], row["field"], "1m"), body))
+        result += _rollups(unpublished(name), prefix, suffix)
+    result += _json_fields(unpublished("json_minute"), prefix)
     result += _sparkplug(table("sparkplug_minute"), prefix)
-    frame = table("last_value")
-    if frame is not None:
-        from pyspark.sql import Window
-
-        latest = Window.partitionBy("topic").orderBy(F.col("last_timestamp").desc(), F.col("gateway_id").desc())
-        frame = frame.where(~F.col("topic").startswith(mine))
-        for row in frame.withColumn("_rank", F.row_number().over(latest)).where("_rank = 1").collect():
-            body = {
-                "topic": row["topic"], "timestamp": _iso(row["last_timestamp"]), "gateway_id": row["gateway_id"],
-                "client_id": row["last_client_id"], "qos": row["qos"], "retain": row["retain"],
-            }
-            payload = bytes(row["payload"] or b"")
-            try:
-                body["payload"] = payload.decode("utf-8")
-            except UnicodeDecodeError:
-                body["payload_base64"] = base64.b64encode(payload).decode()
-            result.append((topic_name(prefix, row["topic"], "last"), body))
+    result += _last_values(unpublished("last_value"), prefix)
     return [(topic, json.dumps(body).encode()) for topic, body in result]
+
+
+def _rollups(frame, prefix, suffix):
+    """The newest window of each topic of ``topic_minute`` or ``topic_hour``, summed over gateways."""
+    if frame is None:
+        return []
+    from pyspark.sql import functions as F
+
+    summed = _newest(frame, ["topic"]).groupBy("topic", "window_start", "window_end").agg(
+        *(F.sum(k).alias(k) for k in ("messages", "bytes", "publishers", "qos0", "qos1", "qos2", "retained")),
+        F.countDistinct("gateway_id").alias("gateways"),
+    )
+    result = []
+    for row in summed.collect():
+        body = {"topic": row["topic"], "window_start": _iso(row["window_start"]), "window_end": _iso(row["window_end"])}
+        body.update((k, row[k]) for k in ("messages", "bytes", "publishers", "qos0", "qos1", "qos2", "retained", "gateways"))
+        result.append((topic_name(prefix, row["topic"], suffix), body))
+    return result
+
+
+def _json_fields(frame, prefix):
+    """The newest minute of each topic's JSON fields (``json_minute``), summed over gateways."""
+    if frame is None:
+        return []
+    from pyspark.sql import functions as F
+
+    summed = _newest(frame, ["topic", "field"]).groupBy("topic", "field", "window_start", "window_end").agg(
+        F.sum("count").alias("count"),
+        F.sum("invalid").alias("invalid"),
+        F.min("min").alias("min"),
+        F.max("max").alias("max"),
+        (F.sum(F.col("avg") * F.col("count")) / F.sum("count")).alias("avg"),
+    )
+    result = []
+    for row in summed.collect():
+        body = {"topic": row["topic"], "field": row["field"], "window_start": _iso(row["window_start"]),
+                "window_end": _iso(row["window_end"])}
+        body.update((k, row[k]) for k in ("count", "invalid", "min", "max", "avg"))
+        result.append((topic_name(prefix, row["topic"], row["field"], "1m"), body))
+    return result
+
+
+def _last_values(frame, prefix):
+    """Each topic's last message (``last_value``), the newest of any gateway's."""
+    if frame is None:
+        return []
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    latest = Window.partitionBy("topic").orderBy(F.col("last_timestamp").desc(), F.col("gateway_id").desc())
+    result = []
+    for row in frame.withColumn("_rank", F.row_number().over(latest)).where("_rank = 1").collect():
+        body = {
+            "topic": row["topic"], "timestamp": _iso(row["last_timestamp"]), "gateway_id": row["gateway_id"],
+            "client_id": row["last_client_id"], "qos": row["qos"], "retain": row["retain"],
+        }
+        payload = bytes(row["payload"] or b"")
+        try:
+            body["payload"] = payload.decode("utf-8")
+        except UnicodeDecodeError:
+            body["payload_base64"] = base64.b64encode(payload).decode()
+        result.append((topic_name(prefix, row["topic"], "last"), body))
+    return result
 
 
 def _sparkplug(frame, prefix):

@@ -345,42 +345,16 @@ class Assembly:
         if not http:
             return
         from mqttgw.transports.httpguard import BoundedFactory, ConnectionSlots
-        from mqttgw.transports.websocket import websocket_resource
-        from mqttgw.web.admin import admin_site, is_loopback
+        from mqttgw.web.admin import admin_site
         from mqttgw.web.metrics import Metrics
 
         metrics = Metrics(router, gateway.listeners, gateway.bridges, router.store, gateway.archive)
         description = http_description(http)
-        admin_portal = None
-        open_ = is_loopback(http_host(description))
-        checker = gateway.checker
-        if not open_:
-            admin_portal = make_portal(checker, False)
-            log.warn(
-                "admin listener {address} is reachable beyond this machine: /metrics"
-                " and /api/ ask for the credentials of http.admin_users ({users})",
-                address=http,
-                users=", ".join(settings["http.admin_users"]) or "none yet",
-            )
-        else:
-            log.info(
-                "admin listener {address}: the dashboard at /, /metrics and /api/ for"
-                " this machine only; changes need credentials (or the admin socket)",
-                address=http,
-            )
-        ws = self.ws
+        open_, admin_portal = self.admin_portal(http, description)
         hosts, secure = self.hosts, description.startswith("ssl:")
         origins = settings["http.allowed_origins"]
-        if "*" in origins:
-            log.warn(
-                "http.allowed_origins has '*': a page of any origin may use the admin"
-                " listener's /mqtt and send it changes (with credentials)"
-            )
-        # The dashboard's own MQTT, on the listener's origin.
-        mqtt = websocket_resource(
-            self.mqtt_factory("http", self.portal), ws["max_message_size"], ws["trusted_proxies"],
-            ws["compression"], origins, secure, settings["http.dashboard_message_rate"], hosts,
-        )
+        mqtt = self.dashboard_mqtt(origins, secure)
+        checker = gateway.checker
         signin = make_portal(checker, False) if checker is not None else None
         # Reads without credentials on loopback see what anonymous MQTT clients may.
         anonymous_reads = self.allow_anonymous
@@ -406,21 +380,67 @@ class Assembly:
             names=", ".join(sorted(hosts.allowed)) or "none",
         )
         gateway.http = description
-        path = admin_socket(settings)
-        if path is not None:
-            os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
-            local = admin_site(
-                gateway, metrics, throttle=self.login_throttle(), local=True, timeout=timeout
-            )
-            # Not required: a data directory that cannot take it (read-only,
-            # full) leaves the admin API on http.address alone.
-            ListenerService(
-                self.reactor, "http", unix_description(path),
-                BoundedFactory(local, ConnectionSlots(limit), "admin socket"), name=path,
-                required=False,
-            ).setServiceParent(gateway)
+        self.admin_socket_listener(metrics, limit, timeout)
+
+    def admin_portal(self, http, description):
+        """
+        Whether the admin listener at ``http`` is this machine's alone, and
+        the portal that checks its callers' credentials (None if it is).
+        """
+        from mqttgw.web.admin import is_loopback
+
+        if is_loopback(http_host(description)):
             log.info(
-                "admin socket {path} (mode 0600): the admin API for python -m mqttgw.ctl,"
-                " every change allowed to whoever may open it",
-                path=path,
+                "admin listener {address}: the dashboard at /, /metrics and /api/ for"
+                " this machine only; changes need credentials (or the admin socket)",
+                address=http,
             )
+            return True, None
+        admin_portal = make_portal(self.gateway.checker, False)
+        log.warn(
+            "admin listener {address} is reachable beyond this machine: /metrics"
+            " and /api/ ask for the credentials of http.admin_users ({users})",
+            address=http,
+            users=", ".join(self.settings["http.admin_users"]) or "none yet",
+        )
+        return False, admin_portal
+
+    def dashboard_mqtt(self, origins, secure):
+        """The dashboard's own MQTT over WebSocket, on the admin listener's origin."""
+        from mqttgw.transports.websocket import websocket_resource
+
+        if "*" in origins:
+            log.warn(
+                "http.allowed_origins has '*': a page of any origin may use the admin"
+                " listener's /mqtt and send it changes (with credentials)"
+            )
+        ws = self.ws
+        return websocket_resource(
+            self.mqtt_factory("http", self.portal), ws["max_message_size"], ws["trusted_proxies"],
+            ws["compression"], origins, secure, self.settings["http.dashboard_message_rate"], self.hosts,
+        )
+
+    def admin_socket_listener(self, metrics, limit, timeout):
+        """The admin API on a Unix socket, for python -m mqttgw.ctl, if one is configured."""
+        path = admin_socket(self.settings)
+        if path is None:
+            return
+        from mqttgw.transports.httpguard import BoundedFactory, ConnectionSlots
+        from mqttgw.web.admin import admin_site
+
+        os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
+        local = admin_site(
+            self.gateway, metrics, throttle=self.login_throttle(), local=True, timeout=timeout
+        )
+        # Not required: a data directory that cannot take it (read-only,
+        # full) leaves the admin API on http.address alone.
+        ListenerService(
+            self.reactor, "http", unix_description(path),
+            BoundedFactory(local, ConnectionSlots(limit), "admin socket"), name=path,
+            required=False,
+        ).setServiceParent(self.gateway)
+        log.info(
+            "admin socket {path} (mode 0600): the admin API for python -m mqttgw.ctl,"
+            " every change allowed to whoever may open it",
+            path=path,
+        )

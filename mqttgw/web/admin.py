@@ -487,30 +487,12 @@ class _Authorized(Resource):
             return _json_error(request, 429, "too many logins waiting from this address or for this user")
 
         def logged_in(result):
+            _, identity, _ = result
             # After the answers due for this user name, as over MQTT.
             delay = logins.succeeded(login)
             if delay > 0:
-                return task.deferLater(logins.clock, delay, authorized, result)
-            return authorized(result)
-
-        def authorized(result):
-            _, identity, _ = result
-            role = self.roles.of(identity.username)
-            # Reads open without credentials stay open with them.
-            allowed = role == "admin" or request.method in self.open_methods or (
-                role == "read" and request.method in self.read_methods
-            )
-            if not allowed:
-                log.info(
-                    "admin API: user {user} may not {method} {path}",
-                    user=printable(identity.username),
-                    method=request.method.decode("ascii", "replace"),
-                    path=printable(request.path.decode("utf-8", "replace")),
-                )
-                return forbidden("Forbidden", "not allowed for this user")
-            request.identity = identity
-            # DeferredResource walks the rest of the path from here.
-            return self.wrapped
+                return task.deferLater(logins.clock, delay, self._authorized, request, identity)
+            return self._authorized(request, identity)
 
         def refused(reason):
             if reason.check(Busy):
@@ -532,6 +514,25 @@ class _Authorized(Resource):
         d.addCallback(render)
         d.addErrback(lambda reason: log.failure("admin API: {path}", reason, path=request.path))
         return NOT_DONE_YET
+
+    def _authorized(self, request, identity):
+        """What ``request`` of a logged-in ``identity`` gets: ``wrapped`` if its role allows the method."""
+        role = self.roles.of(identity.username)
+        # Reads open without credentials stay open with them.
+        allowed = role == "admin" or request.method in self.open_methods or (
+            role == "read" and request.method in self.read_methods
+        )
+        if not allowed:
+            log.info(
+                "admin API: user {user} may not {method} {path}",
+                user=printable(identity.username),
+                method=request.method.decode("ascii", "replace"),
+                path=printable(request.path.decode("utf-8", "replace")),
+            )
+            return forbidden("Forbidden", "not allowed for this user")
+        request.identity = identity
+        # DeferredResource walks the rest of the path from here.
+        return self.wrapped
 
 
 def _json_error(request, code, error):

@@ -163,6 +163,29 @@ class Metrics:
         return [down, address, failures, fallbacks, clean]
 
     def collect(self):
+        yield from self._router_metrics()
+        yield from self._listener_metrics()
+        store = self.store
+        if store is not None:
+            up = GaugeMetricFamily("mqttgw_store_up", "1 while the store commits, 0 when it fails")
+            up.add_metric([], 1 if store.failed is None else 0)
+            yield up
+        yield from self._bridge_metrics()
+        yield from self._bridge_links()
+        archive = self.archive
+        if archive is not None:
+            written = CounterMetricFamily("mqttgw_archive_rows_written", "rows written to the archive")
+            written.add_metric([], archive.written)
+            yield written
+            dropped = CounterMetricFamily("mqttgw_archive_rows_dropped", "rows the archive could not write")
+            dropped.add_metric([], archive.dropped)
+            yield dropped
+        sparkplug = self.router.sparkplug
+        if sparkplug is not None:
+            yield from _sparkplug_metrics(sparkplug.stats)
+
+    def _router_metrics(self):
+        """The router's counters and gauges."""
         router = self.router
         stats = router.stats
         for name, attribute, text in COUNTERS:
@@ -192,6 +215,9 @@ class Metrics:
         ):
             by_protocol.add_metric([version], getattr(stats, attribute))
         yield by_protocol
+
+    def _listener_metrics(self):
+        """Whether each listener is bound, and the connections open by listener kind."""
         per_listener = GaugeMetricFamily(
             "mqttgw_listener_up", "whether a listener is bound", labels=["kind", "address"]
         )
@@ -204,18 +230,16 @@ class Metrics:
         by_kind = {}
         for listener in self.listeners:
             by_kind.setdefault(listener.kind, 0)
-        for connection in _connections(router):
+        for connection in _connections(self.router):
             kind = getattr(connection, "listener_kind", None)
             if kind is not None:
                 by_kind[kind] = by_kind.get(kind, 0) + 1
         for kind, n in sorted(by_kind.items()):
             connections.add_metric([kind], n)
         yield connections
-        store = self.store
-        if store is not None:
-            up = GaugeMetricFamily("mqttgw_store_up", "1 while the store commits, 0 when it fails")
-            up.add_metric([], 1 if store.failed is None else 0)
-            yield up
+
+    def _bridge_metrics(self):
+        """Each bridge's queue and counters, from its ``status()``."""
         bridge_metrics = {
             "state": GaugeMetricFamily("mqttgw_bridge_up", "1 while a bridge's upstream is connected", labels=["bridge"]),
             "queued": GaugeMetricFamily("mqttgw_bridge_queued", "messages waiting for the upstream", labels=["bridge"]),
@@ -257,18 +281,6 @@ class Metrics:
         yield from more.values()
         yield drops
         yield reason_codes
-        yield from self._bridge_links()
-        archive = self.archive
-        if archive is not None:
-            written = CounterMetricFamily("mqttgw_archive_rows_written", "rows written to the archive")
-            written.add_metric([], archive.written)
-            yield written
-            dropped = CounterMetricFamily("mqttgw_archive_rows_dropped", "rows the archive could not write")
-            dropped.add_metric([], archive.dropped)
-            yield dropped
-        sparkplug = router.sparkplug
-        if sparkplug is not None:
-            yield from _sparkplug_metrics(sparkplug.stats)
 
 
 # Sparkplug: (attribute, metric, help); gauges first.

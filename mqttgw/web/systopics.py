@@ -137,6 +137,14 @@ def _link_values(prefix, status):
     }
 
 
+def _store_values(store):
+    """The store's state, and its last commit's latency once it has made one."""
+    values = {"$SYS/broker/store/state": store.state}
+    if store.last_commit_seconds is not None:
+        values["$SYS/broker/store/commit/latency"] = f"{store.last_commit_seconds:.6f}"
+    return values
+
+
 def known(pattern):
     """Whether MEANINGS (or the load averages) say what ``pattern`` holds."""
     name = pattern.removeprefix("$SYS/broker/")
@@ -189,7 +197,20 @@ class SysTopics:
     def values(self):
         """``{topic: text}`` as of now."""
         router = self.router
-        stats = router.stats
+        values = self._broker_values(router.stats)
+        values.update(self._load_values(router.stats))
+        if self.store is not None:
+            values.update(_store_values(self.store))
+        for bridge in self.bridges:
+            values.update(self._bridge_values(bridge.status()))
+        if router.sparkplug is not None:
+            for name, count in router.sparkplug.stats.as_dict().items():
+                values[f"$SYS/broker/sparkplug/{name}"] = count
+        return values
+
+    def _broker_values(self, stats):
+        """The router's counters: mosquitto's topics, then mqttgw's own."""
+        router = self.router
         connected = stats.clients_connected
         persistent_away = stats.clients_disconnected
         broker = "$SYS/broker/"
@@ -229,33 +250,26 @@ class SysTopics:
             values[broker + "mqtt-sn/datagrams/dropped"] = stats.mqttsn_dropped
         if stats.messages_expired or broker + "publish/messages/expired" in self._last:
             values[broker + "publish/messages/expired"] = stats.messages_expired
-        values.update(self._load_values(stats))
-        store = self.store
-        if store is not None:
-            values[broker + "store/state"] = store.state
-            if store.last_commit_seconds is not None:
-                values[broker + "store/commit/latency"] = f"{store.last_commit_seconds:.6f}"
-        for bridge in self.bridges:
-            status = bridge.status()
-            prefix = f"{broker}bridge/{status['name']}/"
-            values[prefix + "state"] = 1 if status["connected"] else 0
-            for name in ("queued", "dropped", "sent", "received"):
-                values[prefix + name] = status[name]
-            if status.get("refused") or prefix + "refused" in self._last:
-                values[prefix + "refused"] = status["refused"]
-            for name in ("queued_bytes", "link_changes", "drain_rate"):
-                if name in status:
-                    values[prefix + name.replace("_", "/", 1)] = status[name]
-            if "oldest_queued_s" in status:
-                oldest = status["oldest_queued_s"]
-                values[prefix + "queued/oldest"] = 0 if oldest is None else f"{oldest:.0f}"
-            for reason, count in status.get("drops", {}).items():
-                values[f"{prefix}dropped/{reason}"] = count
-            if "address" in status:
-                values.update(_link_values(prefix, status))
-        if router.sparkplug is not None:
-            for name, count in router.sparkplug.stats.as_dict().items():
-                values[f"{broker}sparkplug/{name}"] = count
+        return values
+
+    def _bridge_values(self, status):
+        """A bridge's topics, from its ``status()``."""
+        prefix = f"$SYS/broker/bridge/{status['name']}/"
+        values = {prefix + "state": 1 if status["connected"] else 0}
+        for name in ("queued", "dropped", "sent", "received"):
+            values[prefix + name] = status[name]
+        if status.get("refused") or prefix + "refused" in self._last:
+            values[prefix + "refused"] = status["refused"]
+        for name in ("queued_bytes", "link_changes", "drain_rate"):
+            if name in status:
+                values[prefix + name.replace("_", "/", 1)] = status[name]
+        if "oldest_queued_s" in status:
+            oldest = status["oldest_queued_s"]
+            values[prefix + "queued/oldest"] = 0 if oldest is None else f"{oldest:.0f}"
+        for reason, count in status.get("drops", {}).items():
+            values[f"{prefix}dropped/{reason}"] = count
+        if "address" in status:
+            values.update(_link_values(prefix, status))
         return values
 
     def _load_values(self, stats):

@@ -286,7 +286,7 @@ def _empty(cls):
 _DECODERS = {
     P.CONNECT: _decode_connect,
     P.CONNACK: _decode_connack,
-    P.PUBLISH: None,  # the hot path: decoded inline in Framer._packets
+    P.PUBLISH: None,  # the hot path: Framer._packets calls _decode_publish itself
     P.PUBACK: _id_only(P.Puback),
     P.PUBREC: _id_only(P.Pubrec),
     P.PUBREL: _id_only(P.Pubrel),
@@ -424,6 +424,113 @@ _REQUIRED_FLAGS.update({P.PUBREL: 2, P.SUBSCRIBE: 2, P.UNSUBSCRIBE: 2})
 del _REQUIRED_FLAGS[P.PUBLISH]
 
 
+def _remaining_length(first, data, pos, size, v5):
+    """
+    A Remaining Length of more than one byte, least significant group
+    first, its first byte ``first`` and the rest from ``pos``: (length,
+    the offset after it), or None while its bytes are still arriving.
+    """
+    length = first & 0x7F
+    shift = 7
+    while pos < size:
+        byte = data[pos]
+        pos += 1
+        length |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            if not byte and v5:
+                # [MQTT-1.5.5-1] the fewest bytes that hold it.
+                raise ProtocolViolation("remaining length is not minimally encoded")
+            return length, pos
+        shift += 7
+        if shift > 21:
+            raise ProtocolViolation("remaining length longer than 4 bytes")
+    return None
+
+
+def _reserved_flags(packet_type, flags):
+    return ProtocolViolation(f"{P.PACKET_NAMES[packet_type]} fixed header flags {flags:#x} are reserved")
+
+
+def _decode_publish(flags, data, offset, start, end, strict):
+    """
+    A PUBLISH of 3.1 or 3.1.1 from ``offset`` (its fixed header) to
+    ``end``: the hot path, so its fields are read here rather than
+    through the helpers above.
+    """
+    qos = (flags >> 1) & 3
+    tend = start + 2 + ((data[start] << 8) | data[start + 1])
+    if tend > end:
+        raise ProtocolViolation("topic runs past end of packet")
+    try:
+        topic = data[start + 2 : tend].decode("utf-8")
+    except UnicodeDecodeError:
+        raise ProtocolViolation("string is not valid UTF-8") from None
+    if qos == 0:
+        if flags & 8 and strict:
+            raise ProtocolViolation("DUP set on a QoS 0 PUBLISH")
+        packet = Publish(topic, data[tend:end], 0, flags & 1 == 1)
+        if flags == 0:
+            # Forwarded at QoS 0, the packet is these very bytes.
+            packet.frame0 = data[offset:end]
+    else:
+        if qos == 3:
+            raise ProtocolViolation("PUBLISH with QoS 3")
+        if tend + 2 > end:
+            raise ProtocolViolation("packet truncated")
+        mid = (data[tend] << 8) | data[tend + 1]
+        if mid == 0:
+            raise ProtocolViolation("message id 0 is reserved")
+        packet = Publish(topic, data[tend + 2 : end], qos, flags & 1 == 1, flags & 8 == 8, mid)
+        # Its deliveries carry the topic as it came.
+        packet.topic_wire = data[start:tend]
+    # ASCII without control characters, the usual topic, passes every
+    # check without a call.
+    if strict and not (topic.isascii() and topic.isprintable()):
+        check_text(topic, strict)
+    return packet
+
+
+def _decode_publish5_plain(flags, data, offset, start, end, strict, from_client):
+    """
+    A 5.0 PUBLISH without properties, or with a topic alias alone (the
+    usual ones), decoded as the 3.1.1 one is; any other by
+    decode_publish5.
+    """
+    qos = (flags >> 1) & 3
+    tend = start + 2 + ((data[start] << 8) | data[start + 1])
+    props_at = tend + 2 if qos else tend
+    props = None
+    if props_at < end and qos != 3 and (qos or not flags & 8):
+        plen = data[props_at]
+        if plen == 0:
+            if tend > start + 2:
+                props = {}
+                body = props_at + 1
+        elif plen == 3 and data[props_at + 1] == 0x23 and props_at + 4 <= end:
+            # A topic alias alone.
+            alias = (data[props_at + 2] << 8) | data[props_at + 3]
+            if alias:
+                props = {"topic_alias": alias}
+                body = props_at + 4
+    if props is None:
+        return decode_publish5(flags, data, offset, start, end, strict, from_client)
+    try:
+        topic = data[start + 2 : tend].decode("utf-8")
+    except UnicodeDecodeError:
+        raise ProtocolViolation("string is not valid UTF-8") from None
+    mid = None
+    if qos:
+        mid = (data[tend] << 8) | data[tend + 1]
+        if mid == 0:
+            raise ProtocolViolation("message id 0 is reserved")
+    packet = Publish(topic, data[body:end], qos, flags & 1 == 1, flags & 8 == 8, mid, props)
+    if topic:
+        packet.topic_wire = data[start:tend]
+    if strict and topic and not (topic.isascii() and topic.isprintable()):
+        check_text(topic, strict)
+    return packet
+
+
 class Framer:
     """
     Splits a byte stream into packets.  ``feed(data)`` buffers the bytes and
@@ -500,44 +607,19 @@ class Framer:
             while size - offset >= 1:
                 first = data[offset]
                 if self._first is not None:
-                    if first >> 4 != self._first:
-                        raise ProtocolViolation(
-                            f"first packet is not {P.PACKET_NAMES[self._first]}"
-                            f" (byte {first:#04x})"
-                        )
-                    max_packet_size = self._first_size
+                    max_packet_size = self._first_packet_size(first)
                 if size - offset < 2:
                     break
-                # Remaining Length, least significant group first.
                 length = data[offset + 1]
                 pos = offset + 2
                 if length & 0x80:
-                    length &= 0x7F
-                    shift = 7
-                    while True:
-                        if pos >= size:
-                            return
-                        byte = data[pos]
-                        pos += 1
-                        length |= (byte & 0x7F) << shift
-                        if not byte & 0x80:
-                            if not byte and self.v5:
-                                # [MQTT-1.5.5-1] the fewest bytes that hold it.
-                                raise ProtocolViolation("remaining length is not minimally encoded")
-                            break
-                        shift += 7
-                        if shift > 21:
-                            raise ProtocolViolation(
-                                "remaining length longer than 4 bytes"
-                            )
-                if pos - offset + length > max_packet_size:
-                    raise ProtocolViolation(
-                        f"packet of {pos - offset + length} bytes exceeds"
-                        f" maximum {'CONNECT' if self._first else 'packet'}"
-                        f" size {max_packet_size}",
-                        R.PACKET_TOO_LARGE,
-                    )
+                    longer = _remaining_length(length, data, pos, size, self.v5)
+                    if longer is None:
+                        return
+                    length, pos = longer
                 end = pos + length
+                if end - offset > max_packet_size:
+                    raise self._too_large(end - offset, max_packet_size)
                 if end > size:
                     need = end - offset
                     return
@@ -546,96 +628,25 @@ class Framer:
                     max_packet_size = self.max_packet_size
                 packet_type = first >> 4
                 flags = first & 0x0F
-                # AUTH (15) is 5.0's; the version is looked at per packet,
-                # as the CONNECT just handled may make the rest of a read 5.0.
-                if packet_type == 0 or packet_type == 15 and not self.v5:
-                    raise ProtocolViolation(f"reserved packet type {packet_type}")
-                if self.strict and packet_type != P.PUBLISH:
-                    if flags != _REQUIRED_FLAGS[packet_type]:
-                        raise ProtocolViolation(
-                            f"{P.PACKET_NAMES[packet_type]} fixed header flags"
-                            f" {flags:#x} are reserved"
-                        )
-                if packet_type == 3 and not self.v5:
-                    # PUBLISH of 3.1/3.1.1, the hot path, decoded inline.
-                    qos = (flags >> 1) & 3
-                    tend = pos + 2 + ((data[pos] << 8) | data[pos + 1])
-                    if tend > end:
-                        raise ProtocolViolation("topic runs past end of packet")
-                    try:
-                        topic = data[pos + 2 : tend].decode("utf-8")
-                    except UnicodeDecodeError:
-                        raise ProtocolViolation("string is not valid UTF-8") from None
-                    if qos == 0:
-                        if flags & 8 and self.strict:
-                            raise ProtocolViolation("DUP set on a QoS 0 PUBLISH")
-                        packet = Publish(topic, data[tend:end], 0, flags & 1 == 1)
-                        if flags == 0:
-                            # Forwarded at QoS 0, the packet is these very bytes.
-                            packet.frame0 = data[offset:end]
-                    else:
-                        if qos == 3:
-                            raise ProtocolViolation("PUBLISH with QoS 3")
-                        if tend + 2 > end:
-                            raise ProtocolViolation("packet truncated")
-                        mid = (data[tend] << 8) | data[tend + 1]
-                        if mid == 0:
-                            raise ProtocolViolation("message id 0 is reserved")
-                        packet = Publish(
-                            topic, data[tend + 2 : end], qos, flags & 1 == 1,
-                            flags & 8 == 8, mid,
-                        )
-                        # Its deliveries carry the topic as it came.
-                        packet.topic_wire = data[pos:tend]
-                    # ASCII without control characters, the usual topic,
-                    # passes every check without a call.
-                    if self.strict and not (topic.isascii() and topic.isprintable()):
-                        check_text(topic, self.strict)
-                elif packet_type == 3:
-                    # A 5.0 PUBLISH without properties, or with a topic alias
-                    # alone, is decoded inline too; any other by decode_publish5.
-                    qos = (flags >> 1) & 3
-                    tend = pos + 2 + ((data[pos] << 8) | data[pos + 1])
-                    props_at = tend + 2 if qos else tend
-                    props = None
-                    if props_at < end and qos != 3 and (qos or not flags & 8):
-                        plen = data[props_at]
-                        if plen == 0:
-                            if tend > pos + 2:
-                                props = {}
-                                body = props_at + 1
-                        elif plen == 3 and data[props_at + 1] == 0x23 and props_at + 4 <= end:
-                            # A topic alias alone.
-                            alias = (data[props_at + 2] << 8) | data[props_at + 3]
-                            if alias:
-                                props = {"topic_alias": alias}
-                                body = props_at + 4
-                    if props is not None:
-                        try:
-                            topic = data[pos + 2 : tend].decode("utf-8")
-                        except UnicodeDecodeError:
-                            raise ProtocolViolation("string is not valid UTF-8") from None
-                        mid = None
-                        if qos:
-                            mid = (data[tend] << 8) | data[tend + 1]
-                            if mid == 0:
-                                raise ProtocolViolation("message id 0 is reserved")
-                        packet = Publish(
-                            topic, data[body:end], qos, flags & 1 == 1, flags & 8 == 8, mid, props,
-                        )
-                        if topic:
-                            packet.topic_wire = data[pos:tend]
-                        if self.strict and topic and not (topic.isascii() and topic.isprintable()):
-                            check_text(topic, self.strict)
-                    else:
-                        packet = decode_publish5(
+                # The version is looked at per packet, as the CONNECT just
+                # handled may make the rest of a read 5.0.
+                if packet_type == P.PUBLISH:
+                    if self.v5:
+                        packet = _decode_publish5_plain(
                             flags, data, offset, pos, end, self.strict, self.from_client
                         )
-                elif packet_type == 1:
-                    packet = _decode_connect(flags, data, pos, end, self.strict_for_311)
+                    else:
+                        packet = _decode_publish(flags, data, offset, pos, end, self.strict)
+                elif packet_type == 0 or packet_type == P.AUTH and not self.v5:
+                    raise ProtocolViolation(f"reserved packet type {packet_type}")
                 else:
-                    decoders = _DECODERS5 if self.v5 else _DECODERS
-                    packet = decoders[packet_type](flags, data, pos, end, self.strict)
+                    if self.strict and flags != _REQUIRED_FLAGS[packet_type]:
+                        raise _reserved_flags(packet_type, flags)
+                    if packet_type == P.CONNECT:
+                        packet = _decode_connect(flags, data, pos, end, self.strict_for_311)
+                    else:
+                        decoders = _DECODERS5 if self.v5 else _DECODERS
+                        packet = decoders[packet_type](flags, data, pos, end, self.strict)
                 offset = end
                 yield packet
         except (IndexError, ValueError, struct.error) as e:
@@ -646,3 +657,18 @@ class Framer:
                 self._chunks = [rest]
                 self._have = len(rest)
                 self._need = need
+
+    def _first_packet_size(self, first):
+        """The first packet's size bound, once its first byte ``first`` shows it of the type expected."""
+        if first >> 4 != self._first:
+            raise ProtocolViolation(
+                f"first packet is not {P.PACKET_NAMES[self._first]} (byte {first:#04x})"
+            )
+        return self._first_size
+
+    def _too_large(self, size, max_packet_size):
+        return ProtocolViolation(
+            f"packet of {size} bytes exceeds maximum"
+            f" {'CONNECT' if self._first else 'packet'} size {max_packet_size}",
+            R.PACKET_TOO_LARGE,
+        )

@@ -138,6 +138,31 @@ def _no_null(s):
         raise PropertyError("string contains U+0000")
 
 
+def _value(type_, name, data, offset, end, check_text):
+    """Property ``name``'s value, of ``type_``, at ``offset``: (value, offset after it)."""
+    if type_ == BYTE:
+        if offset + 1 > end:
+            raise PropertyError(f"property {name} runs past end of properties")
+        return data[offset], offset + 1
+    if type_ == U16:
+        if offset + 2 > end:
+            raise PropertyError(f"property {name} runs past end of properties")
+        return _unpack_u16(data, offset)[0], offset + 2
+    if type_ == U32:
+        if offset + 4 > end:
+            raise PropertyError(f"property {name} runs past end of properties")
+        return _unpack_u32(data, offset)[0], offset + 4
+    if type_ == VARINT:
+        return decode_varint(data, offset, end)
+    if type_ == UTF8:
+        return _utf8(data, offset, end, check_text)
+    if type_ == BINARY:
+        return _binary(data, offset, end)
+    key, offset = _utf8(data, offset, end, check_text)
+    value, offset = _utf8(data, offset, end, check_text)
+    return (key, value), offset
+
+
 def decode_properties(data, offset, end, packet_type, check_text=_no_null):
     """
     The properties at ``offset`` (their length first), as allowed in
@@ -150,38 +175,20 @@ def decode_properties(data, offset, end, packet_type, check_text=_no_null):
         raise PropertyError("properties run past end of packet")
     props = {}
     while offset < stop:
-        ident, offset = decode_varint(data, offset, stop)
+        # Every identifier the standard names fits in one byte: read
+        # without a call, as the value's reading costs one.
+        ident = data[offset]
+        if ident & 0x80:
+            ident, offset = decode_varint(data, offset, stop)
+        else:
+            offset += 1
         entry = PROPERTIES.get(ident)
         if entry is None:
             raise PropertyError(f"unknown property identifier {ident:#04x}")
         name, type_, packets = entry
         if packet_type not in packets:
             raise PropertyError(f"property {name} is not allowed here")
-        if type_ == BYTE:
-            if offset + 1 > stop:
-                raise PropertyError(f"property {name} runs past end of properties")
-            value = data[offset]
-            offset += 1
-        elif type_ == U16:
-            if offset + 2 > stop:
-                raise PropertyError(f"property {name} runs past end of properties")
-            value = _unpack_u16(data, offset)[0]
-            offset += 2
-        elif type_ == U32:
-            if offset + 4 > stop:
-                raise PropertyError(f"property {name} runs past end of properties")
-            value = _unpack_u32(data, offset)[0]
-            offset += 4
-        elif type_ == VARINT:
-            value, offset = decode_varint(data, offset, stop)
-        elif type_ == UTF8:
-            value, offset = _utf8(data, offset, stop, check_text)
-        elif type_ == BINARY:
-            value, offset = _binary(data, offset, stop)
-        else:
-            key, offset = _utf8(data, offset, stop, check_text)
-            value, offset = _utf8(data, offset, stop, check_text)
-            value = (key, value)
+        value, offset = _value(type_, name, data, offset, stop, check_text)
         if name in _BOOLEAN and value > 1:
             raise PropertyError(f"property {name} must be 0 or 1, not {value}", R.PROTOCOL_ERROR)
         if name in _NOT_ZERO and value == 0:
