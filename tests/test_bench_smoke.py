@@ -488,3 +488,23 @@ def test_a_probe_that_never_came_back_is_counted_not_dropped():
     _, load_rows = rst_tables(run.rst(report, []))
     assert load_rows[1] == ["fan-in qos0", "\u2013 (lost 2)", "2.00"]
     assert "p99 - max 98.00 ms, 2 never back" in run.beside(results["mqttgw"]["fan-in qos0"])
+
+
+def test_mqttsn_benchmark_reports_every_row_and_loses_no_qos_1_message(tmp_path):
+    from bench import mqttsn
+
+    rows = mqttsn.run(str(tmp_path), duration=1.0, fan_out_subscribers=50, held_clients=1000, rate=100)
+    assert set(rows) == {
+        "mqtt-sn fan-in qos0 10 clients", "mqtt-sn fan-in qos1 10 clients",
+        "mqtt-sn fan-in qos0 100 clients", "mqtt-sn fan-in qos1 100 clients",
+        "mqtt-sn fan-out qos0 50 subscribers", "mqtt-sn 1000 clients held",
+    }
+    for name, r in rows.items():
+        if "fan-in" in name:
+            assert r["received"] > 0 and r["per_second"] > 0, (name, r)
+            if r["qos"] == 1:
+                # Every message a publisher had acknowledged reached the subscriber.
+                assert r["acknowledged"] > 0 and r["lost"] == 0, (name, r)
+    fan_out = rows["mqtt-sn fan-out qos0 50 subscribers"]
+    assert fan_out["deliveries"] > 0 and 0 <= fan_out["lost"] <= fan_out["published"] * 50
+    assert rows["mqtt-sn 1000 clients held"]["kib_per_client"] > 0
