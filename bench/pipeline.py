@@ -51,7 +51,7 @@ def write_archive(archive, rows, first_hour=0, hours=HOURS, gateway_id="bench", 
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    from mqttgw.data.archive import SCHEMA
+    from mqttgw.archive.segments import SCHEMA
 
     rng = np.random.default_rng(seed)
     # A pool of payloads, drawn from by index: mostly numbers, some dirty.

@@ -20,7 +20,7 @@ import time
 
 from twisted.internet import base
 
-from mqttgw.transports import polling
+from mqttgw.transports import leanreactor
 
 
 def _name(selectable):
@@ -61,7 +61,7 @@ class Recorder:
         self.timers = 0.0
         self.turns = 0
 
-    def install(self, reactor_class=polling.EPollReactor):
+    def install(self, reactor_class=leanreactor.EPollReactor):
         recorder = self
         poll = reactor_class.doPoll
         dispatch = reactor_class._doReadOrWrite

@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 import pyarrow.dataset as ds
 from twisted.internet.task import Clock
 
-from mqttgw.data.archive import SCHEMA, Archive
+from mqttgw.archive.segments import SCHEMA, Archive
 from mqttgw.wire import packets as P
 from tests.gateway import Gateway
 from tests.paho import PahoClient

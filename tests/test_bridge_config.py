@@ -4,7 +4,7 @@ import attr
 import pytest
 
 from mqttgw.bridges.bridge import MQTTBridgeKind
-from mqttgw.bridges.settings import Rule
+from mqttgw.bridges.settings import BridgeRule
 from mqttgw.service.config import ConfigError
 from tests.test_tap import parse, write
 
@@ -12,18 +12,18 @@ from tests.test_tap import parse, write
 @pytest.mark.parametrize(
     "text,rule",
     [
-        ("sensors/#", Rule("sensors/#", "out", 0)),
-        ("topic sensors/# in 2", Rule("sensors/#", "in", 2)),
-        ("# both 1 site/ up/site/", Rule("#", "both", 1, "site/", "up/site/")),
-        ('"" out 1 local/state remote/state', Rule("", "out", 1, "local/state", "remote/state")),
+        ("sensors/#", BridgeRule("sensors/#", "out", 0)),
+        ("topic sensors/# in 2", BridgeRule("sensors/#", "in", 2)),
+        ("# both 1 site/ up/site/", BridgeRule("#", "both", 1, "site/", "up/site/")),
+        ('"" out 1 local/state remote/state', BridgeRule("", "out", 1, "local/state", "remote/state")),
     ],
 )
 def test_rules_read_as_mosquitto_reads_them(text, rule):
-    assert Rule.parse(text) == rule
+    assert BridgeRule.parse(text) == rule
 
 
 def test_rule_rewrites_topics_between_prefixes():
-    rule = Rule.parse("a/# both 1 site/ up/site/")
+    rule = BridgeRule.parse("a/# both 1 site/ up/site/")
     assert rule.local_filter == "site/a/#" and rule.remote_filter == "up/site/a/#"
     assert rule.to_remote("site/a/b") == "up/site/a/b"
     assert rule.to_local("up/site/a/b") == "site/a/b"
@@ -41,7 +41,7 @@ def test_rule_rewrites_topics_between_prefixes():
 )
 def test_bad_rules_are_refused_with_a_reason(text, message):
     with pytest.raises(ValueError, match=message):
-        Rule.parse(text)
+        BridgeRule.parse(text)
 
 
 def test_bridge_flags_make_a_bridge_named_default():

@@ -7,7 +7,7 @@ asks which version the connection speaks.
 import pytest
 from twisted.internet.task import Clock
 
-from mqttgw.broker.frames import TooLarge
+from mqttgw.broker.deliveryframes import TooLarge
 from mqttgw.broker.session import Session
 from mqttgw.testing import FakeBroker
 from mqttgw.transports.dialects import V31, V311, V5

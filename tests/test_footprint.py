@@ -53,7 +53,7 @@ OPTIONAL = {
 }
 OPTIONAL_MODULES = {
     "twisted.web.server", "mqttgw.web.admin", "mqttgw.web.dashboard", "mqttgw.web.metrics",
-    "mqttgw.transports.websocket", "mqttgw.transports.tls", "mqttgw.data.archive",
+    "mqttgw.transports.websocket", "mqttgw.transports.tls", "mqttgw.archive.segments",
     "mqttgw.broker.store", "mqttgw.wire.sparkplug.payload",
     # protobuf, for Sparkplug payloads (its namespace package is looked in).
     "google.protobuf",

@@ -22,7 +22,7 @@ from zope.interface.verify import verifyClass, verifyObject
 
 from mqttgw.bridges.relay import Relay
 from mqttgw.broker import interfaces
-from mqttgw.broker.frames import PLAIN, EncodedFrames
+from mqttgw.broker.deliveryframes import PLAIN, EncodedFrames
 from mqttgw.broker.router import Router
 from mqttgw.broker.session import Session
 from mqttgw.broker.subscriptions import SharedGroup
@@ -42,7 +42,7 @@ PACKAGE = REPO / "mqttgw"
 # the gateway's assembly (after the options are read), TLS, WebSocket,
 # the HTTP surfaces and the store.
 OPTIONAL = {
-    "mqttgw.data.archive", "mqttgw.pipeline.tables", "mqttgw.pipeline.publish",
+    "mqttgw.archive.segments", "mqttgw.pipeline.tables", "mqttgw.pipeline.publish",
     "mqttgw.wire.sparkplug.payload",
     "mqttgw.wire.sparkplug.seq",
     "mqttgw.service.assembly", "mqttgw.transports.tls", "mqttgw.transports.websocket",
@@ -382,3 +382,16 @@ def test_the_stored_message_gauges_change_in_the_deliveries_bookkeeping_only():
                 if isinstance(target, ast.Attribute) and target.attr in GAUGES and name not in GAUGES_KEPT_IN:
                     found.append(f"{name}:{node.lineno} {target.attr}")
     assert found == []
+
+
+def test_no_two_classes_of_the_package_share_a_name():
+    # MQTT-SN's packets are named, as MQTT's are, after their standard.
+    standards = {"mqttgw/wire/packets.py", "mqttgw/wire/mqttsn/packets.py"}
+    where = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        relative = str(path.relative_to(REPO))
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                where.setdefault(node.name, set()).add(relative)
+    shared = {name: sorted(paths) for name, paths in where.items() if len(paths) > 1 and not paths <= standards}
+    assert not shared, shared

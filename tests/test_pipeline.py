@@ -19,7 +19,7 @@ import pyarrow.dataset as ds
 import pytest
 from twisted.internet.task import Clock
 
-from mqttgw.data.archive import Archive
+from mqttgw.archive.segments import Archive
 from mqttgw.wire import packets as P
 from tests.conftest import require_program
 from tests.gateway import REPO, Gateway, gateway_env

@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from mqttgw.data.archive import Archive
+from mqttgw.archive.segments import Archive
 from mqttgw.wire import packets as P
 from mqttgw.wire.sparkplug import payload as S
 from mqttgw.wire.sparkplug.payload import DataType as T

@@ -212,7 +212,7 @@ def test_a_version_4_store_gains_the_owner_column_empty(tmp_path):
 def unreadable_log(monkeypatch):
     """The process's bounded log of unreadable drops, fresh for this test."""
     from mqttgw.broker import deliveries
-    from mqttgw.broker.ratelimited import RateLimited
+    from mqttgw.broker.logsummary import RateLimited
 
     monkeypatch.setattr(deliveries, "_unreadable_log", RateLimited(deliveries.log))
 

@@ -12,7 +12,7 @@ from pytest import approx
 from twisted.internet.task import Clock
 from twisted.logger import Logger
 
-from mqttgw.broker.ratelimited import BySource
+from mqttgw.broker.logsummary import BySource
 from mqttgw.security.passwords import PasswordTable, hash_password, parse_entry
 from mqttgw.security.throttle import ConnectionRate, Throttle, address_key
 

@@ -18,7 +18,7 @@ from zope.interface import implementer
 
 from mqttgw.bridges.client import ConnectRefused
 from mqttgw.bridges.failures import (
-    AttemptFailed, ClosedBeforeConnack, Dropped, NoConnack, Refused, Unreachable, lost_before_connack,
+    AttemptFailed, ClosedBeforeConnack, Dropped, NoConnack, Unreachable, UpstreamRefused, lost_before_connack,
 )
 from mqttgw.bridges.settings import parse_address
 from mqttgw.bridges.tls import client_tls_options
@@ -118,7 +118,7 @@ class FailoverEndpoint:
                 failure = e
                 if e.session_suspect:
                     suspect = suspect or address
-                    refused = refused or isinstance(e, Refused)
+                    refused = refused or isinstance(e, UpstreamRefused)
         self._dropped_rounds = self._dropped_rounds + 1 if suspect is not None else 0
         # A refusal says so; a drop must repeat, unless the session failed so before.
         sure = refused or self._session_said or self._dropped_rounds >= DROPPED_ROUNDS
@@ -174,7 +174,7 @@ class FailoverEndpoint:
                 protocol = yield self._link(factory, address, clean_fallback, answered)
             except AttemptFailed as e:
                 failure = e
-                if isinstance(e, Refused):
+                if isinstance(e, UpstreamRefused):
                     answered()
                 step = self._fall_back(address, e, connect, version)
                 if step in _FALLBACK_LINES and isinstance(e, ClosedBeforeConnack):
@@ -214,7 +214,7 @@ class FailoverEndpoint:
         protocol or will topic the CONNECT announced, "will" where a 5.0
         upstream takes the will otherwise; None when nothing is left.
         """
-        refused = isinstance(error, Refused)
+        refused = isinstance(error, UpstreamRefused)
         if refused and version.will_refused(error):
             log.info(
                 "bridge {name}: upstream refused the will ({reason}); asking again with"
@@ -286,7 +286,7 @@ class FailoverEndpoint:
             if timed_out:
                 raise NoConnack(CONNACK_TIMEOUT)
             if result.check(ConnectRefused):
-                raise Refused(result.value)
+                raise UpstreamRefused(result.value)
             raise lost_before_connack(result.value)
 
         return protocol.connack.addBoth(done)

@@ -68,7 +68,7 @@ class Unreachable(AttemptFailed):
         return ""
 
 
-class Refused(AttemptFailed):
+class UpstreamRefused(AttemptFailed):
     """CONNACK with a refusal: the ConnectRefused of bridges.client."""
 
     kind = "refused"

@@ -29,7 +29,7 @@ def default_client_id(name):
 
 
 @attr.s(frozen=True, slots=True)
-class Rule:
+class BridgeRule:
     """
     ``topic PATTERN [in|out|both [QOS [LOCAL_PREFIX REMOTE_PREFIX]]]``, as
     mosquitto reads it: locally the topic is LOCAL_PREFIX + PATTERN,
@@ -368,7 +368,7 @@ def check(table):
         if not values[key]:
             raise ConfigError(f"{where}: bridge.{key} is required")
     try:
-        rules = [Rule.parse(r) for r in values["rules"]]
+        rules = [BridgeRule.parse(r) for r in values["rules"]]
         for address in values["addresses"]:
             parse_address(address)
     except ValueError as e:

@@ -15,7 +15,7 @@ sends back none of the bridge's own messages (no local).
 
 from twisted.logger import Logger
 
-from mqttgw.broker.frames import PLAIN, EncodedFrames
+from mqttgw.broker.deliveryframes import PLAIN, EncodedFrames
 from mqttgw.transports.mqtt5 import Connection5
 from mqttgw.wire import packets as P
 from mqttgw.wire import reasons as R
@@ -103,7 +103,7 @@ class Upstream3:
     def attach(self, upstream, clock, session):
         """
         A link accepted: (the frames ``session`` writes upstream, see
-        broker.frames; the upstream's receive maximum; its maximum QoS).
+        broker.deliveryframes; the upstream's receive maximum; its maximum QoS).
         """
         return PLAIN, None, 2
 

@@ -12,7 +12,7 @@ from types import MappingProxyType
 
 from twisted.logger import Logger
 
-from mqttgw.broker.ratelimited import RateLimited
+from mqttgw.broker.logsummary import RateLimited
 from mqttgw.wire.packets import Publish
 from mqttgw.wire.printable import printable
 

@@ -56,7 +56,7 @@ class IClientConnection(ISessionCarrier):
 class IFrames(Interface):
     """
     How the attached carrier's dialect frames a PUBLISH for a session
-    (broker.frames: 3.1/3.1.1's message frames, 5.0's encoder).
+    (broker.deliveryframes: 3.1/3.1.1's message frames, 5.0's encoder).
     """
 
     retries = Attribute(
@@ -70,7 +70,7 @@ class IFrames(Interface):
         The bytes of ``message`` delivered at ``qos`` under message id
         ``mid`` (None at QoS 0), with those RETAIN and DUP flags, having
         come by the shared subscription ``group`` (or None).  Raises
-        broker.frames.TooLarge when the receiver takes nothing that large.
+        broker.deliveryframes.TooLarge when the receiver takes nothing that large.
         """
 
 
@@ -224,4 +224,4 @@ class IRouter(Interface):
         """Why a shared subscription to ``topic_filter`` would pass a bound, or None."""
 
     def limited(name, logger=None):
-        """The rate-limited warning ``name`` (broker.ratelimited.RateLimited)."""
+        """The rate-limited warning ``name`` (broker.logsummary.RateLimited)."""

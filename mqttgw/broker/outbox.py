@@ -4,7 +4,7 @@ the queues moved to the wire as the socket, the in-flight window and a
 bridge's pacer allow; then the retained messages a SUBSCRIBE asked for,
 drawn from the retained tree only as fast as the connection takes them, so
 no number of them can swell the queue or stall the reactor.  Frames come
-from the attached carrier's frames object (see broker.frames); what is
+from the attached carrier's frames object (see broker.deliveryframes); what is
 counted, and the store rows, move through the session's Deliveries.
 """
 
@@ -14,7 +14,7 @@ from twisted.logger import Logger
 from zope.interface import implementer
 
 from mqttgw.broker.deliveries import AWAITING_ACK, EMPTY, InFlight
-from mqttgw.broker.frames import PLAIN, TooLarge
+from mqttgw.broker.deliveryframes import PLAIN, TooLarge
 from mqttgw.broker.interfaces import IOutbox
 from mqttgw.wire.printable import printable
 
@@ -44,7 +44,7 @@ class Outbox:
         self.subscriber = subscriber
         self.clock = clock
         self.connection = None
-        # The attached connection's PUBLISH frames (see broker.frames),
+        # The attached connection's PUBLISH frames (see broker.deliveryframes),
         # and their publish(), called as it is: every copy goes through it.
         self.frames = PLAIN
         self._publish = PLAIN.publish

@@ -12,7 +12,7 @@ from zope.interface import implementer
 
 from mqttgw.broker.access import Access
 from mqttgw.broker.interfaces import IRouter
-from mqttgw.broker.ratelimited import RateLimited
+from mqttgw.broker.logsummary import RateLimited
 from mqttgw.broker.session import SessionLimits
 from mqttgw.broker.sessions import SessionTable
 from mqttgw.broker.stats import Stats

@@ -14,7 +14,7 @@ from zope.interface import implementer
 
 from mqttgw.broker.deliveries import EMPTY, Deliveries
 from mqttgw.broker.delivery_policy import CLIENT
-from mqttgw.broker.frames import PLAIN
+from mqttgw.broker.deliveryframes import PLAIN
 from mqttgw.broker.interfaces import ISession
 from mqttgw.broker.outbox import Outbox
 from mqttgw.broker.stats import Stats
@@ -186,7 +186,7 @@ class Session:
         Unacknowledged deliveries are sent again, with DUP set, in their
         original order; then the queue drains.  ``frames``: what makes the
         connection's PUBLISH frames, as its dialect gives them (see
-        broker.frames); ``receive_maximum``: the client's, if it gave one.
+        broker.deliveryframes); ``receive_maximum``: the client's, if it gave one.
         """
         deliveries, window, outbox = self.deliveries, self.window, self.outbox
         size = deliveries.limits.max_inflight_messages

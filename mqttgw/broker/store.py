@@ -4,7 +4,7 @@ subscriptions, queued and in-flight messages, and inbound QoS 2 ids, in
 SQLite (WAL).  The reactor thread never touches the disk: writes go to one
 writer thread (writer.py) that commits them in batches, and ``barrier()``
 gives a Deferred that fires (in the reactor) once everything written
-before it is committed.  Loading (stored.py) happens once, at start-up,
+before it is committed.  Loading (storeload.py) happens once, at start-up,
 before the reactor runs.
 
 The store knows what it held: its database file (storefile.py) is opened
@@ -23,7 +23,7 @@ import queue
 
 from twisted.logger import Logger
 
-from mqttgw.broker import sql, stored, writes
+from mqttgw.broker import sql, storeload, writes
 from mqttgw.broker.record import Record
 from mqttgw.broker.sql import SCHEMA_VERSION
 from mqttgw.broker.storefile import StoreDamaged, StoreError, StoreFile, StoreMoved, StoreUnwritable
@@ -122,7 +122,7 @@ class Store:
     def load(self):
         """Everything stored: ``(retained [(topic, payload, qos, properties,
         expiry)], sessions)``."""
-        held = stored.load(self.file.db, self.file.path)
+        held = storeload.load(self.file.db, self.file.path)
         self.file.loaded()
         return held
 

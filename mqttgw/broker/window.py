@@ -7,7 +7,7 @@ is written goes through its Outbox, to the carrier it attached.
 """
 
 from mqttgw.broker.deliveries import AWAITING_ACK, AWAITING_PUBCOMP
-from mqttgw.broker.frames import TooLarge
+from mqttgw.broker.deliveryframes import TooLarge
 from mqttgw.wire import reasons as R
 from mqttgw.wire.framing import ProtocolViolation
 from mqttgw.wire.packets import pubrel_bytes

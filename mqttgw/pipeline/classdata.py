@@ -47,7 +47,7 @@ def _key(conf):
     return f"spark-{pyspark.__version__}-{hashlib.sha256(chr(0).join(parts).encode()).hexdigest()[:16]}"
 
 
-class Archive:
+class ClassDataArchive:
     """
     What to add to the driver's JVM options, and, for the run that
     records the archive, :meth:`finish` to put it in place.

@@ -189,7 +189,7 @@ def _spark(args):
             # machine run this Python, which has what the driver has.
             os.environ["PYSPARK_PYTHON"] = sys.executable
         if args.class_cache and not _jvm_running():
-            classes = classdata.Archive(args.conf)
+            classes = classdata.ClassDataArchive(args.conf)
             key = "spark.driver.extraJavaOptions"
             args.conf[key] = classes.java_options(args.conf.get(key, ""))
     builder = (

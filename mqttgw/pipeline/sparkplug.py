@@ -281,14 +281,14 @@ def _session_batches(batches):
         if node is None or node.key != key:
             if node is not None:
                 yield pa.RecordBatch.from_pylist(node.finish(), schema=schema)
-            node = EdgeNode(key)
+            node = NodeBirths(key)
         if payload is not None:
             node.message(row, payload)
     if node is not None:
         yield pa.RecordBatch.from_pylist(node.finish(), schema=schema)
 
 
-class Session:
+class Birth:
     """One birth of an edge node or device, until its death or next birth."""
 
     def __init__(self, key, device, bd_seq, row):
@@ -310,7 +310,7 @@ class Session:
         self.row.update(end_us=row["ts_us"], ended_by=how, death_us=row["ts_us"] if how == "death" else None)
 
 
-class EdgeNode:
+class NodeBirths:
     """The sessions of one edge node and its devices, from its messages in order."""
 
     def __init__(self, key):
@@ -325,7 +325,7 @@ class EdgeNode:
         missing = self._missing(kind, payload)
         if kind == "NBIRTH":
             self._end_all(row, "rebirth")
-            self.node = Session(self.key, None, _bd_seq(payload), row)
+            self.node = Birth(self.key, None, _bd_seq(payload), row)
             self.seq = payload.seq if payload.HasField("seq") else 0
             return
         if kind == "NDEATH":
@@ -344,7 +344,7 @@ class EdgeNode:
             if current is not None:
                 self._close(current, row, "rebirth")
             bd_seq = self.node.row["bd_seq"] if self.node is not None else None
-            self.devices[device] = Session(self.key, device, bd_seq, row)
+            self.devices[device] = Birth(self.key, device, bd_seq, row)
             self.devices[device].gap(missing)
             return
         if current is not None:

@@ -24,7 +24,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-# The archive's columns (mqttgw.data.archive.SCHEMA), and its partition columns.
+# The archive's columns (mqttgw.archive.segments.SCHEMA), and its partition columns.
 ARCHIVE_SCHEMA = StructType(
     [
         StructField("timestamp", TimestampType()),

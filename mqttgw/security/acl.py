@@ -18,7 +18,7 @@ _ACCESS = {"read": READ, "write": WRITE, "readwrite": READ | WRITE, "deny": DENY
 
 
 @attr.s(frozen=True, slots=True)
-class Rule:
+class AclRule:
     access = attr.ib()
     topic = attr.ib()
     # A pattern line: %u and %c stand for the user name and client id.
@@ -86,7 +86,7 @@ class ACL:
                 validate_topic_filter(topic)
             except InvalidTopic as e:
                 raise AuthConfigError(f"{where}:{number}: {e}") from None
-            rule = Rule(access, topic, keyword == "pattern")
+            rule = AclRule(access, topic, keyword == "pattern")
             (patterns if keyword == "pattern" else current).append(rule)
         return cls(tuple(anonymous), {u: tuple(r) for u, r in users.items()}, tuple(patterns))
 

@@ -63,7 +63,7 @@ class _Record:
         return self.hashing
 
 
-class Login:
+class LoginAttempt:
     """One login under way: the records it counts against."""
 
     __slots__ = ("records", "checking")
@@ -149,7 +149,7 @@ class Throttle:
     def begin(self, host, username=None):
         """
         A login from ``host`` as ``username`` (None: anonymous) starts:
-        a :class:`Login` to :meth:`answer`, or None when its address or
+        a :class:`LoginAttempt` to :meth:`answer`, or None when its address or
         user name already has as many logins under way as it may.
         """
         now = self.seconds()
@@ -164,7 +164,7 @@ class Throttle:
             records.append(user)
         for r in records:
             r.hashing += 1
-        return Login(records)
+        return LoginAttempt(records)
 
     def answer(self, login, ok):
         """

@@ -471,7 +471,7 @@ def open_archive(settings, reactor):
     if not a["directory"]:
         return None
     try:
-        from mqttgw.data.archive import Archive
+        from mqttgw.archive.segments import Archive
     except ImportError:
         sys.exit("mqttgw: archive.directory needs pyarrow: pip install 'mqttgw[archive]'")
     import socket

@@ -1,7 +1,7 @@
 """
 The log as operators read it: a level that SIGHUP can change, text or JSON
 lines with stable field names, and repeated warnings summarised rather
-than repeated (``mqttgw.broker.ratelimited``).  Under ``twistd`` the observer is installed through its
+than repeated (``mqttgw.broker.logsummary``).  Under ``twistd`` the observer is installed through its
 ``--logger`` hook, so ``--logfile`` and ``--nodaemon`` keep their meaning
 (and SIGUSR1 rotates the log file, as twistd's own observer does).
 """

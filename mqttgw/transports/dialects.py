@@ -9,7 +9,7 @@ protocol calls its dialect without asking which version it speaks, as the
 wire layer keeps one decoder table per version.
 """
 
-from mqttgw.broker.frames import PLAIN, EncodedFrames
+from mqttgw.broker.deliveryframes import PLAIN, EncodedFrames
 from mqttgw.broker.session import NEVER_EXPIRES
 from mqttgw.broker.subscriptions import SEND_RETAINED_IF_NEW, SubscriptionOptions, is_shared, shared_filter
 from mqttgw.broker.topics import is_wildcard
@@ -101,7 +101,7 @@ class V3:
     frame = staticmethod(P.Publish.frame)
 
     def frames(self, session):
-        """What frames ``session``'s PUBLISH to us (see broker.frames)."""
+        """What frames ``session``'s PUBLISH to us (see broker.deliveryframes)."""
         # PLAIN.publish is our frame itself: no call between, for every copy.
         return PLAIN
 

@@ -17,7 +17,7 @@ from twisted.protocols.policies import WrappingFactory
 from twisted.web.pages import errorPage
 from twisted.web.server import Site
 
-from mqttgw.broker.ratelimited import RateLimited
+from mqttgw.broker.logsummary import RateLimited
 from mqttgw.wire.printable import printable
 
 log = Logger()

@@ -15,7 +15,7 @@ from twisted.logger import Logger
 from twisted.protocols.haproxy._wrapper import HAProxyWrappingFactory
 from zope.interface import implementer
 
-from mqttgw.transports import polling, tcp
+from mqttgw.transports import leanreactor, tcp
 
 PROXY_PREFIX = "haproxy:"
 
@@ -79,9 +79,9 @@ class ListenerService(StreamServerEndpointService):
         self._raiseSynchronously = True
 
     def privilegedStartService(self):
-        # Before the first connection: see transports.tcp and .polling.
+        # Before the first connection: see transports.tcp and .leanreactor.
         tcp.share()
-        polling.poll_lean(self.reactor)
+        leanreactor.poll_lean(self.reactor)
         # A Unix socket is made with no permission for others from the
         # start, not only once its mode is set just after.
         umask = os.umask(0o177) if self.description.startswith("unix:") else None

@@ -23,7 +23,7 @@ from twisted.logger import Logger
 from zope.interface import implementer
 
 from mqttgw.broker.interfaces import IClientConnection
-from mqttgw.broker.ratelimited import BySource
+from mqttgw.broker.logsummary import BySource
 from mqttgw.schema import default
 from mqttgw.security.identity import Identity
 from mqttgw.security.throttle import ConnectionRate, Throttle

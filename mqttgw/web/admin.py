@@ -45,7 +45,7 @@ from twisted.web.resource import Resource, getChildForRequest
 from twisted.web.server import NOT_DONE_YET
 
 from mqttgw.broker.access import READ
-from mqttgw.broker.ratelimited import RateLimited
+from mqttgw.broker.logsummary import RateLimited
 from mqttgw.broker.topics import InvalidTopic, validate_topic_filter
 from mqttgw.schema import ConfigError
 from mqttgw.security.identity import IIdentity
@@ -310,7 +310,7 @@ def _finish(request, body):
         request.finish()
 
 
-class Sparkplug(_JSON):
+class SparkplugNodes(_JSON):
     """
     The edge nodes and devices the gateway has seen (``?group=G``: of one
     group), and its counters.  A node or device is listed as far as the
@@ -642,7 +642,7 @@ def api_resource(
         b"clients": (Clients(gateway), ()),
         b"sessions": (Sessions(gateway), ()),
         b"retained": (Retained(gateway, anonymous_reads, local), ()),
-        b"sparkplug": (Sparkplug(gateway, anonymous_reads, local), (b"GET", b"HEAD")),
+        b"sparkplug": (SparkplugNodes(gateway, anonymous_reads, local), (b"GET", b"HEAD")),
     }
     api = Resource()
     api.putChild(b"whoami", WhoAmI(roles, issuer is not None))

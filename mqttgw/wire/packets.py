@@ -306,7 +306,7 @@ class WatchedPublish(Publish):
     called as each is (set it before the message is routed): no QoS 0
     frame is cached for it, so a sampled message's deliveries can be
     timed one by one.  Sessions call ``Publish.frame`` itself (see
-    broker.frames), which reads the cache through ``frame0``.
+    broker.deliveryframes), which reads the cache through ``frame0``.
     """
 
     __slots__ = ("copied",)

@@ -8,7 +8,7 @@ client until its REGACK.
 
 from zope.interface import implementer
 
-from mqttgw.broker.frames import TooLarge
+from mqttgw.broker.deliveryframes import TooLarge
 from mqttgw.broker.interfaces import IFrames
 from mqttgw.wire.mqttsn import Publish
 from mqttgw.wire.mqttsn import constants as C

@@ -13,7 +13,7 @@ from twisted.internet.protocol import DatagramProtocol
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from mqttgw.broker.ratelimited import BySource
+from mqttgw.broker.logsummary import BySource
 from mqttgw.security.throttle import ConnectionRate
 from mqttgw.transports.mqttsn.anonymous import QosMinusOne
 from mqttgw.transports.mqttsn.interfaces import ISnListener

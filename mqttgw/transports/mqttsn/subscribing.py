@@ -25,7 +25,7 @@ class ISnSubscribing(Interface):
         """Unsubscribe: UNSUBACK."""
 
 
-class Refused(Exception):
+class SubscriptionRefused(Exception):
     """A filter the client may not have: the SUBACK return code in ``args[0]``."""
 
 
@@ -41,24 +41,24 @@ class SnSubscribing:
         self.session = session
 
     def _filter(self, message):
-        """(topic filter, topic id for SUBACK) of a SUBSCRIBE or UNSUBSCRIBE, or Refused."""
+        """(topic filter, topic id for SUBACK) of a SUBSCRIBE or UNSUBSCRIBE, or SubscriptionRefused."""
         topics = self.client.topics
         kind = message.topic_id_type
         if kind == C.PREDEFINED_TOPIC_ID:
             name = topics.predefined_name(message.topic_id)
             if name is None:
-                raise Refused(C.REJECTED_INVALID_TOPIC_ID)
+                raise SubscriptionRefused(C.REJECTED_INVALID_TOPIC_ID)
             return name, message.topic_id
         name = message.topic_name
         if kind == C.SHORT_TOPIC_NAME and ("+" in name or "#" in name):
             # A short topic name is a name, never a filter.
-            raise Refused(C.REJECTED_INVALID_TOPIC_ID)
+            raise SubscriptionRefused(C.REJECTED_INVALID_TOPIC_ID)
         try:
             validate_topic_filter(name)
         except InvalidTopic:
-            raise Refused(C.REJECTED_INVALID_TOPIC_ID) from None
+            raise SubscriptionRefused(C.REJECTED_INVALID_TOPIC_ID) from None
         if is_shared(name):
-            raise Refused(C.REJECTED_NOT_SUPPORTED)
+            raise SubscriptionRefused(C.REJECTED_NOT_SUPPORTED)
         return name, 0
 
     def handle_SUBSCRIBE(self, message):
@@ -71,8 +71,8 @@ class SnSubscribing:
                 # A topic name: its id, for the deliveries on it.
                 topic_id = client.topics.register(topic_filter)
                 if topic_id is None:
-                    raise Refused(C.REJECTED_CONGESTION)
-        except Refused as refused:
+                    raise SubscriptionRefused(C.REJECTED_CONGESTION)
+        except SubscriptionRefused as refused:
             client.send(Suback(0, mid, refused.args[0], 0).encode())
             return
         router = self.router
@@ -82,11 +82,11 @@ class SnSubscribing:
         router.send_retained(self.session, [topic_filter])
 
     def _check(self, topic_filter):
-        """Refused when the ACL or the session's bounds refuse ``topic_filter``."""
+        """SubscriptionRefused when the ACL or the session's bounds refuse ``topic_filter``."""
         client = self.client
         router = self.router
         if not router.access.may_subscribe(client.username, client.client_id, topic_filter):
-            raise Refused(C.REJECTED_NOT_SUPPORTED)
+            raise SubscriptionRefused(C.REJECTED_NOT_SUPPORTED)
         session = self.session
         limits = session.limits
         if topic_filter not in session.subscriptions and (
@@ -94,12 +94,12 @@ class SnSubscribing:
             or session.filter_bytes + len(topic_filter.encode("utf-8")) > limits.max_subscription_bytes
         ):
             router.stats.subscriptions_refused += 1
-            raise Refused(C.REJECTED_CONGESTION)
+            raise SubscriptionRefused(C.REJECTED_CONGESTION)
 
     def handle_UNSUBSCRIBE(self, message):
         try:
             topic_filter, _ = self._filter(message)
-        except Refused:
+        except SubscriptionRefused:
             topic_filter = None
         if topic_filter is not None:
             self.router.unsubscribe(self.session, [topic_filter])

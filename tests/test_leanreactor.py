@@ -1,7 +1,7 @@
 """
 The listeners' reactor dispatches each event without a logging context,
 and does what Twisted's does with what a handler returns or raises (see
-mqttgw.transports.polling).
+mqttgw.transports.leanreactor).
 """
 
 import select
@@ -14,7 +14,7 @@ from twisted.internet.error import ConnectionDone
 from twisted.internet.testing import MemoryReactorClock
 from twisted.python import log
 
-from mqttgw.transports import polling
+from mqttgw.transports import leanreactor
 
 
 class Reader(FileDescriptor):
@@ -54,7 +54,7 @@ def close(reactor):
 
 @pytest.fixture
 def lean():
-    reactor = polling.poll_lean(epollreactor.EPollReactor())
+    reactor = leanreactor.poll_lean(epollreactor.EPollReactor())
     yield reactor
     close(reactor)
 
@@ -78,13 +78,13 @@ def poll_until(reactor, predicate, turns=50):
 
 def test_only_twisteds_epoll_reactor_changes_class():
     memory = MemoryReactorClock()
-    assert polling.poll_lean(memory) is memory
+    assert leanreactor.poll_lean(memory) is memory
     assert type(memory) is MemoryReactorClock
     reactor = epollreactor.EPollReactor()
     try:
-        assert type(polling.poll_lean(reactor)) is polling.EPollReactor
+        assert type(leanreactor.poll_lean(reactor)) is leanreactor.EPollReactor
         # Twice is once.
-        assert type(polling.poll_lean(reactor)) is polling.EPollReactor
+        assert type(leanreactor.poll_lean(reactor)) is leanreactor.EPollReactor
     finally:
         close(reactor)
 
@@ -173,7 +173,7 @@ def test_peers_closes_wait_behind_reads_and_are_taken_a_few_a_poll(lean):
 
 
 def test_the_peers_close_is_watched_while_reading_only():
-    reactor = polling.poll_lean(epollreactor.EPollReactor())
+    reactor = leanreactor.poll_lean(epollreactor.EPollReactor())
     ours, theirs = tcp_pair()
     try:
         reader = Reader(ours, reactor, lambda: None)
