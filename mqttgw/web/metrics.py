@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from mqttgw.wire.packets import WatchedPublish
+from mqttgw.web.tracemetrics import TraceSpans
 
 # One PUBLISH in this many (the first among them) is traced from its
 # arrival to each write of a copy to a subscriber's connection: at 100,000
@@ -96,6 +97,7 @@ class Metrics:
             registry=self.registry,
         )
         self.registry.register(self)
+        self.registry.register(TraceSpans(router))
         if store is not None:
             store.on_commit = self.commit_latency.observe
         router.trace_deliveries(self.trace, TRACE_EVERY)
@@ -103,7 +105,8 @@ class Metrics:
     def trace(self, message):
         """A copy of ``message`` whose deliveries are timed."""
         traced = WatchedPublish(
-            message.topic, message.payload, message.qos, message.retain, message.dup, message.message_id
+            message.topic, message.payload, message.qos, message.retain, message.dup, message.message_id,
+            message.properties, message.expiry,
         )
         received_at = time.perf_counter()
         observe = self.delivery_latency.observe
