@@ -255,6 +255,9 @@ def test_a_collector_that_cannot_be_reached_loses_no_message_and_counts_its_span
     assert _metric(http, "dropped") > 0
     assert _metric(http, "exported") == 0
     assert _metric(http, "failed") + _metric(http, "dropped") <= 2 * count
+    # The exporter's complaints are the gateway's own warnings, rate-limited.
+    log = gw.log()
+    assert "[stderr#" not in log and "[mqttgw.service.tracing#warn] tracing: " in log, log
 
 
 def test_with_tracing_off_nothing_of_opentelemetry_is_loaded(tmp_path):

@@ -355,6 +355,9 @@ class MQTTBridge(Service):
             failed = packet.reason_code >= 0x80
             if packet.reason_code:
                 self.reason("PUBREC", packet.reason_code, packet)
+            if failed and self.router.tracer is not None:
+                # A refusal ends the QoS 2 flow: no PUBCOMP follows.
+                self.router.tracer.upstream_ack(session, packet.message_id, packet.reason_code, "PUBREC")
             session.window.pubrec(packet.message_id, failed)
         elif kind is P.Pubcomp:
             if packet.reason_code:

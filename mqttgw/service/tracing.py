@@ -6,6 +6,8 @@ and :class:`Spans`, what the broker's hooks (``broker.traces``) ask of it.
 Imported only when ``otel.endpoint`` is set (the ``otel`` extra).
 """
 
+import logging
+
 from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
@@ -150,6 +152,27 @@ class Spans:
         span.set_status(Status(StatusCode.ERROR, description))
 
 
+class ExportWarnings(logging.Handler):
+    """
+    OpenTelemetry's own log records (a failed export, its retries), made
+    in the exporting thread, as the gateway's warnings on the reactor
+    thread: a collector down for hours writes a few lines a minute, not
+    one per batch.
+    """
+
+    def __init__(self, reactor, limited):
+        super().__init__(logging.WARNING)
+        self.reactor = reactor
+        self.limited = limited
+
+    def emit(self, record):
+        try:
+            message = record.getMessage()
+        except Exception:
+            message = str(record.msg)
+        self.reactor.callFromThread(self.limited.warn, "tracing: {message}", message=message)
+
+
 class TracingService(Service):
     """Flushes and stops the exporting thread at shutdown, off the reactor thread."""
 
@@ -181,6 +204,9 @@ def start_tracing(router, settings, reactor):
         export_timeout_millis=EXPORT_TIMEOUT * 1000,
     )
     provider.add_span_processor(BoundedProcessor(batch, o["max_queue_size"], counts))
+    sdk_log = logging.getLogger("opentelemetry")
+    sdk_log.addHandler(ExportWarnings(reactor, router.limited("tracing export", log)))
+    sdk_log.propagate = False
     spans = Spans(provider.get_tracer("mqttgw"), counts)
     router.tracer = MessageTraces(router, spans, reactor, counts, o["sample_ratio"])
     log.info(
