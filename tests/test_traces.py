@@ -173,3 +173,18 @@ def test_spans_past_the_export_queue_are_dropped_and_counted(otel):
     counts.failed += 3
     processor.on_end(5)
     assert (handed, counts.dropped) == ([0, 1, 2, 5], 2)
+
+
+def test_no_delivery_span_for_a_no_local_subscriber_publishing_itself(router, reactor, otel):
+    exporter = traced(router, reactor, otel)
+    both = local5(router, reactor, "both")
+    # QoS 1, no local.
+    both.send(P.Subscribe(1, [("t/#", 1 | 0x04)], {}))
+    other = local5(router, reactor, "other")
+    other.send(P.Subscribe(1, [("t/#", 1)], {}))
+    both.received(), other.received()
+    both.send(P.Publish("t/a", b"v", 1, message_id=1))
+    reactor.advance(0)
+    assert publishes(both) == [] and len(publishes(other)) == 1
+    delivered = [s.attributes["messaging.client.id"] for s in exporter.get_finished_spans() if s.name == "deliver t/a"]
+    assert delivered == ["other"]

@@ -7,6 +7,7 @@ goes on with.  It imports nothing of OpenTelemetry: it is given
 """
 
 from mqttgw.broker.session import INTERNAL_PREFIX
+from mqttgw.broker.subscriptions import options_for
 from mqttgw.wire.packets import WatchedPublish
 
 BRIDGE_PREFIX = f"{INTERNAL_PREFIX}bridge/"
@@ -131,6 +132,11 @@ class MessageTraces:
             may_read = session.may_read
             if may_read is not None and not may_read(topic):
                 continue
+            if session.options:
+                # A 5.0 no local subscription of the publisher's own.
+                granted = options_for(session, topic, granted, session is sender, message.retain)[0]
+                if granted < 0:
+                    continue
             qos = min(message.qos, granted)
             client_id = getattr(session, "client_id", "")
             if client_id.startswith(BRIDGE_PREFIX):

@@ -40,6 +40,7 @@ NEEDS_RESTART = (
     "tls.require_client_cert",
     "tls.ca",
     "sparkplug.aware",
+    "otel.",
 )
 
 
