@@ -6,6 +6,9 @@ forward and its PUBCOMP or refusal, the bound on messages in progress,
 and the export queue's bound.  tests/test_tracing.py runs it from outside.
 """
 
+import threading
+import time
+
 import pytest
 
 from tests.conftest import cannot_run
@@ -188,3 +191,42 @@ def test_no_delivery_span_for_a_no_local_subscriber_publishing_itself(router, re
     assert publishes(both) == [] and len(publishes(other)) == 1
     delivered = [s.attributes["messaging.client.id"] for s in exporter.get_finished_spans() if s.name == "deliver t/a"]
     assert delivered == ["other"]
+
+
+def _stopping(otel, shutdown):
+    """A TracingService stopping on a clock, its provider's shutdown ``shutdown``."""
+    from twisted.internet.testing import MemoryReactorClock
+
+    class Reactor(MemoryReactorClock):
+        def __init__(self):
+            super().__init__()
+            self.from_threads = []
+
+        def callFromThread(self, f, *args):
+            self.from_threads.append((f, args))
+
+    reactor = Reactor()
+    service = otel.TracingService(type("Provider", (), {"shutdown": shutdown})(), reactor)
+    service.startService()
+    return reactor, service.stopService()
+
+
+def test_shutdown_waits_for_the_last_export(otel):
+    reactor, stopped = _stopping(otel, lambda self: None)
+    deadline = time.monotonic() + 10
+    while not reactor.from_threads and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not stopped.called
+    [(f, args)] = reactor.from_threads
+    f(*args)
+    assert stopped.called and stopped.result is None
+
+
+def test_shutdown_waits_for_the_last_export_a_bounded_time(otel):
+    release = threading.Event()
+    reactor, stopped = _stopping(otel, lambda self: release.wait(10))
+    assert not stopped.called
+    reactor.advance(otel.SHUTDOWN_WAIT)
+    # Given up, the gateway's shutdown goes on.
+    assert stopped.called and stopped.result is None
+    release.set()

@@ -7,6 +7,7 @@ Imported only when ``otel.endpoint`` is set (the ``otel`` extra).
 """
 
 import logging
+import threading
 
 from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -17,7 +18,7 @@ from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from twisted.application.service import Service
-from twisted.internet.threads import deferToThread
+from twisted.internet.defer import Deferred, TimeoutError
 from twisted.logger import Logger
 
 from mqttgw.broker.traces import MessageTraces
@@ -31,6 +32,8 @@ EXPORT_TIMEOUT = 5.0
 SCHEDULE_DELAY_MS = 1000
 # Spans sent in one export request, at most.
 MAX_EXPORT_BATCH = 512
+# Seconds the gateway's shutdown waits for the last spans' export.
+SHUTDOWN_WAIT = 5.0
 
 
 class SpanCounts:
@@ -174,14 +177,37 @@ class ExportWarnings(logging.Handler):
 
 
 class TracingService(Service):
-    """Flushes and stops the exporting thread at shutdown, off the reactor thread."""
+    """
+    At shutdown, exports what waits and stops the exporting thread, from
+    a daemon thread of its own: a collector that is down holds the
+    shutdown SHUTDOWN_WAIT seconds at most, then what was not exported is
+    given up.
+    """
 
-    def __init__(self, provider):
+    def __init__(self, provider, reactor):
         self.provider = provider
+        self.reactor = reactor
 
     def stopService(self):
         super().stopService()
-        return deferToThread(self.provider.shutdown)
+        done = Deferred()
+
+        def shut_down():
+            try:
+                self.provider.shutdown()
+            finally:
+                self.reactor.callFromThread(done.callback, None)
+
+        threading.Thread(target=shut_down, name="mqttgw tracing shutdown", daemon=True).start()
+        done.addTimeout(SHUTDOWN_WAIT, self.reactor)
+        done.addErrback(self._given_up)
+        return done
+
+    def _given_up(self, failure):
+        failure.trap(TimeoutError)
+        log.warn(
+            "tracing: spans not exported within {wait:.0f}s of shutdown are lost", wait=SHUTDOWN_WAIT
+        )
 
 
 def start_tracing(router, settings, reactor):
@@ -217,4 +243,4 @@ def start_tracing(router, settings, reactor):
         ratio=o["sample_ratio"],
         queue=o["max_queue_size"],
     )
-    return TracingService(provider)
+    return TracingService(provider, reactor)
