@@ -230,3 +230,26 @@ def test_shutdown_waits_for_the_last_export_a_bounded_time(otel):
     # Given up, the gateway's shutdown goes on.
     assert stopped.called and stopped.result is None
     release.set()
+
+
+def test_the_message_timed_for_delivery_latency_keeps_its_properties_and_trace_context(router, reactor, otel):
+    from mqttgw.web.metrics import Metrics
+
+    metrics = Metrics(router)
+    exporter = traced(router, reactor, otel)
+    sub = local5(router, reactor, "sub5")
+    sub.send(P.Subscribe(1, [("t/#", 1)], {}))
+    # 3.1.1 deliveries are the ones timed.
+    sub311 = Listener.of(router, reactor).client("sub311")
+    sub311.send(P.Subscribe(1, [("t/#", 1)]))
+    sub.received(), sub311.received()
+    # The first message after Metrics is made is the one timed.
+    local5(router, reactor, "pub5").send(
+        P.Publish("t/a", b"v", 1, message_id=1, properties={"content_type": "text/plain"})
+    )
+    reactor.advance(0)
+    [got] = publishes(sub)
+    assert got.properties["content_type"] == "text/plain"
+    assert context_of(got)[1] == format(exporter.get_finished_spans()[0].context.trace_id, "032x")
+    [count] = [x.value for x in metrics.delivery_latency.collect()[0].samples if x.name.endswith("_count")]
+    assert count == 1 and len(publishes(sub311)) == 1

@@ -10,8 +10,8 @@ import time
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from mqttgw.wire.packets import WatchedPublish
 from mqttgw.web.tracemetrics import TraceSpans
+from mqttgw.wire.packets import WatchedPublish
 
 # One PUBLISH in this many (the first among them) is traced from its
 # arrival to each write of a copy to a subscriber's connection: at 100,000
