@@ -50,6 +50,7 @@ OPTIONAL = {
     "prometheus_client",  # the admin listener's /metrics
     "pyarrow",  # the archive
     "sqlite3",  # the store (persistence)
+    "opentelemetry",  # traces (otel.endpoint)
 }
 OPTIONAL_MODULES = {
     "twisted.web.server", "mqttgw.web.admin", "mqttgw.web.dashboard", "mqttgw.web.metrics",

@@ -48,6 +48,8 @@ OPTIONAL = {
     "mqttgw.service.assembly", "mqttgw.transports.tls", "mqttgw.transports.websocket",
     "mqttgw.transports.httpguard", "mqttgw.web.admin", "mqttgw.web.dashboard",
     "mqttgw.web.metrics", "mqttgw.broker.store",
+    # OpenTelemetry (the otel extra), loaded only with otel.endpoint set.
+    "mqttgw.service.tracing",
 }
 
 

@@ -346,6 +346,8 @@ class MQTTBridge(Service):
         elif kind is P.Puback:
             if packet.reason_code:
                 self.reason("PUBACK", packet.reason_code, packet)
+            if self.router.tracer is not None:
+                self.router.tracer.upstream_ack(session, packet.message_id, packet.reason_code, "PUBACK")
             session.window.puback(packet.message_id)
             if self.deaths is not None:
                 self.deaths.acknowledged(packet.message_id)
@@ -353,10 +355,15 @@ class MQTTBridge(Service):
             failed = packet.reason_code >= 0x80
             if packet.reason_code:
                 self.reason("PUBREC", packet.reason_code, packet)
+            if failed and self.router.tracer is not None:
+                # A refusal ends the QoS 2 flow: no PUBCOMP follows.
+                self.router.tracer.upstream_ack(session, packet.message_id, packet.reason_code, "PUBREC")
             session.window.pubrec(packet.message_id, failed)
         elif kind is P.Pubcomp:
             if packet.reason_code:
                 self.reason("PUBCOMP", packet.reason_code, packet)
+            if self.router.tracer is not None:
+                self.router.tracer.upstream_ack(session, packet.message_id, packet.reason_code, "PUBCOMP")
             session.window.pubcomp(packet.message_id)
             if self.deaths is not None:
                 self.deaths.acknowledged(packet.message_id)

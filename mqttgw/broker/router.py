@@ -59,6 +59,8 @@ class Router:
     trace = None
     trace_every = 0
     _until_trace = -1
+    # Distributed traces (broker.traces.MessageTraces), or None: off.
+    tracer = None
 
     def __init__(self, clock, limits=SessionLimits(), max_qos=default("mqtt.max_qos"), store=None):
         self.clock = clock
@@ -181,6 +183,8 @@ class Router:
             message = self.trace(message)
         if self.sparkplug is not None and message.topic.startswith("spBv1.0/"):
             message = self.sparkplug.published(message)
+        if self.tracer is not None:
+            message = self.tracer.publish(message, sender)
         durable = False
         retain = message.retain
         if retain:

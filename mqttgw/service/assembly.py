@@ -6,6 +6,7 @@ an option asks for (TLS, WebSocket, the admin site) loads only then.
 """
 
 import os
+import sys
 
 import attr
 from twisted.application.service import Service
@@ -249,6 +250,17 @@ class Assembly:
         if archive is not None:
             gateway.router.recorder = archive
             WorkerService(archive).setServiceParent(gateway)
+        self.tracing()
+
+    def tracing(self):
+        """Distributed traces, when otel.endpoint is set: the router's tracer."""
+        if not self.settings["otel.endpoint"]:
+            return
+        try:
+            from mqttgw.service.tracing import start_tracing
+        except ImportError:
+            sys.exit("mqttgw: otel.endpoint needs OpenTelemetry: pip install 'mqttgw[otel]'")
+        start_tracing(self.gateway.router, self.settings, self.reactor).setServiceParent(self.gateway)
 
     def listen(self, kind, address, made, anonymous):
         listener = ListenerService(

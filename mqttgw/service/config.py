@@ -357,6 +357,52 @@ KEYS = [
         ),
     ),
     Key(
+        "otel",
+        "endpoint",
+        str,
+        "",
+        "OTLP/HTTP traces URL spans are exported to (empty: tracing off)",
+        flag_name="otel-endpoint",
+        doc=(
+            "E.g. ``http://127.0.0.1:4318/v1/traces`` (an OpenTelemetry "
+            "Collector's or Jaeger's OTLP/HTTP receiver).  Needs the ``otel``"
+            " extra (``pip install 'mqttgw[otel]'``); empty, nothing of "
+            "OpenTelemetry is loaded.  Spans are exported in batches from a "
+            "thread of their own; a collector that cannot be reached costs "
+            "at most otel.max_queue_size spans, the rest dropped and counted "
+            "(``mqttgw_trace_spans_total``).  See the tracing guide."
+        ),
+    ),
+    Key(
+        "otel",
+        "sample_ratio",
+        float,
+        0.0,
+        "share of messages without a sampled trace context that are traced",
+        0.0,
+        1.0,
+        flag_name="otel-sample-ratio",
+        doc=(
+            "Parent-based: a 5.0 PUBLISH whose ``traceparent`` user property "
+            "says sampled is traced whatever the ratio, one that says not "
+            "sampled is not; others are traced at this ratio (0.0: only "
+            "those that carry a sampled ``traceparent``)."
+        ),
+    ),
+    Key(
+        "otel", "service_name", str, "mqttgw", "the name the spans' resource gives the gateway (service.name)",
+        flag_name="otel-service-name",
+    ),
+    Key(
+        "otel",
+        "max_queue_size",
+        int,
+        2048,
+        "spans waiting for export, at most; more are dropped and counted",
+        1,
+        flag_name="otel-max-queue-size",
+    ),
+    Key(
         "sparkplug",
         "aware",
         bool,

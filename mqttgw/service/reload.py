@@ -41,6 +41,7 @@ NEEDS_RESTART = (
     "tls.ca",
     "sparkplug.aware",
     "mqttsn.",
+    "otel.",
 )
 
 

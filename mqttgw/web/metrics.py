@@ -10,6 +10,7 @@ import time
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from mqttgw.web.tracemetrics import TraceSpans
 from mqttgw.wire.packets import WatchedPublish
 
 # One PUBLISH in this many (the first among them) is traced from its
@@ -98,6 +99,7 @@ class Metrics:
             registry=self.registry,
         )
         self.registry.register(self)
+        self.registry.register(TraceSpans(router))
         if store is not None:
             store.on_commit = self.commit_latency.observe
         router.trace_deliveries(self.trace, TRACE_EVERY)
@@ -105,7 +107,8 @@ class Metrics:
     def trace(self, message):
         """A copy of ``message`` whose deliveries are timed."""
         traced = WatchedPublish(
-            message.topic, message.payload, message.qos, message.retain, message.dup, message.message_id
+            message.topic, message.payload, message.qos, message.retain, message.dup, message.message_id,
+            message.properties, message.expiry,
         )
         received_at = time.perf_counter()
         observe = self.delivery_latency.observe
