@@ -104,6 +104,12 @@ def broker():
 
 
 @pytest.fixture
+def store_broker(tmp_path):
+    """A broker with a real SQLite store in ``tmp_path``, committed when the test says so."""
+    return FakeBroker(store_dir=tmp_path)
+
+
+@pytest.fixture
 def logged():
     """Messages logged through twisted.logger while the test runs."""
     events = []

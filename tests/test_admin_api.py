@@ -54,11 +54,6 @@ class API:
 
 
 @pytest.fixture
-def broker():
-    return FakeBroker()
-
-
-@pytest.fixture
 def api(broker):
     """The API on the local Unix socket: no credentials asked."""
     return API(broker, local=True)

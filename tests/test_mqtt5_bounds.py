@@ -13,11 +13,6 @@ from mqttgw.wire import reasons as R
 from mqttgw.wire.properties import MAX_USER_PROPERTIES
 
 
-@pytest.fixture
-def broker():
-    return FakeBroker()
-
-
 def suback_codes(client, mid, *filters, v5=True):
     if v5:
         client.send(P.Subscribe(mid, [(f, 1) for f in filters], {}))

@@ -36,13 +36,13 @@ def payload(seq=None, bd_seq=None, timestamp=1000, **metrics):
     return S.encode(p)
 
 
-def aware(broker, **options):
-    broker.router.sparkplug = Sparkplug(broker.router, broker.clock, **options)
-    return broker.router.sparkplug
+def aware(aware_broker, **options):
+    aware_broker.router.sparkplug = Sparkplug(aware_broker.router, aware_broker.clock, **options)
+    return aware_broker.router.sparkplug
 
 
-def connect(broker, client_id, **fields):
-    client = broker.client(P.Connect(client_id=client_id, **fields))
+def connect(aware_broker, client_id, **fields):
+    client = aware_broker.client(P.Connect(client_id=client_id, **fields))
     assert client.received()[0].return_code == 0
     return client
 
@@ -57,70 +57,70 @@ def publishes(client):
 
 
 @pytest.fixture
-def broker():
+def aware_broker():
     b = FakeBroker()
     aware(b)
     return b
 
 
-def birth(broker, client_id="edge", bd_seq=0):
+def birth(aware_broker, client_id="edge", bd_seq=0):
     edge = connect(
-        broker, client_id, will_topic=NDEATH, will_message=payload(bd_seq=bd_seq), will_qos=1
+        aware_broker, client_id, will_topic=NDEATH, will_message=payload(bd_seq=bd_seq), will_qos=1
     )
     nbirth = payload(seq=0, bd_seq=bd_seq, temperature=20.5)
     edge.send(P.Publish(NBIRTH, nbirth, 0, False))
     return edge, nbirth
 
 
-def test_tck_conformance_mqtt_aware_store_and_nbirth_mqtt_topic_and_retain(broker):
+def test_tck_conformance_mqtt_aware_store_and_nbirth_mqtt_topic_and_retain(aware_broker):
     """
     [tck-id-conformance-mqtt-aware-store], [...-nbirth-mqtt-topic],
     [...-nbirth-mqtt-retain]: the NBIRTH that passed is on
     $sparkplug/certificates/spBv1.0/GROUP/NBIRTH/NODE, retained, same bytes.
     """
-    _, nbirth = birth(broker)
-    host = connect(broker, "host")
+    _, nbirth = birth(aware_broker)
+    host = connect(aware_broker, "host")
     got = subscribe(host, "$sparkplug/certificates/#")
     assert [(p.topic, p.payload, p.retain) for p in got] == [(CERT_N, nbirth, True)]
 
 
-def test_tck_conformance_mqtt_aware_dbirth_mqtt_topic_and_retain(broker):
+def test_tck_conformance_mqtt_aware_dbirth_mqtt_topic_and_retain(aware_broker):
     """[...-dbirth-mqtt-topic], [...-dbirth-mqtt-retain]."""
-    edge, _ = birth(broker)
+    edge, _ = birth(aware_broker)
     dbirth = payload(seq=1, flow=3.0)
     edge.send(P.Publish(DBIRTH, dbirth, 0, False))
-    host = connect(broker, "host")
+    host = connect(aware_broker, "host")
     got = subscribe(host, f"$sparkplug/certificates/spBv1.0/{GROUP}/DBIRTH/#")
     assert [(p.topic, p.payload, p.retain) for p in got] == [(CERT_D, dbirth, True)]
 
 
-def test_a_live_subscriber_gets_the_certificate_as_the_birth_passes(broker):
-    host = connect(broker, "host")
+def test_a_live_subscriber_gets_the_certificate_as_the_birth_passes(aware_broker):
+    host = connect(aware_broker, "host")
     subscribe(host, "$sparkplug/certificates/#", NBIRTH)
-    _, nbirth = birth(broker)
+    _, nbirth = birth(aware_broker)
     got = {p.topic: p.payload for p in publishes(host)}
     assert got == {NBIRTH: nbirth, CERT_N: nbirth}
 
 
-def test_a_rebirth_replaces_the_certificate(broker):
-    edge, _ = birth(broker)
+def test_a_rebirth_replaces_the_certificate(aware_broker):
+    edge, _ = birth(aware_broker)
     again = payload(seq=0, bd_seq=0, temperature=21.0)
     edge.send(P.Publish(NBIRTH, again, 0, False))
-    host = connect(broker, "host")
+    host = connect(aware_broker, "host")
     assert [p.payload for p in subscribe(host, CERT_N)] == [again]
 
 
-def test_certificates_are_written_only_by_the_gateway(broker):
+def test_certificates_are_written_only_by_the_gateway(aware_broker):
     """$sparkplug/ is reserved as $SYS is: a client's PUBLISH there is refused."""
-    spoofer = connect(broker, "spoofer")
+    spoofer = connect(aware_broker, "spoofer")
     spoofer.send(P.Publish(CERT_N, b"forged", 1, True, message_id=1))
-    host = connect(broker, "host")
+    host = connect(aware_broker, "host")
     assert subscribe(host, "$sparkplug/#") == []
-    assert broker.router.stats.messages_denied == 1
+    assert aware_broker.router.stats.messages_denied == 1
 
 
 def test_certificates_follow_the_acl_of_their_source_topics():
-    broker = FakeBroker(
+    aware_broker = FakeBroker(
         passwords={"edge": "e", "plant": "p", "other": "o"},
         acl=[
             "user edge",
@@ -131,12 +131,12 @@ def test_certificates_follow_the_acl_of_their_source_topics():
             "topic read spBv1.0/elsewhere/#",
         ],
     )
-    aware(broker)
-    edge = connect(broker, "edge", username="edge", password=b"e")
+    aware(aware_broker)
+    edge = connect(aware_broker, "edge", username="edge", password=b"e")
     nbirth = payload(seq=0, bd_seq=0)
     edge.send(P.Publish(NBIRTH, nbirth, 0, False))
-    plant = connect(broker, "plant", username="plant", password=b"p")
-    other = connect(broker, "other", username="other", password=b"o")
+    plant = connect(aware_broker, "plant", username="plant", password=b"p")
+    other = connect(aware_broker, "other", username="other", password=b"o")
     assert [p.payload for p in subscribe(plant, "$sparkplug/certificates/#")] == [nbirth]
     assert subscribe(other, "$sparkplug/certificates/#") == []
     # A later birth reaches the one and not the other, live.
@@ -147,18 +147,18 @@ def test_certificates_follow_the_acl_of_their_source_topics():
 
 
 def test_awareness_off_keeps_no_certificates():
-    broker = FakeBroker()
-    birth(broker)
-    host = connect(broker, "host")
+    aware_broker = FakeBroker()
+    birth(aware_broker)
+    host = connect(aware_broker, "host")
     assert subscribe(host, "$sparkplug/#") == []
 
 
 def test_certificates_survive_a_restart_with_the_store(tmp_path):
-    broker = FakeBroker(store_dir=tmp_path)
-    aware(broker)
-    _, nbirth = birth(broker)
-    broker.commit()
-    again = broker.restart()
+    aware_broker = FakeBroker(store_dir=tmp_path)
+    aware(aware_broker)
+    _, nbirth = birth(aware_broker)
+    aware_broker.commit()
+    again = aware_broker.restart()
     aware(again)
     host = connect(again, "host")
     assert [(p.topic, p.payload) for p in subscribe(host, "$sparkplug/certificates/#")] == [
@@ -166,30 +166,30 @@ def test_certificates_survive_a_restart_with_the_store(tmp_path):
     ]
 
 
-def test_tck_conformance_mqtt_aware_ndeath_timestamp(broker):
+def test_tck_conformance_mqtt_aware_ndeath_timestamp(aware_broker):
     """
     [tck-id-conformance-mqtt-aware-ndeath-timestamp]: replaced only when
     sparkplug.ndeath_timestamp is on, then with the time of delivery (UTC ms).
     """
-    host = connect(broker, "host")
+    host = connect(aware_broker, "host")
     subscribe(host, NDEATH)
-    edge, _ = birth(broker, "edge")
-    broker.clock.advance(5)
+    edge, _ = birth(aware_broker, "edge")
+    aware_broker.clock.advance(5)
     edge.lose_connection()  # the will: NDEATH
     (kept,) = publishes(host)
     assert S.decode(kept.payload).timestamp == 1000
-    broker.router.sparkplug.ndeath_timestamp = True
-    edge, _ = birth(broker, "edge2")
-    broker.clock.advance(7)
+    aware_broker.router.sparkplug.ndeath_timestamp = True
+    edge, _ = birth(aware_broker, "edge2")
+    aware_broker.clock.advance(7)
     edge.lose_connection()
     (replaced,) = publishes(host)
-    assert S.decode(replaced.payload).timestamp == int(broker.clock.seconds() * 1000)
+    assert S.decode(replaced.payload).timestamp == int(aware_broker.clock.seconds() * 1000)
     assert S.decode(replaced.payload).metrics[0].name == "bdSeq"
 
 
-def test_edge_state_online_offline_from_births_deaths_and_wills(broker):
-    sp = broker.router.sparkplug
-    edge, _ = birth(broker, bd_seq=3)
+def test_edge_state_online_offline_from_births_deaths_and_wills(aware_broker):
+    sp = aware_broker.router.sparkplug
+    edge, _ = birth(aware_broker, bd_seq=3)
     edge.send(P.Publish(DBIRTH, payload(seq=1), 0, False))
     (node,) = sp.edge()
     assert node["online"] and node["bdSeq"] == 3
@@ -204,21 +204,21 @@ def test_edge_state_online_offline_from_births_deaths_and_wills(broker):
     assert (sp.stats.nodes_online, sp.stats.devices_online, sp.stats.deaths) == (0, 0, 1)
 
 
-def test_an_ndeath_of_an_older_birth_is_ignored(broker):
+def test_an_ndeath_of_an_older_birth_is_ignored(aware_broker):
     """bdSeq: the will of a superseded connection does not kill the new birth."""
-    sp = broker.router.sparkplug
-    birth(broker, "edge", bd_seq=1)
-    newer, _ = birth(broker, "edge-b", bd_seq=2)
-    stale = connect(broker, "stale")
+    sp = aware_broker.router.sparkplug
+    birth(aware_broker, "edge", bd_seq=1)
+    newer, _ = birth(aware_broker, "edge-b", bd_seq=2)
+    stale = connect(aware_broker, "stale")
     stale.send(P.Publish(NDEATH, payload(bd_seq=1), 0, False))
     assert sp.edge()[0]["online"] and sp.stats.bdseq_mismatches == 1
     stale.send(P.Publish(NDEATH, payload(bd_seq=2), 0, False))
     assert not sp.edge()[0]["online"]
 
 
-def test_seq_gaps_are_counted_with_the_wrap_at_255(broker):
-    sp = broker.router.sparkplug
-    edge, _ = birth(broker)
+def test_seq_gaps_are_counted_with_the_wrap_at_255(aware_broker):
+    sp = aware_broker.router.sparkplug
+    edge, _ = birth(aware_broker)
     for seq in list(range(1, 256)) + [0, 1]:
         edge.send(P.Publish(NDATA, payload(seq=seq), 0, False))
     assert sp.stats.out_of_sequence == 0
@@ -227,21 +227,21 @@ def test_seq_gaps_are_counted_with_the_wrap_at_255(broker):
     assert sp.stats.out_of_sequence == 1
 
 
-def test_malformed_payloads_are_counted_and_carried_as_bytes(broker):
-    host = connect(broker, "host")
+def test_malformed_payloads_are_counted_and_carried_as_bytes(aware_broker):
+    host = connect(aware_broker, "host")
     subscribe(host, "spBv1.0/#", "$sparkplug/#")
-    edge = connect(broker, "edge")
+    edge = connect(aware_broker, "edge")
     edge.send(P.Publish(NDATA, b"\xff\xff", 0, False))
     edge.send(P.Publish(NBIRTH, b"\x0f", 0, False))
     got = [(p.topic, p.payload) for p in publishes(host)]
     # Carried as it came; a birth, even unreadable, is kept as it passed.
     assert got == [(NDATA, b"\xff\xff"), (CERT_N, b"\x0f"), (NBIRTH, b"\x0f")]
-    assert broker.router.sparkplug.stats.malformed == 2
+    assert aware_broker.router.sparkplug.stats.malformed == 2
 
 
-def test_the_node_table_is_bounded_and_forgets_offline_nodes_first(broker):
-    sp = aware(broker, max_nodes=2)
-    edge = connect(broker, "edge")
+def test_the_node_table_is_bounded_and_forgets_offline_nodes_first(aware_broker):
+    sp = aware(aware_broker, max_nodes=2)
+    edge = connect(aware_broker, "edge")
     for n in range(3):
         edge.send(P.Publish(f"spBv1.0/g/NBIRTH/n{n}", payload(seq=0, bd_seq=0), 0, False))
     assert len(sp.nodes) == 2 and sp.stats.untracked == 1
@@ -250,30 +250,30 @@ def test_the_node_table_is_bounded_and_forgets_offline_nodes_first(broker):
     assert sorted(n["edge_node"] for n in sp.edge()) == ["n1", "n2"]
 
 
-def test_other_topics_are_not_read(broker, monkeypatch):
-    sp = broker.router.sparkplug
+def test_other_topics_are_not_read(aware_broker, monkeypatch):
+    sp = aware_broker.router.sparkplug
     monkeypatch.setattr(sp, "published", lambda message: pytest.fail("observed"))
-    edge = connect(broker, "edge")
+    edge = connect(aware_broker, "edge")
     edge.send(P.Publish("spAv1.0/g/NDATA/n", b"\xff", 0, False))
     edge.send(P.Publish("plant/spBv1.0/NDATA", b"\xff", 0, False))
 
 
-def test_edge_state_is_in_sys_metrics_and_the_admin_api(broker):
+def test_edge_state_is_in_sys_metrics_and_the_admin_api(aware_broker):
     from mqttgw.service.gateway import Gateway
     from mqttgw.web.metrics import Metrics
     from mqttgw.web.systopics import SysTopics
 
-    edge, _ = birth(broker)
+    edge, _ = birth(aware_broker)
     edge.send(P.Publish(DBIRTH, payload(seq=1), 0, False))
     edge.send(P.Publish(DDATA, payload(seq=9), 0, False))
-    values = SysTopics(broker.router, broker.clock, 10).values()
+    values = SysTopics(aware_broker.router, aware_broker.clock, 10).values()
     assert values["$SYS/broker/sparkplug/nodes_online"] == 1
     assert values["$SYS/broker/sparkplug/devices_online"] == 1
     assert values["$SYS/broker/sparkplug/out_of_sequence"] == 1
-    text = Metrics(broker.router).text().decode()
+    text = Metrics(aware_broker.router).text().decode()
     assert "mqttgw_sparkplug_nodes_online 1.0" in text
     assert "mqttgw_sparkplug_out_of_sequence_total 1.0" in text
-    api = Gateway(broker.router, broker.clock).sparkplug()
+    api = Gateway(aware_broker.router, aware_broker.clock).sparkplug()
     assert api["aware"] and api["stats"]["devices_online"] == 1
     (node,) = api["edge_nodes"]
     assert (node["group"], node["edge_node"], node["online"]) == (GROUP, NODE, True)

@@ -20,138 +20,133 @@ from mqttgw.wire import packets as P
 from tests.fake_network import accept
 
 
-@pytest.fixture
-def broker(tmp_path):
-    return FakeBroker(store_dir=tmp_path)
-
-
-def persistent_subscriber(broker, client_id, *topics):
-    client = connected(broker, client_id, clean_session=False)
+def persistent_subscriber(store_broker, client_id, *topics):
+    client = connected(store_broker, client_id, clean_session=False)
     client.send(P.Subscribe(1, list(topics)))
     assert isinstance(client.received()[0], P.Suback)
-    broker.commit()
+    store_broker.commit()
     return client
 
 
 # Ack means safe
 
 
-def test_qos1_to_a_persistent_session_is_acknowledged_after_commit(broker):
-    sub = persistent_subscriber(broker, "s", ("a", 1))
-    pub = connected(broker, "p")
+def test_qos1_to_a_persistent_session_is_acknowledged_after_commit(store_broker):
+    sub = persistent_subscriber(store_broker, "s", ("a", 1))
+    pub = connected(store_broker, "p")
     pub.send(P.Publish("a", b"x", 1, message_id=1))
     assert pub.received() == []
     # At least once: the subscriber may have it before the commit (after a
     # crash it would come again, never not at all) ...
     assert deliveries(sub.received()) == [("a", b"x", 1)]
     # ... but the publisher may forget it only once it is on disk.
-    broker.commit()
+    store_broker.commit()
     assert pub.received() == [P.Puback(1)]
 
 
-def test_qos2_to_a_persistent_session_goes_out_after_commit_and_qos1_behind_it_waits(broker):
-    sub = persistent_subscriber(broker, "s", ("a", 2))
-    pub = connected(broker, "p")
+def test_qos2_to_a_persistent_session_goes_out_after_commit_and_qos1_behind_it_waits(store_broker):
+    sub = persistent_subscriber(store_broker, "s", ("a", 2))
+    pub = connected(store_broker, "p")
     pub.send(P.Publish("a", b"two", 2, message_id=1), P.Publish("a", b"one", 1, message_id=2))
     # Exactly once: the message id is on disk before the client sees it,
     # and the QoS 1 message keeps its place behind.
     assert sub.received() == []
-    broker.commit()
+    store_broker.commit()
     assert deliveries(sub.received()) == [("a", b"two", 2), ("a", b"one", 1)]
     # With nothing waiting, QoS 1 goes at once again.
     pub.send(P.Publish("a", b"next", 1, message_id=3))
     assert deliveries(sub.received()) == [("a", b"next", 1)]
 
 
-def test_traffic_between_clean_sessions_never_waits_for_the_disk(broker):
-    sub = connected(broker, "s")
+def test_traffic_between_clean_sessions_never_waits_for_the_disk(store_broker):
+    sub = connected(store_broker, "s")
     sub.send(P.Subscribe(1, [("a", 2)]))
     sub.received()
-    pub = connected(broker, "p")
+    pub = connected(store_broker, "p")
     pub.send(P.Publish("a", b"1", 1, message_id=1), P.Publish("a", b"2", 2, message_id=2))
     assert pub.received() == [P.Puback(1), P.Pubrec(2)]
     assert len(deliveries(sub.received())) == 2
 
 
-def test_retained_publish_is_acknowledged_after_commit(broker):
-    pub = connected(broker, "p")
+def test_retained_publish_is_acknowledged_after_commit(store_broker):
+    pub = connected(store_broker, "p")
     pub.send(P.Publish("r", b"v", 1, retain=True, message_id=3))
     assert pub.received() == []
-    broker.commit()
+    store_broker.commit()
     assert pub.received() == [P.Puback(3)]
 
 
-def test_acks_keep_their_order_behind_one_that_waits(broker):
-    persistent_subscriber(broker, "s", ("durable", 1))
-    pub = connected(broker, "p")
+def test_acks_keep_their_order_behind_one_that_waits(store_broker):
+    persistent_subscriber(store_broker, "s", ("durable", 1))
+    pub = connected(store_broker, "p")
     pub.send(
         P.Publish("durable", b"x", 1, message_id=1),
         P.Publish("elsewhere", b"y", 1, message_id=2),
     )
     assert pub.received() == []
-    broker.commit()
+    store_broker.commit()
     assert pub.received() == [P.Puback(1), P.Puback(2)]
 
 
-def test_qos2_from_a_persistent_publisher_is_acknowledged_after_commit(broker):
-    pub = connected(broker, "p", clean_session=False)
+def test_qos2_from_a_persistent_publisher_is_acknowledged_after_commit(store_broker):
+    pub = connected(store_broker, "p", clean_session=False)
     pub.send(P.Publish("a", b"x", 2, message_id=7))
     assert pub.received() == []
-    broker.commit()
+    store_broker.commit()
     assert pub.received() == [P.Pubrec(7)]
     pub.send(P.Pubrel(7))
     assert pub.received() == []
-    broker.commit()
+    store_broker.commit()
     assert pub.received() == [P.Pubcomp(7)]
 
 
-def test_pubrel_to_a_persistent_subscriber_waits_for_the_recorded_pubrec(broker):
-    sub = persistent_subscriber(broker, "s", ("a", 2))
-    pub = connected(broker, "p")
+def test_pubrel_to_a_persistent_subscriber_waits_for_the_recorded_pubrec(store_broker):
+    sub = persistent_subscriber(store_broker, "s", ("a", 2))
+    pub = connected(store_broker, "p")
     pub.send(P.Publish("a", b"x", 2, message_id=1))
-    broker.commit()
+    store_broker.commit()
     [delivered] = publishes(sub.received())
     sub.send(P.Pubrec(delivered.message_id))
     assert sub.received() == []
-    broker.commit()
+    store_broker.commit()
     assert sub.received() == [P.Pubrel(delivered.message_id)]
 
 
 # What a restart keeps
 
 
-def test_uncommitted_state_is_lost_and_was_never_acknowledged(broker):
-    pub = connected(broker, "p")
+def test_uncommitted_state_is_lost_and_was_never_acknowledged(store_broker):
+    pub = connected(store_broker, "p")
     pub.send(P.Publish("r", b"v", 1, retain=True, message_id=3))
     assert pub.received() == []
-    after = broker.restart()
+    after = store_broker.restart()
     assert len(after.router.retained) == 0
 
 
-def test_retained_messages_survive_a_restart(broker):
-    pub = connected(broker, "p")
+def test_retained_messages_survive_a_restart(store_broker):
+    pub = connected(store_broker, "p")
     pub.send(
         P.Publish("r/1", b"one", 1, retain=True, message_id=1),
         P.Publish("r/2", b"two", 0, retain=True),
         P.Publish("r/3", b"three", 0, retain=True),
         P.Publish("r/3", b"", 0, retain=True),
     )
-    broker.commit()
-    after = broker.restart()
+    store_broker.commit()
+    after = store_broker.restart()
     sub = connected(after, "s")
     sub.send(P.Subscribe(1, [("r/#", 1)]))
     got = sorted((m.topic, m.payload, m.qos, m.retain) for m in publishes(sub.received()))
     assert got == [("r/1", b"one", 1, True), ("r/2", b"two", 0, True)]
 
 
-def test_persistent_session_subscriptions_and_queue_survive_a_restart(broker):
-    sub = persistent_subscriber(broker, "s", ("a/#", 2), ("b", 1))
+def test_persistent_session_subscriptions_and_queue_survive_a_restart(store_broker):
+    sub = persistent_subscriber(store_broker, "s", ("a/#", 2), ("b", 1))
     sub.lose_connection()
-    pub = connected(broker, "p")
+    pub = connected(store_broker, "p")
     for i in range(5):
         pub.send(P.Publish(f"a/{i}", b"%d" % i, 1 + i % 2, message_id=i + 1))
-    broker.commit()
-    after = broker.restart()
+    store_broker.commit()
+    after = store_broker.restart()
     assert after.router.sessions["s"].subscriptions == {"a/#": 2, "b": 1}
     back = after.client(client_id="s", clean_session=False)
     packets = back.received()
@@ -167,15 +162,15 @@ def test_persistent_session_subscriptions_and_queue_survive_a_restart(broker):
     assert deliveries(back.received()) == [("b", b"live", 1)]
 
 
-def test_unacknowledged_deliveries_come_back_with_dup_and_the_same_id(broker):
-    sub = persistent_subscriber(broker, "s", ("a", 2))
-    pub = connected(broker, "p")
+def test_unacknowledged_deliveries_come_back_with_dup_and_the_same_id(store_broker):
+    sub = persistent_subscriber(store_broker, "s", ("a", 2))
+    pub = connected(store_broker, "p")
     pub.send(P.Publish("a", b"1", 1, message_id=1), P.Publish("a", b"2", 2, message_id=2))
-    broker.commit()
+    store_broker.commit()
     first = publishes(sub.received())
     sub.send(P.Pubrec(first[1].message_id))
-    broker.commit()
-    after = broker.restart()
+    store_broker.commit()
+    after = store_broker.restart()
     back = after.client(client_id="s", clean_session=False)
     packets = back.received()
     resent = publishes(packets)
@@ -194,29 +189,29 @@ def statements_of(store):
     return seen
 
 
-def queued_while_away(broker, count):
+def queued_while_away(store_broker, count):
     """``count`` QoS 1 messages on "a", committed to the queue of "s" (away)."""
-    sub = persistent_subscriber(broker, "s", ("a", 1))
+    sub = persistent_subscriber(store_broker, "s", ("a", 1))
     sub.lose_connection()
-    pub = connected(broker, "p")
+    pub = connected(store_broker, "p")
     for i in range(count):
         pub.send(P.Publish("a", b"%d" % i, 1, message_id=i + 1))
-    broker.commit()
+    store_broker.commit()
     return pub
 
 
-def test_queued_qos1_sent_before_a_restart_comes_back_dup_and_one_never_sent_does_not(broker):
-    pub = queued_while_away(broker, 3)
+def test_queued_qos1_sent_before_a_restart_comes_back_dup_and_one_never_sent_does_not(store_broker):
+    pub = queued_while_away(store_broker, 3)
     # Sent from the queue, not acknowledged; two more queue behind them.
-    back = broker.client(client_id="s", clean_session=False)
+    back = store_broker.client(client_id="s", clean_session=False)
     assert [(p.payload, p.dup) for p in publishes(back.received())] == [
         (b"0", False), (b"1", False), (b"2", False)
     ]
     back.lose_connection()
     for i in range(3, 5):
         pub.send(P.Publish("a", b"%d" % i, 1, message_id=i + 1))
-    broker.commit()
-    after = broker.restart()
+    store_broker.commit()
+    after = store_broker.restart()
     again = after.client(client_id="s", clean_session=False)
     after.commit()
     got = publishes(again.received() + again.received())
@@ -228,10 +223,10 @@ def test_queued_qos1_sent_before_a_restart_comes_back_dup_and_one_never_sent_doe
     assert after.restart().router.sessions["s"].inflight == {}
 
 
-def test_a_backlog_drains_without_an_update_per_qos1_delivery_or_a_delete_per_ack(broker):
-    queued_while_away(broker, 60)
-    seen = statements_of(broker.store)
-    back = broker.client(client_id="s", clean_session=False)
+def test_a_backlog_drains_without_an_update_per_qos1_delivery_or_a_delete_per_ack(store_broker):
+    queued_while_away(store_broker, 60)
+    seen = statements_of(store_broker.store)
+    back = store_broker.client(client_id="s", clean_session=False)
     # The client acknowledges each window as it arrives; one commit at the end.
     got = []
     for _ in range(10):
@@ -240,25 +235,25 @@ def test_a_backlog_drains_without_an_update_per_qos1_delivery_or_a_delete_per_ac
             break
         got += window
         back.send(*[P.Puback(p.message_id) for p in window])
-    broker.commit()
+    store_broker.commit()
     assert [p.payload for p in got] == [b"%d" % i for i in range(60)]
     deliveries = [s for s in seen if "deliveries" in s]
     assert not [s for s in deliveries if s.startswith("UPDATE")]
     # The acknowledged run of sequence numbers goes as one range.
     assert len([s for s in deliveries if s.startswith("DELETE")]) == 1
-    assert broker.store._db.execute("SELECT count(*) FROM deliveries").fetchone() == (0,)
+    assert store_broker.store._db.execute("SELECT count(*) FROM deliveries").fetchone() == (0,)
 
 
-def test_a_turns_queued_deliveries_sent_make_one_sent_op_for_their_session(broker, monkeypatch):
-    queued_while_away(broker, 20)
+def test_a_turns_queued_deliveries_sent_make_one_sent_op_for_their_session(store_broker, monkeypatch):
+    queued_while_away(store_broker, 20)
     handed = []
     add = writes.Compaction.add
     monkeypatch.setattr(writes.Compaction, "add", lambda self, ops: (handed.extend(ops), add(self, ops)))
-    back = broker.client(client_id="s", clean_session=False)
+    back = store_broker.client(client_id="s", clean_session=False)
     assert len(publishes(back.received())) == 20
-    broker.commit()
+    store_broker.commit()
     assert [op for op in handed if op[0] == writes.SENT] == [(writes.SENT, "s", 20)]
-    assert broker.store._db.execute("SELECT sent_seq FROM sessions WHERE client_id = 's'").fetchone() == (20,)
+    assert store_broker.store._db.execute("SELECT sent_seq FROM sessions WHERE client_id = 's'").fetchone() == (20,)
 
 
 def test_a_dropped_session_takes_its_turns_sent_mark_with_it(tmp_path):
@@ -277,10 +272,10 @@ def test_a_dropped_session_takes_its_turns_sent_mark_with_it(tmp_path):
     store.stop()
 
 
-def test_a_delivery_acknowledged_before_its_commit_never_reaches_the_disk(broker):
-    sub = persistent_subscriber(broker, "s", ("a", 1))
-    pub = connected(broker, "p")
-    seen = statements_of(broker.store)
+def test_a_delivery_acknowledged_before_its_commit_never_reaches_the_disk(store_broker):
+    sub = persistent_subscriber(store_broker, "s", ("a", 1))
+    pub = connected(store_broker, "p")
+    seen = statements_of(store_broker.store)
     pub.send(P.Publish("a", b"x", 1, message_id=1))
     [message] = publishes(sub.received())
     assert pub.received() == []
@@ -288,15 +283,15 @@ def test_a_delivery_acknowledged_before_its_commit_never_reaches_the_disk(broker
     # so the publisher's ack need not wait for the commit.
     sub.send(P.Puback(message.message_id))
     assert pub.received() == [P.Puback(1)]
-    broker.commit()
+    store_broker.commit()
     assert not [s for s in seen if "deliveries" in s]
-    assert broker.store.ops_folded == 2
+    assert store_broker.store.ops_folded == 2
 
 
-def test_an_ack_waits_for_the_commit_while_any_stored_copy_is_unacknowledged(broker):
-    first = persistent_subscriber(broker, "s1", ("a", 1))
-    second = persistent_subscriber(broker, "s2", ("a", 1))
-    pub = connected(broker, "p")
+def test_an_ack_waits_for_the_commit_while_any_stored_copy_is_unacknowledged(store_broker):
+    first = persistent_subscriber(store_broker, "s1", ("a", 1))
+    second = persistent_subscriber(store_broker, "s2", ("a", 1))
+    pub = connected(store_broker, "p")
     pub.send(P.Publish("a", b"x", 1, message_id=1))
     [copy] = publishes(first.received())
     first.send(P.Puback(copy.message_id))
@@ -307,9 +302,9 @@ def test_an_ack_waits_for_the_commit_while_any_stored_copy_is_unacknowledged(bro
 
 
 def test_a_copy_queued_behind_the_window_releases_the_ack_once_sent_and_acknowledged(tmp_path):
-    broker = FakeBroker(SessionLimits(max_inflight_messages=1), store_dir=tmp_path)
-    sub = persistent_subscriber(broker, "s", ("a", 1))
-    pub = connected(broker, "p")
+    store_broker = FakeBroker(SessionLimits(max_inflight_messages=1), store_dir=tmp_path)
+    sub = persistent_subscriber(store_broker, "s", ("a", 1))
+    pub = connected(store_broker, "p")
     pub.send(P.Publish("a", b"1", 1, message_id=1), P.Publish("a", b"2", 1, message_id=2))
     [first] = publishes(sub.received())
     sub.send(P.Puback(first.message_id))
@@ -319,45 +314,45 @@ def test_a_copy_queued_behind_the_window_releases_the_ack_once_sent_and_acknowle
     assert pub.received() == [P.Puback(2)]
 
 
-def test_an_ack_waits_for_the_commit_when_a_copy_was_queued_or_retained(broker):
-    online = persistent_subscriber(broker, "on", ("a", 1))
-    away = persistent_subscriber(broker, "away", ("a", 1))
+def test_an_ack_waits_for_the_commit_when_a_copy_was_queued_or_retained(store_broker):
+    online = persistent_subscriber(store_broker, "on", ("a", 1))
+    away = persistent_subscriber(store_broker, "away", ("a", 1))
     away.lose_connection()
-    pub = connected(broker, "p")
+    pub = connected(store_broker, "p")
     pub.send(P.Publish("a", b"x", 1, message_id=1))
     [copy] = publishes(online.received())
     online.send(P.Puback(copy.message_id))
     assert pub.received() == []
-    broker.commit()
+    store_broker.commit()
     assert pub.received() == [P.Puback(1)]
     pub.send(P.Publish("a", b"kept", 1, retain=True, message_id=2))
     [copy] = publishes(online.received())
     online.send(P.Puback(copy.message_id))
     assert pub.received() == []
-    broker.commit()
+    store_broker.commit()
     assert pub.received() == [P.Puback(2)]
 
 
-def test_an_ack_released_early_still_waits_behind_an_earlier_one(broker):
-    slow = persistent_subscriber(broker, "slow", ("a", 1))
-    quick = persistent_subscriber(broker, "quick", ("b", 1))
-    pub = connected(broker, "p")
+def test_an_ack_released_early_still_waits_behind_an_earlier_one(store_broker):
+    slow = persistent_subscriber(store_broker, "slow", ("a", 1))
+    quick = persistent_subscriber(store_broker, "quick", ("b", 1))
+    pub = connected(store_broker, "p")
     pub.send(P.Publish("a", b"1", 1, message_id=1), P.Publish("b", b"2", 1, message_id=2))
     assert len(publishes(slow.received())) == 1
     [copy] = publishes(quick.received())
     quick.send(P.Puback(copy.message_id))
     assert pub.received() == []
-    broker.commit()
+    store_broker.commit()
     assert pub.received() == [P.Puback(1), P.Puback(2)]
 
 
-def test_inbound_qos2_id_survives_a_restart_so_a_resend_is_not_routed_twice(broker):
-    persistent_subscriber(broker, "s", ("a", 2))
-    pub = connected(broker, "p", clean_session=False)
+def test_inbound_qos2_id_survives_a_restart_so_a_resend_is_not_routed_twice(store_broker):
+    persistent_subscriber(store_broker, "s", ("a", 2))
+    pub = connected(store_broker, "p", clean_session=False)
     pub.send(P.Publish("a", b"once", 2, message_id=5))
-    broker.commit()
+    store_broker.commit()
     assert pub.received() == [P.Pubrec(5)]
-    after = broker.restart()
+    after = store_broker.restart()
     pub = after.client(client_id="p", clean_session=False)
     pub.received()
     pub.send(P.Publish("a", b"once", 2, dup=True, message_id=5))
@@ -368,32 +363,32 @@ def test_inbound_qos2_id_survives_a_restart_so_a_resend_is_not_routed_twice(brok
     assert [p.payload for p in publishes(back.received())] == [b"once"]
 
 
-def test_a_clean_session_removes_the_stored_one(broker):
-    sub = persistent_subscriber(broker, "s", ("a", 1))
+def test_a_clean_session_removes_the_stored_one(store_broker):
+    sub = persistent_subscriber(store_broker, "s", ("a", 1))
     sub.send(P.Disconnect())
     sub.finish_close()
-    connected(broker, "s", clean_session=True)
-    broker.commit()
-    assert "s" not in broker.restart().router.sessions
+    connected(store_broker, "s", clean_session=True)
+    store_broker.commit()
+    assert "s" not in store_broker.restart().router.sessions
 
 
-def test_a_bridge_session_is_internal_after_a_restart_and_a_client_session_is_not(broker):
+def test_a_bridge_session_is_internal_after_a_restart_and_a_client_session_is_not(store_broker):
     # A bridge holds its session through the router, as MQTTBridge does.
-    bridge, _ = broker.router.connect(INTERNAL_PREFIX + "bridge/up", clean_start=False, expiry_interval=NEVER_EXPIRES)
-    persistent_subscriber(broker, "s", ("a", 1))
-    broker.commit()
+    bridge, _ = store_broker.router.connect(INTERNAL_PREFIX + "bridge/up", clean_start=False, expiry_interval=NEVER_EXPIRES)
+    persistent_subscriber(store_broker, "s", ("a", 1))
+    store_broker.commit()
     assert bridge.internal
-    assert not broker.router.sessions["s"].internal
-    after = broker.restart().router.sessions
+    assert not store_broker.router.sessions["s"].internal
+    after = store_broker.restart().router.sessions
     assert after[INTERNAL_PREFIX + "bridge/up"].internal
     assert not after["s"].internal
 
 
-def test_unsubscribe_is_stored(broker):
-    sub = persistent_subscriber(broker, "s", ("a", 1), ("b", 1))
+def test_unsubscribe_is_stored(store_broker):
+    sub = persistent_subscriber(store_broker, "s", ("a", 1), ("b", 1))
     sub.send(P.Unsubscribe(2, ["a"]))
-    broker.commit()
-    assert broker.restart().router.sessions["s"].subscriptions == {"b": 1}
+    store_broker.commit()
+    assert store_broker.restart().router.sessions["s"].subscriptions == {"b": 1}
 
 
 # A store that cannot be used
@@ -524,13 +519,13 @@ def test_a_row_that_cannot_be_made_fails_its_batch_and_the_writer_goes_on(tmp_pa
     store.stop()
 
 
-def bridged(broker, rule):
-    """A started bridge of ``broker`` with ``rule``, and its upstream, connected."""
+def bridged(store_broker, rule):
+    """A started bridge of ``store_broker`` with ``rule``, and its upstream, connected."""
     reactor = MemoryReactorClock()
     settings = MQTTBridgeKind.check(
         {"name": "up", "addresses": ["127.0.0.1:1001"], "rules": [rule]}
     )
-    bridge = MQTTBridgeKind.make_service(broker.router, settings, reactor)
+    bridge = MQTTBridgeKind.make_service(store_broker.router, settings, reactor)
     bridge.startService()
     upstream = accept(reactor)
     upstream.received()
@@ -538,9 +533,9 @@ def bridged(broker, rule):
     return bridge, upstream
 
 
-def test_a_bridge_acknowledges_upstream_once_the_stored_local_copy_is_acknowledged(broker):
-    sub = persistent_subscriber(broker, "s", ("t/#", 1))
-    bridge, upstream = bridged(broker, "t/# in 1")
+def test_a_bridge_acknowledges_upstream_once_the_stored_local_copy_is_acknowledged(store_broker):
+    sub = persistent_subscriber(store_broker, "s", ("t/#", 1))
+    bridge, upstream = bridged(store_broker, "t/# in 1")
     upstream.received()
     upstream.send(P.Publish("t/a", b"x", 1, message_id=7))
     assert P.Puback(7) not in upstream.received()
@@ -564,75 +559,75 @@ def test_only_a_retained_topics_last_value_in_a_batch_is_written():
 
 
 def test_a_store_behind_stops_reading_from_clients_until_half_of_it_is_written(
-    broker, monkeypatch, logged
+    store_broker, monkeypatch, logged
 ):
     monkeypatch.setattr(store_module, "MAX_BACKLOG", 10)
-    sub = persistent_subscriber(broker, "s", ("a", 1))
+    sub = persistent_subscriber(store_broker, "s", ("a", 1))
     sub.lose_connection()
-    pub = connected(broker, "p", keepalive=10)
+    pub = connected(store_broker, "p", keepalive=10)
     # Twelve copies for the store, handed to its writer at the end of the turn.
     pub.send(*[P.Publish("a", b"%d" % i, 1, message_id=i + 1) for i in range(12)])
-    assert broker.store.congested
+    assert store_broker.store.congested
     assert [line for line in logged() if "writes waiting for the disk" in line]
     # Nothing more is read from anyone, a new client included; a client
     # is not dropped for the silence this makes.
     pub.send(P.Publish("a", b"12", 1, message_id=13))
-    broker.clock.advance(60)
-    late = broker.client(client_id="late")
+    store_broker.clock.advance(60)
+    late = store_broker.client(client_id="late")
     assert pub.transport.producerState == "paused"
     assert late.received() == [] and not pub.closed
-    assert broker.store._ops == []
+    assert store_broker.store._ops == []
     # The writer catches up: what waited is read, in order.
-    broker.commit()
-    assert not broker.store.congested
+    store_broker.commit()
+    assert not store_broker.store.congested
     assert [type(p) for p in late.received()] == [P.Connack]
     assert pub.transport.producerState == "producing"
-    broker.commit()
+    store_broker.commit()
     assert [p.message_id for p in pub.received()] == list(range(1, 14))
-    back = broker.client(client_id="s", clean_session=False)
-    broker.commit()
+    back = store_broker.client(client_id="s", clean_session=False)
+    store_broker.commit()
     got = publishes(back.received() + back.received())
     assert [p.payload for p in got][:13] == [b"%d" % i for i in range(13)]
 
 
 def test_a_failed_commit_counts_as_written_for_the_backlog(tmp_path, monkeypatch):
     monkeypatch.setattr(store_module, "MAX_BACKLOG", 2)
-    broker = FakeBroker(store_dir=tmp_path)
+    store_broker = FakeBroker(store_dir=tmp_path)
     told = []
-    broker.store.congestion_listeners.append(told.append)
-    pub = connected(broker, "p", clean_session=False)
+    store_broker.store.congestion_listeners.append(told.append)
+    pub = connected(store_broker, "p", clean_session=False)
     pub.send(P.Subscribe(1, [("t/#", 1)]), *[P.Publish("r", b"x", 0, retain=True) for _ in range(3)])
     assert told == [True]
-    broker.store._db.close()
-    broker.commit()
+    store_broker.store._db.close()
+    store_broker.commit()
     assert told == [True, False]
-    assert broker.store.backlog == 0
+    assert store_broker.store.backlog == 0
 
 
-def test_a_store_behind_holds_a_bridges_upstream_back_too(broker, monkeypatch):
+def test_a_store_behind_holds_a_bridges_upstream_back_too(store_broker, monkeypatch):
     monkeypatch.setattr(store_module, "MAX_BACKLOG", 10)
-    sub = persistent_subscriber(broker, "s", ("t/#", 1))
+    sub = persistent_subscriber(store_broker, "s", ("t/#", 1))
     sub.lose_connection()
-    bridge, upstream = bridged(broker, "t/# in 1")
+    bridge, upstream = bridged(store_broker, "t/# in 1")
     # From upstream, kept for "s" (away): twelve copies for the store.
     upstream.send(*[P.Publish("t/a", b"%d" % i, 1, message_id=i + 1) for i in range(12)])
-    broker.clock.advance(0)
-    assert broker.store.congested
+    store_broker.clock.advance(0)
+    assert store_broker.store.congested
     assert upstream.transport.producerState == "paused"
-    broker.commit()
-    assert not broker.store.congested
+    store_broker.commit()
+    assert not store_broker.store.congested
     assert upstream.transport.producerState == "producing"
     # Once the link is gone, the store no longer tells the bridge.
     upstream.lose()
-    assert broker.store.congestion_listeners == [broker.factory.flusher.hold_reading]
+    assert store_broker.store.congestion_listeners == [store_broker.factory.flusher.hold_reading]
     bridge.stopService()
 
 
 def test_listeners_sharing_a_flusher_register_it_once(tmp_path):
-    broker = FakeBroker(store_dir=tmp_path)
+    store_broker = FakeBroker(store_dir=tmp_path)
     # A second listener, as a gateway with TCP and WebSocket ports has.
-    MQTTServerFactory(broker.router, clock=broker.clock, flusher=broker.factory.flusher)
-    assert broker.store.congestion_listeners == [broker.factory.flusher.hold_reading]
+    MQTTServerFactory(store_broker.router, clock=store_broker.clock, flusher=store_broker.factory.flusher)
+    assert store_broker.store.congestion_listeners == [store_broker.factory.flusher.hold_reading]
 
 
 # What the store held: its record (mqttgw.db.state) and the files at its path

@@ -10,7 +10,7 @@ import pytest
 
 from mqttgw import __version__
 from mqttgw.broker.session import NEVER_EXPIRES
-from mqttgw.testing import FakeBroker, connected
+from mqttgw.testing import connected
 from mqttgw.web import systopics
 from mqttgw.web.systopics import SHARED, SysTopics
 from mqttgw.wire import packets as P
@@ -29,11 +29,6 @@ def watching(broker, client_id, *topic_filters):
 
 def values(packets):
     return {p.topic: p.payload.decode() for p in packets if isinstance(p, P.Publish)}
-
-
-@pytest.fixture
-def broker():
-    return FakeBroker()
 
 
 @pytest.fixture
