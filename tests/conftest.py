@@ -1,20 +1,11 @@
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 from twisted.logger import formatEvent, globalLogPublisher
 
 from mqttgw.testing import FakeBroker
-
-# The in-process tests of the hot path's modules: ``pytest -m unit``.
-UNIT_MODULES = {
-    "test_framing", "test_framing5", "test_topics", "test_connect", "test_publish_qos",
-    "test_wills", "test_retained", "test_subscriptions", "test_flow_control", "test_bad_input",
-    "test_mqtt5_bounds", "test_bridge_backoff", "test_bridge_mqtt5", "test_bridge_counters",
-    "test_bridge_relay", "test_bridge_fallbacks", "test_total_queue_bound", "test_enhanced_auth", "test_websocket_frames",
-    "test_store", "test_session_flags", "test_session_owner",
-}
-
 
 # What tests report for people to read (tables of measurements), shown at
 # the end of the run whatever the tests' outcomes; see the ``report`` fixture.
@@ -92,9 +83,14 @@ def _stop_leftovers(_store_files_kept):
         c.client.loop_stop()
 
 
+UNIT = Path(__file__).resolve().parent / "unit"
+
+
 def pytest_collection_modifyitems(items):
+    # tests/unit/ runs in process (``pytest -m unit``); tests/system/ runs
+    # gateways and the programs nobody here wrote.
     for item in items:
-        if item.module.__name__.rpartition(".")[2] in UNIT_MODULES:
+        if UNIT in Path(item.fspath).resolve().parents:
             item.add_marker(pytest.mark.unit)
 
 

@@ -3,7 +3,7 @@ The broker's seams, declared: what a session asks of whatever carries it
 to its receiver, how that carrier's dialect frames a PUBLISH, what routing
 asks of a subscriber, and what connections and bridges ask of a session
 and of the router.  Implementations declare them with ``@implementer``;
-tests/test_layers.py verifies each with ``zope.interface.verify``.
+tests/system/test_layers.py verifies each with ``zope.interface.verify``.
 """
 
 from zope.interface import Attribute, Interface

@@ -9,7 +9,7 @@ API from the field table below, in a pool of their own: no generated
 generated code refuses older runtimes), and no clash with another
 library's copy of the same ``.proto`` in the default pool.  The table
 follows the specification's ``.proto`` field for field (names, numbers,
-types, labels, oneofs, extension ranges); tests/test_sparkplug_codec.py
+types, labels, oneofs, extension ranges); tests/unit/test_sparkplug_codec.py
 checks it against what other implementations put on the wire.
 
 Scalars are kept as the specification puts them: Int8 to Int32 in the
