@@ -6,8 +6,8 @@ bounded; and a per-address connection rate may be set.
 
 Bounded everywhere: a failure count stops growing once its delay is the
 longest, so the arithmetic never overflows; the table keeps at most
-``size`` addresses and user names (about 400 bytes each), the least
-recently seen going first; an address keeps at most ``max_waiting``
+``size`` addresses and user names, the least recently seen going
+first; an address keeps at most ``max_waiting``
 answer times, a user name ``max_waiting_per_user``.
 """
 

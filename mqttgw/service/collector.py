@@ -4,8 +4,8 @@ within milliseconds.  CPython's cyclic collector stops the reactor for as
 long as it takes to scan what it tracks: with default settings a full
 collection ran every few hundred thousand allocations and, over the
 modules, retained messages and sessions of a running gateway, took tens
-of milliseconds (the hostile-neighbours benchmark saw a well-behaved
-client's p99 at 59 ms).  Young collections must stay short too: each
+of milliseconds, which every client waiting on the reactor felt
+(the performance page has the figures).  Young collections must stay short too: each
 scans every object allocated since the last.
 """
 

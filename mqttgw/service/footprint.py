@@ -2,7 +2,7 @@
 Start-up without TLS where the configuration has none.  Twisted's TCP
 transport, its reactor base and its endpoints look for pyOpenSSL when
 first imported, and finding it loads cryptography and service_identity as
-well (about 12 MB resident, a fifth of the start-up time).  A gateway
+well, a large share of the idle memory and the start-up time.  A gateway
 whose listeners are all plain imports them with pyOpenSSL hidden, as
 Twisted would be without it installed; afterwards nothing is hidden, and
 whatever later asks for TLS (a bridge, a token key) loads it then, on its

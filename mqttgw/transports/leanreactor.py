@@ -5,13 +5,13 @@ peers' closes put after open connections' reads.
 Twisted's epoll reactor runs every read and write event inside
 ``log.callWithLogger``: it asks the selectable for its log prefix and
 copies a context dictionary so that a legacy log line written meanwhile
-names the connection.  That costs about 2.4 µs per event, a third of what
-routing a PUBLISH costs, and nothing here writes legacy log lines on the
+names the connection.  That costs a sizeable share of what routing a
+PUBLISH costs, and nothing here writes legacy log lines on the
 way.  :class:`EPollReactor` calls the handlers directly and names the
 connection only when a handler raises, where Twisted's line needs it.
 
-Closing a connection costs some 30 µs (its socket, the reactor's sets, its
-session).  When hundreds of clients close at once (a reconnect storm), one
+Closing a connection costs far more than a read (its socket, the
+reactor's sets, its session).  When hundreds of clients close at once (a reconnect storm), one
 poll would close them all before reading the connections that stay open.
 Descriptors are watched for the peer's close too (``EPOLLRDHUP``): a poll
 handles the other events first, then at most ``CLOSES_PER_POLL`` closes

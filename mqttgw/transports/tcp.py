@@ -3,7 +3,7 @@ The listeners' TCP ports and connections: Twisted's, leaner and quicker.
 
 CPython 3.11 keeps an instance's attributes in a small array laid out by
 keys its class shares; a name the shared keys do not hold yet gives that
-instance a dictionary of its own (about 0.8 KiB).  The room for new names
+instance a dictionary of its own.  The room for new names
 shrinks by one with every instance made, so a burst of connections at
 start-up leaves no room for the names Twisted sets only on the first write
 (``dataBuffer``, ``offset``), and every later connection pays for a
@@ -12,9 +12,8 @@ throwaway instance, before the first connection, which puts them all in
 the shared keys.
 
 :class:`Server` keeps no log prefix, representation string or bound
-``fileno`` method per connection (about 0.23 KiB): it makes them when they
-are asked for; nor a list for bytes waiting to be written (56 bytes) while
-none wait.  It sends what it is given at once when nothing waits
+``fileno`` method per connection: it makes them when they are asked
+for; nor a list for bytes waiting to be written while none wait.  It sends what it is given at once when nothing waits
 before it, as mosquitto does, rather than on the reactor's next turn.
 :class:`Port` accepts connections in bounded batches.
 """

@@ -3,9 +3,8 @@ A Sparkplug B payload's ``seq`` read without decoding its metrics: the
 aware server follows every NDATA, DDATA, DBIRTH and DDEATH's sequence
 number and needs nothing else of them.  The payload is parsed as a
 message that knows field 3 (``uint64 seq``) alone, so protobuf skips the
-metrics by their lengths without building them: 0.4 µs for ten metrics
-against 1.0 µs for a whole decode (and 4.5 µs for a varint walk in
-Python).  Needs ``protobuf``, as ``payload`` does.
+metrics by their lengths without building them, in less than half the
+time of a whole decode (and far less than a varint walk in Python).  Needs ``protobuf``, as ``payload`` does.
 """
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
