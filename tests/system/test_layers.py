@@ -8,6 +8,7 @@ declare their interfaces (verified here) rather than inheriting them.
 import ast
 import importlib
 import inspect
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -397,3 +398,13 @@ def test_no_two_classes_of_the_package_share_a_name():
                 where.setdefault(node.name, set()).add(relative)
     shared = {name: sorted(paths) for name, paths in where.items() if len(paths) > 1 and not paths <= standards}
     assert not shared, shared
+
+
+def test_module_docstrings_hold_no_measurements_that_go_stale():
+    # Figures belong to the bench's results and the performance page.
+    figure = re.compile(r"\d[\d,.]*\s*(?:µs|us|ms|KiB|MiB|KB|MB|bytes each|instructions)\b")
+    found = []
+    for name, path in modules():
+        doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+        found += [(name, m.group(0)) for m in figure.finditer(doc)]
+    assert not found, found
