@@ -123,12 +123,11 @@ class SnSessions(RuleBasedStateMachine):
         self.broker.clock.advance(0)
         self.pump()
 
-    def pump(self, connecting=None, moving=None):
+    def pump(self, connecting=None):
         """
         Read what the gateway wrote, in order: an owner learnt from a
-        CONNACK (``connecting``: (address, client id, clean)) or from the
-        first answer to a PINGREQ from a new address (``moving``:
-        (address, client id)); deliveries checked against the address's owner.
+        CONNACK (``connecting``: (address, client id, clean)); deliveries
+        checked against the address's owner.
         """
         written, self.transport.written = self.transport.written, []
         for data, addr in written:
@@ -137,9 +136,6 @@ class SnSessions(RuleBasedStateMachine):
                 if message.return_code == C.ACCEPTED:
                     self.connected(*connecting)
                 connecting = None
-            if moving is not None and addr == moving[0]:
-                self.moved(*moving)
-                moving = None
             if isinstance(message, S.Publish):
                 topic = payload_topic(message.data)
                 assert self.owner.get(addr) == owner_of_topic(topic), (
@@ -250,7 +246,17 @@ class SnSessions(RuleBasedStateMachine):
         else:
             self.listener.datagramReceived(S.Pingreq(client_id).encode(), addr)
             self.broker.clock.advance(0)
-            self.pump(moving=(addr, client_id))
+            answered = any(where == addr for _, where in self.transport.written)
+            # It moves if the gateway still had it (not lost in silence), and then it is answered:
+            # what was held for it, a REGISTER first if need be, or PINGRESP.
+            there = self.listener.clients.get((addr[0], addr[1], None))
+            if there is not None:
+                assert there.client_id == client_id
+                assert answered, f"no answer to the PINGREQ of {client_id}, moved to {addr}"
+                self.moved(addr, client_id)
+            else:
+                assert not answered
+            self.pump()
 
     # Topics
 
@@ -446,3 +452,30 @@ SnSessions.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 test_mqttsn_sessions_against_a_model = SnSessions.TestCase
+
+
+def test_a_register_unanswered_as_the_client_fell_asleep_is_sent_again_when_it_wakes():
+    """
+    The model's first find: a wildcard delivery waits for the REGACK of a
+    REGISTER the client missed as it went to sleep; on waking (here from
+    a new address) it was sent nothing at all, its QoS 0 message held for
+    ever.  The REGISTER goes again, then the message, then PINGRESP.
+    """
+    from tests.test_mqttsn_units import Listener
+
+    listener = Listener()
+    listener.connect("dozy", duration=60)
+    listener.send(S.Subscribe(1, "news/+", qos=0))
+    assert listener.out() == [S.Suback(0, 1, C.ACCEPTED, 0)]
+    listener.broker.client(client_id="p").send(P.Publish("news/a", b"held", 0))
+    [register] = listener.out()
+    assert isinstance(register, S.Register) and register.topic_name == "news/a"
+    listener.send(S.Disconnect(300))
+    assert listener.out() == [S.Disconnect()]
+    moved = ("127.0.0.1", 5009)
+    listener.send(S.Pingreq("dozy"), moved)
+    [again] = listener.out(moved)
+    assert (again.topic_id, again.topic_name) == (register.topic_id, "news/a")
+    listener.send(S.Regack(again.topic_id, again.message_id, C.ACCEPTED), moved)
+    [delivered, pingresp] = listener.out(moved)
+    assert delivered.data == b"held" and pingresp == S.Pingresp()
