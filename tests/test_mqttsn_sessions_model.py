@@ -62,8 +62,12 @@ def payload_topic(data):
 
 
 class SnSessions(RuleBasedStateMachine):
-    @initialize(qos=st.lists(st.integers(0, 2), min_size=2, max_size=2), committed=st.booleans())
-    def start(self, qos, committed):
+    @initialize(
+        qos=st.lists(st.integers(0, 2), min_size=2, max_size=2),
+        kinds=st.lists(st.integers(0, 4), min_size=2, max_size=2),
+        committed=st.booleans(),
+    )
+    def start(self, qos, kinds, committed):
         self.directory = tempfile.mkdtemp(prefix="mqttgw-snmodel-")
         self.limits = SessionLimits(
             max_inflight_messages=4, max_queued_messages=10_000, max_queued_bytes=1 << 24, retry_interval=RETRY
@@ -81,9 +85,9 @@ class SnSessions(RuleBasedStateMachine):
         # Payloads each client id was ever delivered.
         self.received = {c: set() for c in CLIENT_IDS}
         # Each client with a persistent session subscribed to its topics (often enough to matter).
-        for client_id, addr, granted in zip(CLIENT_IDS, ADDRESSES, qos):
+        for client_id, addr, granted, kind in zip(CLIENT_IDS, ADDRESSES, qos, kinds):
             self.connect(client_id, addr, clean=False)
-            self.subscribe(ADDRESSES.index(addr), kind=2, qos=granted)
+            self.subscribe(ADDRESSES.index(addr), kind=kind, qos=granted)
         if committed:
             self.commit()
 
@@ -310,6 +314,9 @@ class SnSessions(RuleBasedStateMachine):
         addr = sorted(self.owner)[which % len(self.owner)]
         name = topics_of(whose)[topic]
         if topic < 2:
+            if name not in self.registered[addr]:
+                # As a client does: REGISTER first.
+                self.register(sorted(self.owner).index(addr), whose, topic)
             topic_id = self.registered[addr].get(name)
             if topic_id is None:
                 return
