@@ -315,3 +315,98 @@ def test_clients_that_come_and_go_leave_no_entries_in_the_watchdog_for_their_kee
     # Those connected are still watched: lost at 1.5 x their keep alive.
     listener.broker.clock.advance(65535 * 1.5 + 1)
     assert listener.protocol.clients == {} and watchdog.buckets == {} and watchdog.seconds == []
+
+
+# Over real UDP: datagrams per burst, and bursts, each followed by an exchange.
+UDP_BURST = 400
+UDP_BURSTS = 10
+# Datagrams sent before the good client's PINGREQ and PINGRESP.
+UDP_PACE = 50
+
+
+def udp_exchange(good, up, watcher, publisher, n):
+    """One message each way between the MQTT-SN client and the MQTT ones, QoS 1, within bounded retries."""
+    mid = n + 1
+    puback = None
+    # A datagram may be lost while the gateway's socket is full of garbage: sent again, as a client does.
+    for attempt in range(3):
+        good.send(S.Publish(up, b"up %d" % n, 1, dup=attempt > 0, message_id=mid))
+        try:
+            puback = good.expect(S.Puback, timeout=5)[0]
+            break
+        except AssertionError:
+            continue
+    assert puback == S.Puback(up, mid, 0)
+    payloads = [m.payload for m in watcher.receive()]
+    assert payloads == [b"up %d" % n]
+    publisher.publish("served/down", b"down %d" % n, qos=1)
+    down = good.expect(S.Publish)[0]
+    assert down.data == b"down %d" % n
+    good.send(S.Puback(down.topic_id, down.message_id, 0))
+    good.send(S.Pingreq())
+    good.expect(S.Pingresp)
+
+
+def silent_datagram(hostile):
+    """A hostile datagram that is no CONNECT and names no client: its sender never completes one."""
+    while True:
+        data = hostile.datagram()
+        try:
+            message = S.decode(data)
+        except S.MalformedDatagram:
+            return data
+        if not isinstance(message, (S.Connect, S.Encapsulated, S.Pingreq)):
+            return data
+
+
+def test_thousands_of_hostile_datagrams_over_udp_leave_a_running_gateway_serving(gateway_with):
+    gw = gateway_with("--mqttsn", "127.0.0.1:0")
+    target = ("127.0.0.1", gw.mqttsn_port)
+    watcher = PahoClient(gw.port, "fuzz-watcher", "MQTTv311")
+    watcher.connect()
+    assert watcher.subscribe("served/up", 1) == [1]
+    publisher = PahoClient(gw.port, "fuzz-publisher", "MQTTv311")
+    publisher.connect()
+    good = RawSn(gw.mqttsn_port)
+    assert good.connect("good", duration=60) == 0
+    good.send(S.Register(0, 1, "served/up"))
+    up = good.expect(S.Regack)[0].topic_id
+    good.send(S.Subscribe(2, "served/down", qos=1))
+    assert good.expect(S.Suback)[0].return_code == 0
+    hostile = Hostile(SEED + 1)
+    senders = []
+    for n in range(2, 10):
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        sock.bind((f"127.0.0.{n}", 0))
+        senders.append(sock)
+    # One address that never sends a CONNECT: what it is answered is counted.
+    silent = RawSn(gw.mqttsn_port, bind_port=0)
+    silent.socket.close()
+    silent.socket = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    silent.socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+    silent.socket.bind(("127.0.0.10", 0))
+    started = time.monotonic()
+    try:
+        for burst in range(UDP_BURSTS):
+            for n in range(UDP_BURST):
+                if hostile.rng.random() < 0.1:
+                    silent.send(silent_datagram(hostile))
+                else:
+                    hostile.rng.choice(senders).sendto(hostile.datagram(), target)
+                if n % UDP_PACE == UDP_PACE - 1:
+                    # The gateway has read what came before (its socket's buffer is not overrun).
+                    good.send(S.Pingreq())
+                    good.expect(S.Pingresp)
+            assert gw.process.poll() is None, gw.log()
+            udp_exchange(good, up, watcher, publisher, burst)
+        answers = silent.nothing(timeout=1.0)
+    finally:
+        for sock in senders:
+            sock.close()
+    assert silent.sent > 0 and silent.received <= silent.sent, (silent.received, silent.sent, answers[:5])
+    assert gw.process.poll() is None
+    assert "Traceback" not in gw.log()
+    assert "dropped" in gw.log()
+    assert time.monotonic() - started < 120
+    silent.close()
+    good.close()
