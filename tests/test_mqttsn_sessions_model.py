@@ -345,6 +345,13 @@ class SnSessions(RuleBasedStateMachine):
             self.unacked[(addr, mid)] = (payload, self.targets(name, qos))
         self.send(S.Publish(topic_id, payload, qos, message_id=mid, topic_id_type=kind), addr)
 
+    @precondition(lambda self: self.owner)
+    @rule(which=st.integers(0, 3), topic=st.integers(0, 3), qos=st.integers(1, 2),
+          whose=st.sampled_from(CLIENT_IDS))
+    def sn_publishes_to_be_kept(self, which, topic, qos, whose):
+        """(As ``sn_publishes``, at QoS 1 and 2 only: the messages that matter here, more often.)"""
+        self.sn_publishes(which, topic, qos, whose)
+
     @rule(whose=st.sampled_from(CLIENT_IDS), addr=st.sampled_from(ADDRESSES))
     def qos_minus_one(self, whose, addr):
         """A publish on a short name from an address, connected or not; nothing to acknowledge."""
@@ -465,7 +472,7 @@ class SnSessions(RuleBasedStateMachine):
 
 
 SnSessions.TestCase.settings = settings(
-    max_examples=250,
+    max_examples=600,
     stateful_step_count=60,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
