@@ -306,6 +306,12 @@ class SnClient:
         """A sleeper's PINGREQ: what waited for it goes, then PINGRESP once acknowledged."""
         session = self.session
         self.state = AWAKE
+        topics = self.topics
+        # A REGISTER sent as it fell asleep went unanswered: what waits for
+        # its REGACK (QoS 0 deliveries too, which are never sent again)
+        # goes only once it is answered, so it is asked again first.
+        for topic_id in list(topics.pending):
+            self._send_register(topic_id, topics.names[topic_id])
         session.window.resume_flights(self.clock.seconds())
         session.resume()
         if self._awake_call is None:

@@ -120,17 +120,31 @@ class SnLogin:
         clients = listener.options.clients
         if clients is not None and not listed(clients, route, client_id):
             return C.REJECTED_NOT_SUPPORTED, "not listed at this address in mqttsn.clients"
-        known = listener.clients.get(route.key) is not None or client_id in listener.by_id
+        if self._known(route, client_id):
+            return None
+        refusal = self._over_bounds(route)
+        if refusal is not None:
+            return refusal
+        if not listener.connection_rate.allows(route.host):
+            return C.REJECTED_CONGESTION, "over limits.max_connection_rate"
+        return None
+
+    def _known(self, route, client_id):
+        """Whether the client takes the place of one connected (at its address, or by its client id)."""
+        listener = self.listener
+        return listener.clients.get(route.key) is not None or client_id in listener.by_id
+
+    def _over_bounds(self, route):
+        """(return code, why) when one more client at ``route`` is over the listener's bounds, else None."""
+        listener = self.listener
         # Counted apart from the stream listeners' connections: CONNECTs
         # from spoofed addresses cost nothing to send, and must not take
         # the places of TCP clients.
-        if not known and len(listener.clients) >= listener.limits.max_connections:
+        if len(listener.clients) >= listener.limits.max_connections:
             return C.REJECTED_CONGESTION, f"{listener.limits.max_connections} MQTT-SN clients is the limit"
         bound = listener.options.max_clients_per_address
-        if not known and bound and listener.per_host.get(route.host, 0) >= bound:
+        if bound and listener.per_host.get(route.host, 0) >= bound:
             return C.REJECTED_CONGESTION, f"{bound} MQTT-SN clients from this address is the limit"
-        if not known and not listener.connection_rate.allows(route.host):
-            return C.REJECTED_CONGESTION, "over limits.max_connection_rate"
         return None
 
     def refuse(self, route, client_id, code, why):
@@ -172,7 +186,10 @@ class SnLogin:
         owner = username or ""
         access = router.access
         may_write = access.checker(username, client_id, WRITE) if access.acl is not None else None
-        refusal = self._session_refusal(client_id, owner, will, may_write, not connect.clean_session)
+        # Checked again: others may have taken the places left while its will came.
+        refusal = None if self._known(route, client_id) else self._over_bounds(route)
+        if refusal is None:
+            refusal = self._session_refusal(client_id, owner, will, may_write, not connect.clean_session)
         if refusal is not None:
             return self.refuse(route, client_id, *refusal)
         self._make_way(route, client_id)

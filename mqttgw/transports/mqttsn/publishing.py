@@ -85,7 +85,10 @@ class SnPublishing:
         client.send(Regack(topic_id, message.message_id, C.ACCEPTED).encode())
 
     def handle_REGACK(self, message):
-        self.client.registered(message.topic_id, message.return_code)
+        client = self.client
+        client.registered(message.topic_id, message.return_code)
+        # An awake sleeper whose last held message this released may sleep again.
+        client.acknowledged()
 
     def handle_PUBLISH(self, message):
         client = self.client

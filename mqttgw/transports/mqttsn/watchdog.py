@@ -10,6 +10,10 @@ timers.
 import heapq
 import math
 
+# Entries skipped where they wait (clients gone or moved on) tolerated
+# beside one per watched client before the buckets are swept of them.
+SLACK = 1024
+
 
 class Watchdog:
     """
@@ -17,13 +21,16 @@ class Watchdog:
     (clock time, or None: not watched) has passed, within a second.
     """
 
-    __slots__ = ("clock", "buckets", "seconds", "_call", "_next")
+    __slots__ = ("clock", "buckets", "seconds", "entries", "waiting", "_call", "_next")
 
     def __init__(self, clock):
         self.clock = clock
         self.buckets = {}  # whole second -> clients due then
         # The buckets' seconds, soonest first (some may have emptied since).
         self.seconds = []
+        # Entries in the buckets, and clients watched (one entry each is live).
+        self.entries = 0
+        self.waiting = 0
         self._call = None
         self._next = None
 
@@ -36,19 +43,42 @@ class Watchdog:
             return
         # An entry left in a later bucket is skipped there: its client
         # waits in this one (lists, not sets: 8 bytes an entry).
+        if bucket is None:
+            self.waiting += 1
         client.watched = second
         clients = self.buckets.get(second)
         if clients is None:
             clients = self.buckets[second] = []
             heapq.heappush(self.seconds, second)
         clients.append(client)
+        self.entries += 1
+        if self.entries > 2 * self.waiting + SLACK:
+            self._sweep()
         if self._next is None or second < self._next:
             self._schedule(second)
 
-    @staticmethod
-    def unwatch(client):
+    def unwatch(self, client):
         """Not checked any more (its entry is skipped where it waits)."""
-        client.watched = None
+        if client.watched is not None:
+            client.watched = None
+            self.waiting -= 1
+
+    def _sweep(self):
+        """
+        The buckets without their skipped entries: a flood of clients that
+        come and go (a CONNECT costs a spoofed address nothing) would
+        otherwise hold every one gone until its keep alive or sleep (up to
+        18 hours) x 1.5 ran out.
+        """
+        buckets = {}
+        for second, clients in self.buckets.items():
+            kept = {id(c): c for c in clients if c.watched == second}
+            if kept:
+                buckets[second] = list(kept.values())
+        self.buckets = buckets
+        # A sorted list is a heap (changed in place: _due may be walking it).
+        self.seconds[:] = sorted(buckets)
+        self.entries = sum(len(clients) for clients in buckets.values())
 
     def _schedule(self, second):
         if self._call is not None and self._call.active():
@@ -62,10 +92,13 @@ class Watchdog:
         seconds = self.seconds
         while seconds and seconds[0] <= now:
             second = heapq.heappop(seconds)
-            for client in self.buckets.pop(second, ()):
+            clients = self.buckets.pop(second, ())
+            self.entries -= len(clients)
+            for client in clients:
                 if client.watched != second:
                     continue
                 client.watched = None
+                self.waiting -= 1
                 deadline = client.deadline
                 if deadline is None:
                     continue
