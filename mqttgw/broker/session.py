@@ -8,6 +8,7 @@ messages, and time comes from an injected clock.
 """
 
 from collections import deque
+from types import MappingProxyType
 
 import attr
 from zope.interface import implementer
@@ -35,6 +36,10 @@ INTERNAL_PREFIX = "\x00"
 # An interval of 0 means the session ends with its connection (a 5.0
 # client's 0, or 3.1.1's Clean Session), as mosquitto keeps both.
 NEVER_EXPIRES = 0xFFFFFFFF
+
+# A session's subscriptions until it has one, shared (read-only): an
+# idle client that subscribes to nothing keeps no dictionary (64 bytes).
+NO_SUBSCRIPTIONS = MappingProxyType({})
 
 
 @attr.s(frozen=True, slots=True)
@@ -119,8 +124,9 @@ class Session:
         # The gateway's own session, not a client's: not listed or counted
         # as one, never expired, and its traffic is a bridge's.
         self.internal = client_id.startswith(INTERNAL_PREFIX)
-        # topic filter -> granted QoS, and the filters' UTF-8 bytes in all.
-        self.subscriptions = {}
+        # topic filter -> granted QoS (a dict once there is one), and the
+        # filters' UTF-8 bytes in all.
+        self.subscriptions = NO_SUBSCRIPTIONS
         self.filter_bytes = 0
         # 5.0 subscription options, by filter, where any differs from
         # 3.1.1's (None until then).
@@ -333,9 +339,12 @@ class Session:
     def subscribe(self, topic_filter, qos, options=None):
         """Hold ``topic_filter`` at ``qos`` granted, with its 5.0
         SubscriptionOptions if any (the router routes it)."""
-        if topic_filter not in self.subscriptions:
+        subscriptions = self.subscriptions
+        if subscriptions is NO_SUBSCRIPTIONS:
+            subscriptions = self.subscriptions = {}
+        if topic_filter not in subscriptions:
             self.filter_bytes += filter_size(topic_filter)
-        self.subscriptions[topic_filter] = qos
+        subscriptions[topic_filter] = qos
         if options is not None and not options.plain:
             if self.options is None:
                 self.options = {}
@@ -349,8 +358,12 @@ class Session:
 
     def unsubscribe(self, topic_filter):
         """Let ``topic_filter`` go; False when the session did not hold it."""
-        if self.subscriptions.pop(topic_filter, None) is None:
+        subscriptions = self.subscriptions
+        if topic_filter not in subscriptions:
             return False
+        del subscriptions[topic_filter]
+        if not subscriptions:
+            self.subscriptions = NO_SUBSCRIPTIONS
         self.filter_bytes -= filter_size(topic_filter)
         if self.options:
             self.options.pop(topic_filter, None)
@@ -364,7 +377,7 @@ class Session:
         taken them out) and its store rows go.
         """
         self.cancel_timers()
-        self.subscriptions.clear()
+        self.subscriptions = NO_SUBSCRIPTIONS
         self.options = None
         self.filter_bytes = 0
         if self.store is not None:
@@ -385,6 +398,8 @@ class Session:
         expiry = stored.expiry_interval
         self.expiry_interval = NEVER_EXPIRES if expiry is None else expiry
         self.owner = stored.owner
+        if stored.subscriptions and self.subscriptions is NO_SUBSCRIPTIONS:
+            self.subscriptions = {}
         for topic_filter, value in stored.subscriptions.items():
             qos, options = from_stored(topic_filter, value)
             self.subscriptions[topic_filter] = qos
