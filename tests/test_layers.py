@@ -271,6 +271,9 @@ def test_a_connection_and_its_parts_provide_their_interfaces():
     client = broker.client(P.Connect("c", protocol_level=P.MQTT_5, properties={}))
     client.send(P.Subscribe(1, [("t", 1)], {}))
     connection = client.protocol
+    # Publishing is a part from the client's first PUBLISH.
+    assert connection.publishing is None and None in connection.reading.receivers
+    client.send(P.Publish("t", b"x", 1, message_id=1, properties={}))
     login = Login(connection, broker.router, broker.clock, connection.limits, broker.factory.flusher.connection_messages)
     handshake = Handshake(connection, login, broker.clock, 10.0, {})
     provided = [

@@ -17,8 +17,8 @@ import sys
 from types import MappingProxyType
 
 import attr
-from twisted.internet.interfaces import IPushProducer, ISSLTransport, ITCPTransport
-from twisted.internet.protocol import Factory, Protocol
+from twisted.internet.interfaces import ILoggingContext, IProtocol, IPushProducer, ISSLTransport, ITCPTransport
+from twisted.internet.protocol import Factory
 from twisted.logger import Logger
 from zope.interface import implementer
 
@@ -126,15 +126,18 @@ _UNMARKED = ()
 CONNECTION, READING, HANDSHAKE, PUBLISHING = range(4)
 
 
-@implementer(IClientConnection, IPushProducer, IConnecting, IReadingConnection, IScheduledConnection)
-class MQTTServerProtocol(Protocol):
+@implementer(
+    IProtocol, ILoggingContext, IClientConnection, IPushProducer, IConnecting, IReadingConnection,
+    IScheduledConnection,
+)
+class MQTTServerProtocol:
     """
     One client's connection: its parts, the facts its handshake
     established (see :class:`IConnection`), its output and its end.
     """
 
-    # One per connection, so its attributes are slots: an idle client costs
-    # no instance dictionary (see the connections benchmark).
+    # One per connection: slots, and IProtocol provided rather than
+    # Protocol inherited (its instances carry a dictionary).
     __slots__ = (
         "transport", "connected", "router", "limits", "clock", "_flusher", "stats", "state",
         "host", "opening", "_out", "_out_size", "_close_grace",
@@ -147,9 +150,11 @@ class MQTTServerProtocol(Protocol):
         "client_id", "log_id", "username", "identity", "dialect", "session", "keepalive",
         # Its parts: a login from CONNECT until it holds nothing more, a
         # handshake where CONNECT named an authentication method,
-        # publishing once connected, subscribing from the first SUBSCRIBE
-        # (an idle client costs fewer parts).
+        # publishing from the first PUBLISH or acknowledgement, subscribing
+        # from the first SUBSCRIBE (an idle client costs fewer parts).
         "reading", "login", "handshake", "publishing", "subscribing",
+        # The login's cached ACL check of publishing, until publishing takes it.
+        "_may_write",
     )
     # Seconds a peer has to close its side after we closed ours.
     CLOSE_GRACE = 2.0
@@ -179,10 +184,19 @@ class MQTTServerProtocol(Protocol):
         self.session = None
         self.keepalive = 0
         self.login = self.handshake = self.publishing = self.subscribing = None
+        self._may_write = None
         self.reading = Reading(self, limits, clock, flusher, self.stats, BEFORE_CONNECT)
         self._receivers_changed()
 
     # Connection life
+
+    def makeConnection(self, transport):
+        self.connected = 1
+        self.transport = transport
+        self.connectionMade()
+
+    def logPrefix(self):
+        return "MQTTServerProtocol"
 
     def connectionMade(self):
         transport = self.transport
@@ -425,7 +439,7 @@ class MQTTServerProtocol(Protocol):
 
     def enter(self, event):
         state = self.state = TRANSITIONS[self.state][event]
-        self.reading.handlers = handlers_in(state, self.dialect)
+        self.reading.handlers = handlers_in(state, self.dialect, self.publishing is not None)
 
     def speak(self, dialect):
         self.dialect = dialect
@@ -436,14 +450,22 @@ class MQTTServerProtocol(Protocol):
         self._receivers_changed()
 
     def accepted(self, session, may_write):
-        router = self.router
-        dialect = self.dialect
         self.session = session
-        self.publishing = Publishing(self, router, session, dialect, self.limits, may_write,
-                                     router.access.reserved_topics)
-        self._receivers_changed()
+        self._may_write = may_write
         self.enter("accept")
         self._count_version(1)
+
+    def publishing_begins(self, packet):
+        """The first PUBLISH or ack: the publishing part is made, for it and what follows."""
+        router = self.router
+        self.publishing = Publishing(self, router, self.session, self.dialect, self.limits, self._may_write,
+                                     router.access.reserved_topics)
+        self._may_write = None
+        self._receivers_changed()
+        reading = self.reading
+        handlers = reading.handlers = handlers_in(self.state, self.dialect)
+        receiver, handler = handlers[packet.packet_type]
+        return handler(reading.receivers[receiver], packet)
 
     def logged_in(self):
         self.login = None
@@ -538,17 +560,26 @@ _CONNECTED = {
     P.AUTH: (CONNECTION, "handle_AUTH"),
 }
 _RECEIVER_CLASSES = (MQTTServerProtocol, Reading, Handshake, Publishing)
-# The tables of connected clients, by dialect class.
+# The tables of connected clients, by dialect class and by whether the
+# connection has its publishing part yet (until then, what publishing
+# handles makes it first).
 _CONNECTED_TABLES = {}
+_PUBLISHING_BEGINS = (CONNECTION, MQTTServerProtocol.publishing_begins)
 
 
-def handlers_in(state, dialect):
-    """The handlers of ``state`` (None where nothing is read), a connected client's by ``dialect``."""
+def handlers_in(state, dialect, publishing=True):
+    """
+    The handlers of ``state`` (None where nothing is read), a connected
+    client's by ``dialect`` and whether its connection has its
+    ``publishing`` part.
+    """
     if state is CONNECTED:
-        table = _CONNECTED_TABLES.get(type(dialect))
+        key = (type(dialect), publishing)
+        table = _CONNECTED_TABLES.get(key)
         if table is None:
-            table = _CONNECTED_TABLES[type(dialect)] = {
+            table = _CONNECTED_TABLES[key] = {
                 t: (receiver, getattr(_RECEIVER_CLASSES[receiver], dialect.HANDLERS.get(t, name)))
+                if publishing or receiver != PUBLISHING else _PUBLISHING_BEGINS
                 for t, (receiver, name) in _CONNECTED.items()
             }
         return table
