@@ -183,7 +183,9 @@ def summary(r):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m bench.connection_cost", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.connection_cost", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--connections", type=int, default=2000)
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = parser.parse_args(argv)

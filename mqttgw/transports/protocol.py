@@ -14,6 +14,7 @@ nothing else.
 """
 
 import sys
+from operator import attrgetter
 from types import MappingProxyType
 
 import attr
@@ -121,9 +122,11 @@ _NO_METHODS = MappingProxyType({})
 # and is not in the flusher's list; a list (empty, too) once it is.
 _UNMARKED = ()
 
-# Who handles a packet, by index in the reading's receivers: the
-# connection or one of its parts (None until it has that part).
-CONNECTION, READING, HANDSHAKE, PUBLISHING = range(4)
+# Who handles a packet: the connection itself (None), or the part it
+# holds under that name, read from it as each packet comes (a tuple of
+# them per connection cost an idle client 80 bytes).
+CONNECTION = None
+READING, HANDSHAKE, PUBLISHING = attrgetter("reading"), attrgetter("handshake"), attrgetter("publishing")
 
 
 @implementer(
@@ -186,7 +189,6 @@ class MQTTServerProtocol:
         self.login = self.handshake = self.publishing = self.subscribing = None
         self._may_write = None
         self.reading = Reading(self, limits, clock, flusher, self.stats, BEFORE_CONNECT)
-        self._receivers_changed()
 
     # Connection life
 
@@ -447,7 +449,6 @@ class MQTTServerProtocol:
 
     def authenticating(self, handshake):
         self.handshake = handshake
-        self._receivers_changed()
 
     def accepted(self, session, may_write):
         self.session = session
@@ -461,11 +462,9 @@ class MQTTServerProtocol:
         self.publishing = Publishing(self, router, self.session, self.dialect, self.limits, self._may_write,
                                      router.access.reserved_topics)
         self._may_write = None
-        self._receivers_changed()
-        reading = self.reading
-        handlers = reading.handlers = handlers_in(self.state, self.dialect)
+        handlers = self.reading.handlers = handlers_in(self.state, self.dialect)
         receiver, handler = handlers[packet.packet_type]
-        return handler(reading.receivers[receiver], packet)
+        return handler(self if receiver is None else receiver(self), packet)
 
     def logged_in(self):
         self.login = None
@@ -480,9 +479,6 @@ class MQTTServerProtocol:
 
     def in_steps(self, work):
         return self.reading.in_steps(work)
-
-    def _receivers_changed(self):
-        self.reading.receivers = (self, self.reading, self.handshake, self.publishing)
 
     def _count_version(self, change):
         name = self.dialect.counter
@@ -559,7 +555,7 @@ _CONNECTED = {
     P.DISCONNECT: (CONNECTION, "handle_DISCONNECT"),
     P.AUTH: (CONNECTION, "handle_AUTH"),
 }
-_RECEIVER_CLASSES = (MQTTServerProtocol, Reading, Handshake, Publishing)
+_RECEIVER_CLASSES = {CONNECTION: MQTTServerProtocol, READING: Reading, HANDSHAKE: Handshake, PUBLISHING: Publishing}
 # The tables of connected clients, by dialect class and by whether the
 # connection has its publishing part yet (until then, what publishing
 # handles makes it first).

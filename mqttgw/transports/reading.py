@@ -35,7 +35,7 @@ class Reading:
 
     # One per connection: slots, so an idle client costs no dictionary.
     __slots__ = (
-        "connection", "framer", "clock", "flusher", "stats", "handlers", "receivers",
+        "connection", "framer", "clock", "flusher", "stats", "handlers",
         "last_received", "paused", "awaiting_admission", "_put_off", "_held", "_work",
         # Whether the peer does not read what it is sent (its requests are
         # not read either: their answers would pile up).
@@ -63,13 +63,11 @@ class Reading:
         self.clock = clock
         self.flusher = flusher
         self.stats = stats
-        # By packet type, (index in ``receivers``, function): the handlers
-        # of the present state; None where nothing is read (an answer is
-        # awaited, or closing).
+        # By packet type, (receiver, function): the handlers of the present
+        # state, a receiver being None for the connection itself, else what
+        # reads the part of it that handles the packet; None where nothing
+        # is read (an answer is awaited, or closing).
         self.handlers = handlers
-        # The connection and its parts that handle packets (the connection
-        # sets them as it gains parts).
-        self.receivers = ()
         self.last_received = 0.0
         self.paused = False
         self.output_full = False
@@ -137,7 +135,7 @@ class Reading:
                 receiver, handler = handlers[packet.packet_type]
                 # A handler returns True when what follows must wait (a
                 # login, or a packet handled over several turns).
-                wait = handler(self.receivers[receiver], packet)
+                wait = handler(connection if receiver is None else receiver(connection), packet)
                 budget -= 1
                 if not budget % self.FLUSH_EVERY:
                     connection.flush_alone()
