@@ -108,7 +108,7 @@ class Session:
         "client_id", "clock", "store", "deliveries", "window", "outbox", "policy", "may_read",
         "subscriptions", "filter_bytes", "options", "will", "awaiting_pubrel", "last_seen",
         "connected_since", "budget", "internal", "expiry_interval", "_expiry_call", "_will_call",
-        "pending_will", "will_delay", "owner", "connection", "frames", "limits", "_stats", "_window_size",
+        "pending_will", "will_delay", "owner", "connection", "frames", "limits", "_stats",
     )
 
     def __init__(
@@ -123,8 +123,6 @@ class Session:
         # The carrier attached (an ISessionCarrier) and its frames.
         self.connection = None
         self.frames = PLAIN
-        # The window the last carrier's receive maximum allows (None: the limits').
-        self._window_size = None
         # How it delivers where a bridge differs (see delivery_policy).
         self.policy = CLIENT
         # Whether the client may read a topic (a cached ACL check), or
@@ -218,7 +216,6 @@ class Session:
         size = self.limits.max_inflight_messages
         if receive_maximum is not None and receive_maximum < size:
             size = receive_maximum
-        self._window_size = size
         if self.budget is not None and self.may_read is None:
             # Routing asks the budget behind the read check only.
             self.may_read = _everything
@@ -229,10 +226,11 @@ class Session:
                 stats.clients_disconnected -= 1
         self.connection, self.frames = connection, frames
         self.connected_since = self.clock.seconds()
-        outbox = made(self, "outbox")
-        if outbox is None:
-            # Nothing waits or flies: the parts come with the first message.
+        if made(self, "outbox") is None and size == self.limits.max_inflight_messages:
+            # Nothing waits or flies, and the window is the limits': the
+            # parts come with the first message.
             return
+        outbox = self.outbox
         deliveries, window = self.deliveries, self.window
         window.size = size
         outbox.attach(connection, frames)
@@ -509,8 +507,6 @@ def _make_parts(session):
     session.window = window = Window(deliveries, clock)
     session.outbox = outbox = Outbox(deliveries, window, session, clock)
     window.send_through(outbox)
-    if session._window_size is not None:
-        window.size = session._window_size
     if session.connection is not None:
         outbox.attach(session.connection, session.frames)
     return session
