@@ -142,10 +142,11 @@ class MQTTServerProtocol:
     # One per connection: slots, and IProtocol provided rather than
     # Protocol inherited (its instances carry a dictionary).
     __slots__ = (
-        "transport", "connected", "router", "limits", "clock", "_flusher", "stats", "state",
+        "transport", "connected", "limits", "_flusher", "stats", "state",
         "host", "opening", "_out", "_out_size", "_close_grace",
-        # The listener's MQTTServerFactory (its portal, throttle and 5.0
-        # authentication methods) and kind (tcp, tls, ws or wss).
+        # The listener's MQTTServerFactory (its router, clock, portal,
+        # throttle and 5.0 authentication methods) and kind (tcp, tls, ws
+        # or wss).
         "factory", "listener_kind",
         # Messages a second it is sent at most (0: no bound): a dashboard page.
         "max_delivery_rate",
@@ -162,14 +163,13 @@ class MQTTServerProtocol:
     # Seconds a peer has to close its side after we closed ours.
     CLOSE_GRACE = 2.0
 
-    def __init__(self, router, limits, clock, flusher):
+    def __init__(self, factory):
         self.transport = None
         self.connected = 0
-        self.router = router
-        self.limits = limits
-        self.clock = clock
-        self._flusher = flusher
-        self.stats = router.stats
+        self.factory = factory
+        self.limits = limits = factory.limits
+        self._flusher = flusher = factory.flusher
+        self.stats = factory.router.stats
         self.state = AWAITING_CONNECT
         self.host = None
         # Admitted and not yet read from (see Flusher.admit).
@@ -178,8 +178,7 @@ class MQTTServerProtocol:
         self._out = _UNMARKED
         self._out_size = 0
         self._close_grace = None
-        self.factory = None
-        self.listener_kind = None
+        self.listener_kind = factory.kind
         self.max_delivery_rate = 0
         self.client_id = self.log_id = self.username = None
         self.identity = _NOBODY
@@ -188,7 +187,11 @@ class MQTTServerProtocol:
         self.keepalive = 0
         self.login = self.handshake = self.publishing = self.subscribing = None
         self._may_write = None
-        self.reading = Reading(self, limits, clock, flusher, self.stats, BEFORE_CONNECT)
+        self.reading = Reading(self, limits, factory.clock, flusher, self.stats, BEFORE_CONNECT)
+
+    # The listener's (a slot each would cost every connection).
+    router = property(lambda self: self.factory.router, doc="The router (the factory's).")
+    clock = property(lambda self: self.factory.clock, doc="The clock (the factory's).")
 
     # Connection life
 
@@ -671,10 +674,7 @@ class MQTTServerFactory(Factory):
 
     def admit(self, addr):
         """A protocol for a connection already counted (a WebSocket)."""
-        protocol = MQTTServerProtocol(self.router, self.limits, self.clock, self.flusher)
-        protocol.factory = self
-        protocol.listener_kind = self.kind
-        return protocol
+        return MQTTServerProtocol(self)
 
 
 
