@@ -30,6 +30,7 @@ from mqttgw.testing import FakeBroker
 from mqttgw.transports import interfaces as I
 from mqttgw.transports.handshake import Handshake
 from mqttgw.transports.login import Login
+from mqttgw.transports.reading import receiver
 from mqttgw.wire import packets as P
 
 REPO = Path(__file__).resolve().parent.parent
@@ -286,10 +287,7 @@ def test_a_connection_and_its_parts_provide_their_interfaces():
         assert verifyObject(interface, part), (part, interface)
     # The parts a connected client's connection holds are those, and the
     # reading hands its packets to them.
-    receivers = {
-        connection if receiver is None else receiver(connection)
-        for receiver, _ in connection.reading.handlers.values()
-    }
+    receivers = {receiver(connection, which) for which, _ in connection.reading.handlers.values()}
     assert receivers == {connection, connection.reading, connection.publishing}
 
 

@@ -69,14 +69,14 @@ def _everything(topic):
     return True
 
 
-# The parts that deliver to the client, made on first use (see _PartsToMake).
+# The parts that deliver to the client, made on first use (see _make_parts).
 _PARTS = ("deliveries", "window", "outbox")
 
 
 def made(session, part):
     """The session's ``part`` if it was made, else None (it is not made by asking)."""
     try:
-        return object.__getattribute__(session, part)
+        return _SLOTS[part].__get__(session, Session)
     except AttributeError:
         return None
 
@@ -479,15 +479,18 @@ class Session:
             self.qos2_released(mid)
 
 
+# The parts' own slots, read without making them.
+_SLOTS = {part: vars(Session)[part] for part in _PARTS}
+
+
 class _PartsToMake(Session):
     """A Session whose parts are not made yet (see :func:`_make_parts`)."""
 
     __slots__ = ()
 
-    def __getattr__(self, name):
-        if name not in _PARTS:
-            raise AttributeError(name)
-        return getattr(_make_parts(self), name)
+    deliveries = property(lambda self: _make_parts(self).deliveries)
+    window = property(lambda self: _make_parts(self).window)
+    outbox = property(lambda self: _make_parts(self).outbox)
 
 
 def _make_parts(session):
@@ -495,9 +498,9 @@ def _make_parts(session):
     The parts that deliver to ``session``'s client, made as the session
     stands now: the first time one of them is asked for, which a session
     whose client subscribes to nothing (and has nothing stored) never
-    does.  Until then it is a _PartsToMake, whose ``__getattr__`` makes
-    them; then a plain Session again, because a class with
-    ``__getattr__`` has every attribute read the slow way, routing's too.
+    does.  Until then it is a _PartsToMake, whose properties of those
+    names make them; then a plain Session again, whose slots are read
+    the fast way, as routing reads them.
     """
     session.__class__ = Session
     clock = session.clock

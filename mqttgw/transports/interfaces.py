@@ -139,8 +139,8 @@ class IReading(Interface):
 
     framer = Attribute("The framer the bytes go through (a dialect configures it).")
     handlers = Attribute(
-        "The present state's handlers by packet type, (receiver, function): the receiver None for"
-        " the connection, else what reads its part that handles the packet; None where nothing is read."
+        "The present state's handlers by packet type, (receiver, function), the receiver one of"
+        " reading.CONNECTION, READING, HANDSHAKE and PUBLISHING; None where nothing is read."
     )
     paused = Attribute("Whether the transport is not read from.")
     output_full = Attribute("Whether the peer does not read what it is sent (reading waits too).")

@@ -14,7 +14,6 @@ nothing else.
 """
 
 import sys
-from operator import attrgetter
 from types import MappingProxyType
 
 import attr
@@ -44,7 +43,7 @@ from mqttgw.transports.handshake import (
 from mqttgw.transports.interfaces import IConnecting, IReadingConnection, IScheduledConnection
 from mqttgw.transports.login import Login
 from mqttgw.transports.publishing import Publishing
-from mqttgw.transports.reading import Reading
+from mqttgw.transports.reading import CONNECTION, HANDSHAKE, PUBLISHING, READING, Reading, receiver
 from mqttgw.transports.schedulers import Flusher
 from mqttgw.transports.subscribing import Subscribing
 from mqttgw.wire import packets as P
@@ -122,11 +121,6 @@ _NO_METHODS = MappingProxyType({})
 # and is not in the flusher's list; a list (empty, too) once it is.
 _UNMARKED = ()
 
-# Who handles a packet: the connection itself (None), or the part it
-# holds under that name, read from it as each packet comes (a tuple of
-# them per connection cost an idle client 80 bytes).
-CONNECTION = None
-READING, HANDSHAKE, PUBLISHING = attrgetter("reading"), attrgetter("handshake"), attrgetter("publishing")
 
 
 @implementer(
@@ -466,8 +460,8 @@ class MQTTServerProtocol:
                                      router.access.reserved_topics)
         self._may_write = None
         handlers = self.reading.handlers = handlers_in(self.state, self.dialect)
-        receiver, handler = handlers[packet.packet_type]
-        return handler(self if receiver is None else receiver(self), packet)
+        which, handler = handlers[packet.packet_type]
+        return handler(receiver(self, which), packet)
 
     def logged_in(self):
         self.login = None
@@ -558,7 +552,7 @@ _CONNECTED = {
     P.DISCONNECT: (CONNECTION, "handle_DISCONNECT"),
     P.AUTH: (CONNECTION, "handle_AUTH"),
 }
-_RECEIVER_CLASSES = {CONNECTION: MQTTServerProtocol, READING: Reading, HANDSHAKE: Handshake, PUBLISHING: Publishing}
+_RECEIVER_CLASSES = (MQTTServerProtocol, Reading, Handshake, Publishing)
 # The tables of connected clients, by dialect class and by whether the
 # connection has its publishing part yet (until then, what publishing
 # handles makes it first).
@@ -577,9 +571,9 @@ def handlers_in(state, dialect, publishing=True):
         table = _CONNECTED_TABLES.get(key)
         if table is None:
             table = _CONNECTED_TABLES[key] = {
-                t: (receiver, getattr(_RECEIVER_CLASSES[receiver], dialect.HANDLERS.get(t, name)))
-                if publishing or receiver != PUBLISHING else _PUBLISHING_BEGINS
-                for t, (receiver, name) in _CONNECTED.items()
+                t: (which, getattr(_RECEIVER_CLASSES[which], dialect.HANDLERS.get(t, name)))
+                if publishing or which != PUBLISHING else _PUBLISHING_BEGINS
+                for t, (which, name) in _CONNECTED.items()
             }
         return table
     if state is AWAITING_CONNECT:
