@@ -4,7 +4,8 @@ resident memory idle with one TCP listener and with every listener kind
 (TCP, TLS, WebSocket, secure WebSocket), the time from start to the first
 CONNACK (median of three starts), and the memory each idle connection adds
 with N and 5N held (10,000 and 50,000 by default; a count the open-file
-limit cannot hold is reported as skipped, not tried).
+limit cannot hold is reported as skipped, not tried); for mqttgw, what
+that memory is made of (bench/connection_cost.py).
 """
 
 import resource
@@ -13,6 +14,7 @@ import statistics
 import subprocess
 import time
 
+from bench import connection_cost
 from mqttgw.wire import packets as P
 
 STARTS = 3
@@ -137,9 +139,12 @@ def summary(name, r):
                 f"{c['connections']:,} held: {c['rss_after_kib'] / 1024:.1f} MiB,"
                 f" {kib if kib is None else round(kib, 2)} KiB each"
             )
-    return (
+    line = (
         f"{name}: idle {r['rss_idle_tcp_kib'] / 1024:.1f} MiB with TCP only,"
         f" {r['rss_idle_all_kib'] / 1024:.1f} MiB with TCP, TLS, WebSocket and WSS;"
         f" first CONNACK {r['startup_s']:.3f} s after start ({r['startup_cpu_s']:.2f} s of CPU); "
         + "; ".join(held)
     )
+    if "per_connection" in r:
+        line += f"; {connection_cost.summary(r['per_connection'])}"
+    return line

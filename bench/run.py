@@ -24,7 +24,7 @@ import threading
 import time
 from pathlib import Path
 
-from bench import burst, drain, footprint, loadgen, logins, neighbours, retained
+from bench import burst, connection_cost, drain, footprint, loadgen, logins, neighbours, retained
 from bench.brokers import BROKERS, MAX_INFLIGHT, MAX_QUEUED, free_port
 from bench.percentile import nearest_rank
 
@@ -90,8 +90,11 @@ DRAINS = (BACKLOG, BRIDGE_DRAIN)
 # queue bound every broker gets in them.
 WINDOWED = set(THROUGHPUT) | {"latency"} | set(PROBED)
 WINDOWED_QUEUED = 1_000_000
-# Memory idle and per idle connection, and start-up time (bench/footprint.py).
+# Memory idle and per idle connection, and start-up time (bench/footprint.py);
+# for mqttgw, what a connection's memory is made of, over at most this many
+# connections (bench/connection_cost.py: tracemalloc slows the gateway).
 FOOTPRINT = "footprint"
+BREAKDOWN_CONNECTIONS = 2000
 # --storm clients connecting at once, --repeats runs (bench/burst.py).
 STORM = "storm"
 ALL_SCENARIOS = (
@@ -652,6 +655,9 @@ def _footprint(name, args, workdir, broker_cpu, load_cpu, options):
         [args.connections, 5 * args.connections],
         lambda broker, count: run_connections(broker, count, cpu=load_cpu),
     )
+    if name.startswith("mqttgw"):
+        # Where an idle connection's memory goes, by kind of object.
+        r["per_connection"] = connection_cost.run(min(args.connections, BREAKDOWN_CONNECTIONS))
     print(footprint.summary(name, r), flush=True)
     return r
 

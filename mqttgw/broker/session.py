@@ -8,11 +8,12 @@ messages, and time comes from an injected clock.
 """
 
 from collections import deque
+from types import MappingProxyType
 
 import attr
 from zope.interface import implementer
 
-from mqttgw.broker.deliveries import EMPTY, Deliveries
+from mqttgw.broker.deliveries import EMPTY, NO_FLIGHTS, Deliveries
 from mqttgw.broker.delivery_policy import CLIENT
 from mqttgw.broker.deliveryframes import PLAIN
 from mqttgw.broker.interfaces import ISession
@@ -35,6 +36,10 @@ INTERNAL_PREFIX = "\x00"
 # An interval of 0 means the session ends with its connection (a 5.0
 # client's 0, or 3.1.1's Clean Session), as mosquitto keeps both.
 NEVER_EXPIRES = 0xFFFFFFFF
+
+# A session's subscriptions until it has one, shared (read-only): an
+# idle client that subscribes to nothing keeps no dictionary (64 bytes).
+NO_SUBSCRIPTIONS = MappingProxyType({})
 
 
 @attr.s(frozen=True, slots=True)
@@ -64,9 +69,26 @@ def _everything(topic):
     return True
 
 
-def _part(part, name, doc):
-    """What a part of the session holds, read as the session's own."""
-    return property(lambda self: getattr(getattr(self, part), name), doc=doc)
+# The parts that deliver to the client, made on first use (see _make_parts).
+_PARTS = ("deliveries", "window", "outbox")
+
+
+def made(session, part):
+    """The session's ``part`` if it was made, else None (it is not made by asking)."""
+    try:
+        return _SLOTS[part].__get__(session, Session)
+    except AttributeError:
+        return None
+
+
+def _part(part, name, empty, doc):
+    """What a part of the session holds, read as the session's own (``empty`` until it is made)."""
+
+    def read(self):
+        made_part = made(self, part)
+        return empty if made_part is None else getattr(made_part, name)
+
+    return property(read, doc=doc)
 
 
 @implementer(ISession)
@@ -77,7 +99,8 @@ class Session:
     outlives its connections.  Routed copies go to its ``outbox``, the
     receiver's acknowledgements to its ``window`` (its own :meth:`puback`,
     :meth:`pubrec` and :meth:`pubcomp` pass them on: on the hot path, call
-    the window's, one call fewer).
+    the window's, one call fewer).  Its parts are made when first asked
+    for (see :func:`_make_parts`): a client sent nothing holds none.
     """
 
     # Slots: ten thousand idle clients hold ten thousand of these.
@@ -85,7 +108,7 @@ class Session:
         "client_id", "clock", "store", "deliveries", "window", "outbox", "policy", "may_read",
         "subscriptions", "filter_bytes", "options", "will", "awaiting_pubrel", "last_seen",
         "connected_since", "budget", "internal", "expiry_interval", "_expiry_call", "_will_call",
-        "pending_will", "will_delay", "owner",
+        "pending_will", "will_delay", "owner", "connection", "frames", "limits", "_stats",
     )
 
     def __init__(
@@ -95,12 +118,11 @@ class Session:
         self.clock = clock
         # Persistent sessions keep their state in the store, if there is one.
         self.store = store if expiry_interval else None
-        self.deliveries = deliveries = Deliveries(
-            client_id, clock, limits, stats if stats is not None else Stats(), self.store
-        )
-        self.window = window = Window(deliveries, clock)
-        self.outbox = outbox = Outbox(deliveries, window, self, clock)
-        window.send_through(outbox)
+        self.limits = limits
+        self._stats = stats if stats is not None else Stats()
+        # The carrier attached (an ISessionCarrier) and its frames.
+        self.connection = None
+        self.frames = PLAIN
         # How it delivers where a bridge differs (see delivery_policy).
         self.policy = CLIENT
         # Whether the client may read a topic (a cached ACL check), or
@@ -119,8 +141,9 @@ class Session:
         # The gateway's own session, not a client's: not listed or counted
         # as one, never expired, and its traffic is a bridge's.
         self.internal = client_id.startswith(INTERNAL_PREFIX)
-        # topic filter -> granted QoS, and the filters' UTF-8 bytes in all.
-        self.subscriptions = {}
+        # topic filter -> granted QoS (a dict once there is one), and the
+        # filters' UTF-8 bytes in all.
+        self.subscriptions = NO_SUBSCRIPTIONS
         self.filter_bytes = 0
         # 5.0 subscription options, by filter, where any differs from
         # 3.1.1's (None until then).
@@ -144,28 +167,28 @@ class Session:
         self.pending_will = None
         # 5.0's will delay interval (s).
         self.will_delay = 0
+        if type(self) is Session:
+            self.__class__ = _PartsToMake
 
     def __repr__(self):
         return f"<Session {self.client_id!r}>"
+
 
     @property
     def ends_with_connection(self):
         """Whether the session ends with its connection (an expiry interval of 0)."""
         return self.expiry_interval == 0
 
-    connection = _part("outbox", "connection", "The carrier attached (an ISessionCarrier), or None.")
-    frames = _part("outbox", "frames", "What makes the attached carrier's PUBLISH frames.")
-    limits = _part("deliveries", "limits", "Its SessionLimits.")
-    inflight = _part("deliveries", "inflight", "Deliveries in flight, by message id.")
-    queued = _part("deliveries", "queued", "Messages waiting in its queues.")
-    queued_bytes = _part("deliveries", "queued_bytes", "Their payload bytes.")
-    dropped = _part("deliveries", "dropped", "Messages dropped, not delivered.")
-    dropped_too_large = _part("deliveries", "dropped_too_large", "Of those, too large for the receiver.")
-    dropped_expired = _part("deliveries", "dropped_expired", "Messages that expired waiting.")
+    inflight = _part("deliveries", "inflight", NO_FLIGHTS, "Deliveries in flight, by message id.")
+    queued = _part("deliveries", "queued", 0, "Messages waiting in its queues.")
+    queued_bytes = _part("deliveries", "queued_bytes", 0, "Their payload bytes.")
+    dropped = _part("deliveries", "dropped", 0, "Messages dropped, not delivered.")
+    dropped_too_large = _part("deliveries", "dropped_too_large", 0, "Of those, too large for the receiver.")
+    dropped_expired = _part("deliveries", "dropped_expired", 0, "Messages that expired waiting.")
 
     def oldest_waiting(self):
         """When the oldest message waiting for the receiver was queued, or None."""
-        return self.deliveries.oldest_waiting()
+        return None if made(self, "deliveries") is None else self.deliveries.oldest_waiting()
 
     def deliver_as(self, policy, limits=None):
         """
@@ -176,7 +199,9 @@ class Session:
         """
         self.policy = policy
         if limits is not None:
-            self.deliveries.limits = limits
+            self.limits = limits
+            if made(self, "deliveries") is not None:
+                self.deliveries.limits = limits
 
     # Connection life
 
@@ -188,19 +213,26 @@ class Session:
         connection's PUBLISH frames, as its dialect gives them (see
         broker.deliveryframes); ``receive_maximum``: the client's, if it gave one.
         """
-        deliveries, window, outbox = self.deliveries, self.window, self.outbox
-        size = deliveries.limits.max_inflight_messages
+        size = self.limits.max_inflight_messages
         if receive_maximum is not None and receive_maximum < size:
             size = receive_maximum
-        window.size = size
         if self.budget is not None and self.may_read is None:
             # Routing asks the budget behind the read check only.
             self.may_read = _everything
-        if outbox.connection is None and not self.internal:
-            stats = deliveries.stats
+        if self.connection is None and not self.internal:
+            stats = self._stats
             stats.clients_connected += 1
             if self.expiry_interval:
                 stats.clients_disconnected -= 1
+        self.connection, self.frames = connection, frames
+        self.connected_since = self.clock.seconds()
+        if made(self, "outbox") is None and size == self.limits.max_inflight_messages:
+            # Nothing waits or flies, and the window is the limits': the
+            # parts come with the first message.
+            return
+        outbox = self.outbox
+        deliveries, window = self.deliveries, self.window
+        window.size = size
         outbox.attach(connection, frames)
         if self.policy.pacer is not None and deliveries.queue:
             # What waited goes at the pacer's rate now; what comes from here on
@@ -209,18 +241,20 @@ class Session:
                 deliveries.paced = deque()
             deliveries.paced.extend(deliveries.queue)
             deliveries.queue = EMPTY
-        self.connected_since = self.clock.seconds()
         window.resume_flights(self.connected_since)
         window.schedule_retry()
         outbox.pump()
 
     def detach(self):
-        outbox = self.outbox
-        if outbox.connection is not None and not self.internal:
-            stats = self.deliveries.stats
+        if self.connection is not None and not self.internal:
+            stats = self._stats
             stats.clients_connected -= 1
             if self.expiry_interval:
                 stats.clients_disconnected += 1
+        self.connection = None
+        outbox = made(self, "outbox")
+        if outbox is None:
+            return
         outbox.detach()
         self.window.stop_retry()
         outbox.stop_retained(not self.expiry_interval)
@@ -246,7 +280,8 @@ class Session:
 
     def resume(self):
         """The carrier takes more again: what waited goes."""
-        self.outbox.resume()
+        if made(self, "outbox") is not None:
+            self.outbox.resume()
 
     def send_retained(self, walk):
         """Deliver what a walk of the retained tree yields, as the carrier takes it."""
@@ -254,7 +289,8 @@ class Session:
 
     def release(self):
         """The session ends: what it holds is no longer counted."""
-        self.deliveries.release()
+        if made(self, "deliveries") is not None:
+            self.deliveries.release()
 
     def left(self, now):
         """Its connection ended at ``now``: detached, and its will (if
@@ -297,7 +333,8 @@ class Session:
         if self.store is not None:
             self.store.delete_session(self.client_id)
             self.store = None
-            self.deliveries.leave_store()
+            if made(self, "deliveries") is not None:
+                self.deliveries.leave_store()
         self.expiry_interval = 0
 
     def expire_in(self, seconds, expired):
@@ -333,9 +370,12 @@ class Session:
     def subscribe(self, topic_filter, qos, options=None):
         """Hold ``topic_filter`` at ``qos`` granted, with its 5.0
         SubscriptionOptions if any (the router routes it)."""
-        if topic_filter not in self.subscriptions:
+        subscriptions = self.subscriptions
+        if subscriptions is NO_SUBSCRIPTIONS:
+            subscriptions = self.subscriptions = {}
+        if topic_filter not in subscriptions:
             self.filter_bytes += filter_size(topic_filter)
-        self.subscriptions[topic_filter] = qos
+        subscriptions[topic_filter] = qos
         if options is not None and not options.plain:
             if self.options is None:
                 self.options = {}
@@ -349,8 +389,12 @@ class Session:
 
     def unsubscribe(self, topic_filter):
         """Let ``topic_filter`` go; False when the session did not hold it."""
-        if self.subscriptions.pop(topic_filter, None) is None:
+        subscriptions = self.subscriptions
+        if topic_filter not in subscriptions:
             return False
+        del subscriptions[topic_filter]
+        if not subscriptions:
+            self.subscriptions = NO_SUBSCRIPTIONS
         self.filter_bytes -= filter_size(topic_filter)
         if self.options:
             self.options.pop(topic_filter, None)
@@ -364,7 +408,7 @@ class Session:
         taken them out) and its store rows go.
         """
         self.cancel_timers()
-        self.subscriptions.clear()
+        self.subscriptions = NO_SUBSCRIPTIONS
         self.options = None
         self.filter_bytes = 0
         if self.store is not None:
@@ -385,6 +429,8 @@ class Session:
         expiry = stored.expiry_interval
         self.expiry_interval = NEVER_EXPIRES if expiry is None else expiry
         self.owner = stored.owner
+        if stored.subscriptions and self.subscriptions is NO_SUBSCRIPTIONS:
+            self.subscriptions = {}
         for topic_filter, value in stored.subscriptions.items():
             qos, options = from_stored(topic_filter, value)
             self.subscriptions[topic_filter] = qos
@@ -393,7 +439,8 @@ class Session:
                 if self.options is None:
                     self.options = {}
                 self.options[topic_filter] = options
-        self.deliveries.restore_deliveries(stored)
+        if stored.deliveries or stored.sent_seq:
+            self.deliveries.restore_deliveries(stored)
         self.awaiting_pubrel = set(stored.awaiting_pubrel)
 
     # Inbound QoS 2, from this session's client
@@ -430,3 +477,39 @@ class Session:
         """The sender's session is new: its unreleased QoS 2 ids are free."""
         for mid in list(self.awaiting_pubrel):
             self.qos2_released(mid)
+
+
+# The parts' own slots, read without making them.
+_SLOTS = {part: vars(Session)[part] for part in _PARTS}
+
+
+class _PartsToMake(Session):
+    """A Session whose parts are not made yet (see :func:`_make_parts`)."""
+
+    __slots__ = ()
+
+    deliveries = property(lambda self: _make_parts(self).deliveries)
+    window = property(lambda self: _make_parts(self).window)
+    outbox = property(lambda self: _make_parts(self).outbox)
+
+
+def _make_parts(session):
+    """
+    The parts that deliver to ``session``'s client, made as the session
+    stands now: the first time one of them is asked for, which a session
+    whose client subscribes to nothing (and has nothing stored) never
+    does.  Until then it is a _PartsToMake, whose properties of those
+    names make them; then a plain Session again, whose slots are read
+    the fast way, as routing reads them.
+    """
+    session.__class__ = Session
+    clock = session.clock
+    session.deliveries = deliveries = Deliveries(
+        session.client_id, clock, session.limits, session._stats, session.store
+    )
+    session.window = window = Window(deliveries, clock)
+    session.outbox = outbox = Outbox(deliveries, window, session, clock)
+    window.send_through(outbox)
+    if session.connection is not None:
+        outbox.attach(session.connection, session.frames)
+    return session

@@ -139,10 +139,9 @@ class IReading(Interface):
 
     framer = Attribute("The framer the bytes go through (a dialect configures it).")
     handlers = Attribute(
-        "The present state's handlers by packet type, (index in receivers, function); None where"
-        " nothing is read."
+        "The present state's handlers by packet type, (receiver, function), the receiver one of"
+        " reading.CONNECTION, READING, HANDSHAKE and PUBLISHING; None where nothing is read."
     )
-    receivers = Attribute("The connection and its parts that handle packets, by index.")
     paused = Attribute("Whether the transport is not read from.")
     output_full = Attribute("Whether the peer does not read what it is sent (reading waits too).")
     unread = Attribute("Whether nothing has been read yet.")

@@ -17,8 +17,8 @@ import sys
 from types import MappingProxyType
 
 import attr
-from twisted.internet.interfaces import IPushProducer, ISSLTransport, ITCPTransport
-from twisted.internet.protocol import Factory, Protocol
+from twisted.internet.interfaces import ILoggingContext, IProtocol, IPushProducer, ISSLTransport, ITCPTransport
+from twisted.internet.protocol import Factory
 from twisted.logger import Logger
 from zope.interface import implementer
 
@@ -43,7 +43,7 @@ from mqttgw.transports.handshake import (
 from mqttgw.transports.interfaces import IConnecting, IReadingConnection, IScheduledConnection
 from mqttgw.transports.login import Login
 from mqttgw.transports.publishing import Publishing
-from mqttgw.transports.reading import Reading
+from mqttgw.transports.reading import CONNECTION, HANDSHAKE, PUBLISHING, READING, Reading, receiver
 from mqttgw.transports.schedulers import Flusher
 from mqttgw.transports.subscribing import Subscribing
 from mqttgw.wire import packets as P
@@ -121,25 +121,26 @@ _NO_METHODS = MappingProxyType({})
 # and is not in the flusher's list; a list (empty, too) once it is.
 _UNMARKED = ()
 
-# Who handles a packet, by index in the reading's receivers: the
-# connection or one of its parts (None until it has that part).
-CONNECTION, READING, HANDSHAKE, PUBLISHING = range(4)
 
 
-@implementer(IClientConnection, IPushProducer, IConnecting, IReadingConnection, IScheduledConnection)
-class MQTTServerProtocol(Protocol):
+@implementer(
+    IProtocol, ILoggingContext, IClientConnection, IPushProducer, IConnecting, IReadingConnection,
+    IScheduledConnection,
+)
+class MQTTServerProtocol:
     """
     One client's connection: its parts, the facts its handshake
     established (see :class:`IConnection`), its output and its end.
     """
 
-    # One per connection, so its attributes are slots: an idle client costs
-    # no instance dictionary (see the connections benchmark).
+    # One per connection: slots, and IProtocol provided rather than
+    # Protocol inherited (its instances carry a dictionary).
     __slots__ = (
-        "transport", "connected", "router", "limits", "clock", "_flusher", "stats", "state",
+        "transport", "connected", "limits", "_flusher", "stats", "state",
         "host", "opening", "_out", "_out_size", "_close_grace",
-        # The listener's MQTTServerFactory (its portal, throttle and 5.0
-        # authentication methods) and kind (tcp, tls, ws or wss).
+        # The listener's MQTTServerFactory (its router, clock, portal,
+        # throttle and 5.0 authentication methods) and kind (tcp, tls, ws
+        # or wss).
         "factory", "listener_kind",
         # Messages a second it is sent at most (0: no bound): a dashboard page.
         "max_delivery_rate",
@@ -147,21 +148,22 @@ class MQTTServerProtocol(Protocol):
         "client_id", "log_id", "username", "identity", "dialect", "session", "keepalive",
         # Its parts: a login from CONNECT until it holds nothing more, a
         # handshake where CONNECT named an authentication method,
-        # publishing once connected, subscribing from the first SUBSCRIBE
-        # (an idle client costs fewer parts).
+        # publishing from the first PUBLISH or acknowledgement, subscribing
+        # from the first SUBSCRIBE (an idle client costs fewer parts).
         "reading", "login", "handshake", "publishing", "subscribing",
+        # The login's cached ACL check of publishing, until publishing takes it.
+        "_may_write",
     )
     # Seconds a peer has to close its side after we closed ours.
     CLOSE_GRACE = 2.0
 
-    def __init__(self, router, limits, clock, flusher):
+    def __init__(self, factory):
         self.transport = None
         self.connected = 0
-        self.router = router
-        self.limits = limits
-        self.clock = clock
-        self._flusher = flusher
-        self.stats = router.stats
+        self.factory = factory
+        self.limits = limits = factory.limits
+        self._flusher = flusher = factory.flusher
+        self.stats = factory.router.stats
         self.state = AWAITING_CONNECT
         self.host = None
         # Admitted and not yet read from (see Flusher.admit).
@@ -170,8 +172,7 @@ class MQTTServerProtocol(Protocol):
         self._out = _UNMARKED
         self._out_size = 0
         self._close_grace = None
-        self.factory = None
-        self.listener_kind = None
+        self.listener_kind = factory.kind
         self.max_delivery_rate = 0
         self.client_id = self.log_id = self.username = None
         self.identity = _NOBODY
@@ -179,10 +180,22 @@ class MQTTServerProtocol(Protocol):
         self.session = None
         self.keepalive = 0
         self.login = self.handshake = self.publishing = self.subscribing = None
-        self.reading = Reading(self, limits, clock, flusher, self.stats, BEFORE_CONNECT)
-        self._receivers_changed()
+        self._may_write = None
+        self.reading = Reading(self, limits, factory.clock, flusher, self.stats, BEFORE_CONNECT)
+
+    # The listener's (a slot each would cost every connection).
+    router = property(lambda self: self.factory.router, doc="The router (the factory's).")
+    clock = property(lambda self: self.factory.clock, doc="The clock (the factory's).")
 
     # Connection life
+
+    def makeConnection(self, transport):
+        self.connected = 1
+        self.transport = transport
+        self.connectionMade()
+
+    def logPrefix(self):
+        return "MQTTServerProtocol"
 
     def connectionMade(self):
         transport = self.transport
@@ -425,7 +438,7 @@ class MQTTServerProtocol(Protocol):
 
     def enter(self, event):
         state = self.state = TRANSITIONS[self.state][event]
-        self.reading.handlers = handlers_in(state, self.dialect)
+        self.reading.handlers = handlers_in(state, self.dialect, self.publishing is not None)
 
     def speak(self, dialect):
         self.dialect = dialect
@@ -433,17 +446,22 @@ class MQTTServerProtocol(Protocol):
 
     def authenticating(self, handshake):
         self.handshake = handshake
-        self._receivers_changed()
 
     def accepted(self, session, may_write):
-        router = self.router
-        dialect = self.dialect
         self.session = session
-        self.publishing = Publishing(self, router, session, dialect, self.limits, may_write,
-                                     router.access.reserved_topics)
-        self._receivers_changed()
+        self._may_write = may_write
         self.enter("accept")
         self._count_version(1)
+
+    def publishing_begins(self, packet):
+        """The first PUBLISH or ack: the publishing part is made, for it and what follows."""
+        router = self.router
+        self.publishing = Publishing(self, router, self.session, self.dialect, self.limits, self._may_write,
+                                     router.access.reserved_topics)
+        self._may_write = None
+        handlers = self.reading.handlers = handlers_in(self.state, self.dialect)
+        which, handler = handlers[packet.packet_type]
+        return handler(receiver(self, which), packet)
 
     def logged_in(self):
         self.login = None
@@ -458,9 +476,6 @@ class MQTTServerProtocol(Protocol):
 
     def in_steps(self, work):
         return self.reading.in_steps(work)
-
-    def _receivers_changed(self):
-        self.reading.receivers = (self, self.reading, self.handshake, self.publishing)
 
     def _count_version(self, change):
         name = self.dialect.counter
@@ -538,18 +553,27 @@ _CONNECTED = {
     P.AUTH: (CONNECTION, "handle_AUTH"),
 }
 _RECEIVER_CLASSES = (MQTTServerProtocol, Reading, Handshake, Publishing)
-# The tables of connected clients, by dialect class.
+# The tables of connected clients, by dialect class and by whether the
+# connection has its publishing part yet (until then, what publishing
+# handles makes it first).
 _CONNECTED_TABLES = {}
+_PUBLISHING_BEGINS = (CONNECTION, MQTTServerProtocol.publishing_begins)
 
 
-def handlers_in(state, dialect):
-    """The handlers of ``state`` (None where nothing is read), a connected client's by ``dialect``."""
+def handlers_in(state, dialect, publishing=True):
+    """
+    The handlers of ``state`` (None where nothing is read), a connected
+    client's by ``dialect`` and whether its connection has its
+    ``publishing`` part.
+    """
     if state is CONNECTED:
-        table = _CONNECTED_TABLES.get(type(dialect))
+        key = (type(dialect), publishing)
+        table = _CONNECTED_TABLES.get(key)
         if table is None:
-            table = _CONNECTED_TABLES[type(dialect)] = {
-                t: (receiver, getattr(_RECEIVER_CLASSES[receiver], dialect.HANDLERS.get(t, name)))
-                for t, (receiver, name) in _CONNECTED.items()
+            table = _CONNECTED_TABLES[key] = {
+                t: (which, getattr(_RECEIVER_CLASSES[which], dialect.HANDLERS.get(t, name)))
+                if publishing or which != PUBLISHING else _PUBLISHING_BEGINS
+                for t, (which, name) in _CONNECTED.items()
             }
         return table
     if state is AWAITING_CONNECT:
@@ -644,10 +668,7 @@ class MQTTServerFactory(Factory):
 
     def admit(self, addr):
         """A protocol for a connection already counted (a WebSocket)."""
-        protocol = MQTTServerProtocol(self.router, self.limits, self.clock, self.flusher)
-        protocol.factory = self
-        protocol.listener_kind = self.kind
-        return protocol
+        return MQTTServerProtocol(self)
 
 
 

@@ -23,6 +23,21 @@ keepalive_log = Logger(namespace="mqttgw.transports.protocol")
 # The packets of a connection held before any was decoded.
 _NOTHING = ()
 
+# Who handles a packet, as a handler table names it: the connection, this
+# reading, or the part the connection holds as ``handshake`` or
+# ``publishing`` (read from it as each packet comes: a tuple of them per
+# connection cost an idle client 80 bytes).
+CONNECTION, READING, HANDSHAKE, PUBLISHING = range(4)
+
+
+def receiver(connection, which):
+    """The one of ``connection`` and its parts that a handler table names ``which``."""
+    if which == PUBLISHING:
+        return connection.publishing
+    if which == CONNECTION:
+        return connection
+    return connection.reading if which == READING else connection.handshake
+
 
 @implementer(IReading)
 class Reading:
@@ -35,7 +50,7 @@ class Reading:
 
     # One per connection: slots, so an idle client costs no dictionary.
     __slots__ = (
-        "connection", "framer", "clock", "flusher", "stats", "handlers", "receivers",
+        "connection", "framer", "clock", "flusher", "stats", "handlers",
         "last_received", "paused", "awaiting_admission", "_put_off", "_held", "_work",
         # Whether the peer does not read what it is sent (its requests are
         # not read either: their answers would pile up).
@@ -63,13 +78,11 @@ class Reading:
         self.clock = clock
         self.flusher = flusher
         self.stats = stats
-        # By packet type, (index in ``receivers``, function): the handlers
-        # of the present state; None where nothing is read (an answer is
-        # awaited, or closing).
+        # By packet type, (receiver, function): the handlers of the present
+        # state (the receiver one of CONNECTION, READING, HANDSHAKE and
+        # PUBLISHING); None where nothing is read (an answer is awaited, or
+        # closing).
         self.handlers = handlers
-        # The connection and its parts that handle packets (the connection
-        # sets them as it gains parts).
-        self.receivers = ()
         self.last_received = 0.0
         self.paused = False
         self.output_full = False
@@ -134,10 +147,14 @@ class Reading:
                 handlers = self.handlers
                 if handlers is None:
                     break
-                receiver, handler = handlers[packet.packet_type]
+                which, handler = handlers[packet.packet_type]
                 # A handler returns True when what follows must wait (a
-                # login, or a packet handled over several turns).
-                wait = handler(self.receivers[receiver], packet)
+                # login, or a packet handled over several turns).  Most
+                # packets are publishing's: asked first, without a call.
+                if which == PUBLISHING:
+                    wait = handler(connection.publishing, packet)
+                else:
+                    wait = handler(receiver(connection, which), packet)
                 budget -= 1
                 if not budget % self.FLUSH_EVERY:
                     connection.flush_alone()

@@ -13,13 +13,17 @@ the shared keys.
 
 :class:`Server` keeps no log prefix, representation string or bound
 ``fileno`` method per connection: it makes them when they are asked
-for; nor a list for bytes waiting to be written while none wait.  It sends what it is given at once when nothing waits
+for; nor a list for bytes waiting to be written while none wait; nor a
+second reference to the peer's host.  Peers at one address (behind a NAT
+or a load balancer, or many clients on one host) share one string for
+it, not one each.  It sends what it is given at once when nothing waits
 before it, as mosquitto does, rather than on the reactor's next turn.
 :class:`Port` accepts connections in bounded batches.
 """
 
 import errno
 import socket
+import sys
 from collections import deque
 
 from twisted.internet import tcp
@@ -142,6 +146,7 @@ class Server(tcp.Server):
     logstr = property(logPrefix, _discard)
     repstr = property(__repr__, _discard)
     fileno = _SocketFileno()
+    hostname = property(lambda self: self.client[0], _discard)
 
 
 class Port(tcp.Port):
@@ -228,7 +233,9 @@ class Port(tcp.Port):
             if len(addr) == 4:
                 # IPv6: the scope id kept, as tcp.Port does.
                 host = socket.getnameinfo(addr, socket.NI_NUMERICHOST | socket.NI_NUMERICSERV)
-                addr = (host[0],) + tuple(addr[1:])
+                addr = (sys.intern(host[0]),) + tuple(addr[1:])
+            else:
+                addr = (sys.intern(addr[0]), addr[1])
             held.append((skt, addr))
 
     def _make(self, count):

@@ -204,9 +204,19 @@ def test_footprint_reports_memory_idle_and_per_connection_and_start_up(tmp_path,
     results = json.loads(out.read_text())["results"]
     for broker in ("mqttgw", "mosquitto"):
         check_footprint(results[broker][run.FOOTPRINT], 200)
+    # mqttgw's idle connection, by kind of object: what its memory is made of.
+    cost = results["mqttgw"][run.FOOTPRINT]["per_connection"]
+    assert cost["connections"] == 200 and cost["failed"] == 0, cost
+    assert cost["bytes_per_connection"] > 0
+    kinds = cost["by_kind"]
+    assert {"connection (MQTTServerProtocol)", "session", "transport (tcp.Server)", "framer"} <= set(kinds), kinds
+    # The kinds account for what the heap grew by (to a byte a connection for rounding).
+    assert abs(sum(kinds.values()) - cost["bytes_per_connection"]) < len(kinds) + 1, cost
+    assert "per_connection" not in results["mosquitto"][run.FOOTPRINT]
     table = run.table(results)
     assert "footprint (MiB idle, TCP only)" in table
     assert "mqttgw: idle " in table and "first CONNACK" in table
+    assert "bytes of Python heap per idle connection" in table
 
 
 def test_benchmark_table_shows_ratios():

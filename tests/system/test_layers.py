@@ -31,6 +31,7 @@ from mqttgw.testing import FakeBroker
 from mqttgw.transports import interfaces as I
 from mqttgw.transports.handshake import Handshake
 from mqttgw.transports.login import Login
+from mqttgw.transports.reading import receiver
 from mqttgw.wire import packets as P
 
 REPO = Path(__file__).resolve().parents[2]
@@ -301,6 +302,9 @@ def test_a_connection_and_its_parts_provide_their_interfaces():
     client = broker.client(P.Connect("c", protocol_level=P.MQTT_5, properties={}))
     client.send(P.Subscribe(1, [("t", 1)], {}))
     connection = client.protocol
+    # Publishing is a part from the client's first PUBLISH.
+    assert connection.publishing is None
+    client.send(P.Publish("t", b"x", 1, message_id=1, properties={}))
     login = Login(connection, broker.router, broker.clock, connection.limits, broker.factory.flusher.connection_messages)
     handshake = Handshake(connection, login, broker.clock, 10.0, {})
     provided = [
@@ -313,7 +317,8 @@ def test_a_connection_and_its_parts_provide_their_interfaces():
         assert verifyObject(interface, part), (part, interface)
     # The parts a connected client's connection holds are those, and the
     # reading hands its packets to them.
-    assert set(connection.reading.receivers) == {connection, connection.reading, None, connection.publishing}
+    receivers = {receiver(connection, which) for which, _ in connection.reading.handlers.values()}
+    assert receivers == {connection, connection.reading, connection.publishing}
 
 
 # verified on the broker's own implementations and on the carriers.

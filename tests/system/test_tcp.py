@@ -317,3 +317,43 @@ def test_a_port_accepts_no_more_than_its_admission_has_room_for():
         assert len(built) == 8
     finally:
         _close_all(port, built, clients)
+
+
+def test_connections_from_one_address_share_one_string_for_it():
+    from twisted.internet.task import Clock
+
+    from mqttgw.transports.handshake import AWAITING_CONNECT
+    from mqttgw.transports.schedulers import Flusher
+
+    flusher = Flusher(Clock())
+    built = []
+
+    class Opening(Protocol):
+        state = AWAITING_CONNECT
+        opening = False
+
+        def connectionMade(self):
+            flusher.admit(self)
+            built.append(self)
+
+    factory = Factory.forProtocol(Opening)
+    factory.flusher = flusher
+    # A listener that counts its connections takes sockets in as it has room.
+    factory.vacancies = lambda: 100
+    service = ListenerService(reactor, "tcp", "tcp:0:interface=127.0.0.1", factory)
+    service.privilegedStartService()
+    port = service.port
+    clients = []
+    try:
+        for _ in range(5):
+            clients.append(socket.create_connection(("127.0.0.1", port.getHost().port), timeout=5))
+        for _ in range(100):
+            port.doRead()
+            if len(built) == 5:
+                break
+        hosts = [p.transport.getPeer().host for p in built]
+        assert hosts == ["127.0.0.1"] * 5
+        assert all(p.transport.client[0] is built[0].transport.client[0] for p in built)
+        assert built[0].transport.hostname == "127.0.0.1"
+    finally:
+        _close_all(port, built, clients)
