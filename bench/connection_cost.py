@@ -96,14 +96,14 @@ def measure(count):
 
     from mqttgw.broker.router import Router
     from mqttgw.broker.session import SessionLimits
-    from mqttgw.transports import polling, tcp
+    from mqttgw.transports import leanreactor, tcp
     from mqttgw.transports.protocol import ConnectionLimits, MQTTServerFactory
 
     router = Router(reactor, SessionLimits())
     factory = MQTTServerFactory(router, ConnectionLimits(max_connections=count + 100), reactor)
     factory.kind = "tcp"
     tcp.share()
-    polling.poll_lean(reactor)
+    leanreactor.poll_lean(reactor)
     port = tcp.serve_lean(
         reactor.listenTCP(0, factory, interface="127.0.0.1"), factory.flusher, factory.vacancies
     )
