@@ -82,9 +82,18 @@ def connected(count, port, prefix, keepalive=600):
     return socks
 
 
-def _publishers(port, count, qos, duration, results, start):
+def _pinned(cpu):
+    """Pin this process to ``cpu`` (None: leave it); the CPUs it had."""
+    had = os.sched_getaffinity(0)
+    if cpu is not None:
+        os.sched_setaffinity(0, {cpu})
+    return had
+
+
+def _publishers(port, count, qos, duration, results, start, cpu=None):
     """One process's ``count`` clients publishing for ``duration`` seconds: results gets how many were sent (acked)."""
     _raise_fd_limit()
+    _pinned(cpu)
     socks = connected(count, port, f"bench-sn-{os.getpid()}-")
     address = ("127.0.0.1", port)
     topic = S.short_topic_id(FAN_IN)
@@ -167,14 +176,22 @@ def _mqtt_reader(sock, until_idle):
             sock.sendall(b"".join(acks))
 
 
-def fan_in(broker, clients, qos, duration, ctx):
+def fan_in(broker, clients, qos, duration, ctx, cpu=None):
     """Messages a second an MQTT subscriber got from ``clients`` MQTT-SN publishers, and how many were lost."""
+    had = _pinned(cpu)
+    try:
+        return _fan_in(broker, clients, qos, duration, ctx, cpu)
+    finally:
+        os.sched_setaffinity(0, had)
+
+
+def _fan_in(broker, clients, qos, duration, ctx, cpu):
     sub = mqtt_connect(broker.port, "bench-sn-sub")
     mqtt_subscribe(sub, FAN_IN, qos)
     processes = min(2, clients)
     results, start = ctx.Queue(), ctx.Event()
     workers = [
-        ctx.Process(target=_publishers, args=(broker.mqttsn_port, clients // processes, qos, duration, results, start))
+        ctx.Process(target=_publishers, args=(broker.mqttsn_port, clients // processes, qos, duration, results, start, cpu))
         for _ in range(processes)
     ]
     for w in workers:
@@ -197,8 +214,16 @@ def fan_in(broker, clients, qos, duration, ctx):
             "acknowledged": acked, "received": received, "lost": max(lost, 0)}
 
 
-def fan_out(broker, subscribers, rate, duration):
+def fan_out(broker, subscribers, rate, duration, cpu=None):
     """Deliveries a second to ``subscribers`` MQTT-SN clients of what one MQTT publisher sends."""
+    had = _pinned(cpu)
+    try:
+        return _fan_out(broker, subscribers, rate, duration)
+    finally:
+        os.sched_setaffinity(0, had)
+
+
+def _fan_out(broker, subscribers, rate, duration):
     socks = connected(subscribers, broker.mqttsn_port, "bench-sn-fo-")
     topic = S.short_topic_id(FAN_OUT)
     _answered(socks, broker.mqttsn_port,
@@ -262,30 +287,40 @@ class MqttgwSn(Mqttgw):
         self.options += ["--mqttsn", f"127.0.0.1:{self.mqttsn_port}", "--mqttsn-max-clients-per-address", "100000"]
 
 
-def run(workdir, duration=5.0, fan_out_subscribers=1000, held_clients=10_000, rate=200):
+def run(workdir, duration=5.0, fan_out_subscribers=1000, held_clients=10_000, rate=200,
+        broker_cpu=None, load_cpu=None):
+    """
+    Every row, each on a fresh gateway; with ``broker_cpu`` and
+    ``load_cpu``, the gateway and the clients on CPUs of their own, as
+    ``python -m bench`` runs them.
+    """
     _raise_fd_limit()
     ctx = multiprocessing.get_context("forkserver")
     rows = {}
 
     def fresh():
-        return MqttgwSn(workdir, max_queued=1_000_000).start()
+        return MqttgwSn(workdir, cpu=broker_cpu, max_queued=1_000_000).start()
 
     for clients in (10, 100):
         for qos in (0, 1):
             broker = fresh()
             try:
-                rows[f"mqtt-sn fan-in qos{qos} {clients} clients"] = fan_in(broker, clients, qos, duration, ctx)
+                rows[f"mqtt-sn fan-in qos{qos} {clients} clients"] = fan_in(broker, clients, qos, duration, ctx, load_cpu)
             finally:
                 broker.stop()
     broker = fresh()
     try:
         rows[f"mqtt-sn fan-out qos0 {fan_out_subscribers} subscribers"] = fan_out(
-            broker, fan_out_subscribers, rate, duration)
+            broker, fan_out_subscribers, rate, duration, load_cpu)
     finally:
         broker.stop()
     broker = fresh()
     try:
-        rows[f"mqtt-sn {held_clients} clients held"] = held(broker, held_clients)
+        had = _pinned(load_cpu)
+        try:
+            rows[f"mqtt-sn {held_clients} clients held"] = held(broker, held_clients)
+        finally:
+            os.sched_setaffinity(0, had)
     finally:
         broker.stop()
     return rows

@@ -388,3 +388,24 @@ def test_a_sleep_shorter_than_the_keep_alive_is_watched_from_its_own_deadline():
     assert quiet.state == "lost" and chatty.state == "active"
     clock.advance(95)
     assert chatty.state == "lost" and listener.protocol.watchdog.buckets == {}
+
+
+def test_a_publish_is_taken_only_from_an_active_client_and_counted_dropped_otherwise():
+    # A connected client's PUBLISH is read without a message object; from
+    # a sleeper, with a reserved TopicIdType, or from an address not
+    # connected, it goes where decode() sends it: dropped and counted.
+    listener = Listener()
+    stats = listener.broker.router.stats
+    watcher = listener.mqtt_subscriber("ab")
+    client = listener.connect("c1")
+    short = S.short_topic_id("ab")
+    listener.send(S.Publish(short, b"awake", topic_id_type=C.SHORT_TOPIC_NAME))
+    assert [p.payload for p in watcher.received() if isinstance(p, P.Publish)] == [b"awake"]
+    listener.send(bytes((10, C.PUBLISH, 0x03)) + short.to_bytes(2, "big") + b"\x00\x00" + b"bad")
+    listener.send(S.Publish(short, b"stranger", topic_id_type=C.SHORT_TOPIC_NAME), ("127.0.0.1", 5999))
+    assert stats.mqttsn_dropped == 2
+    listener.send(S.Disconnect(100))
+    assert listener.out() == [S.Disconnect()] and client.state is ASLEEP
+    listener.send(S.Publish(short, b"asleep", topic_id_type=C.SHORT_TOPIC_NAME))
+    assert stats.mqttsn_dropped == 3
+    assert watcher.received() == []

@@ -462,3 +462,36 @@ def test_a_damaged_message_decodes_or_raises_malformed_datagram(message, draw):
     else:
         data[0] = draw.draw(st.integers(0, 255))
     decodes_or_is_malformed(bytes(data))
+
+
+def fields_of(message):
+    """What ``publish_fields`` gives for a decoded PUBLISH."""
+    return (message.qos, message.retain, message.topic_id_type, message.topic_id, message.message_id, message.data)
+
+
+@settings(max_examples=1500)
+@given(st.integers(0, 255), st.binary(min_size=5, max_size=252))
+def test_publish_fields_reads_what_decode_reads_or_leaves_the_datagram_to_it(flags, rest):
+    # A PUBLISH's header with any flags, and random bytes with any Length.
+    for data in (bytes((len(rest) + 3, C.PUBLISH, flags)) + rest, bytes((rest[0], C.PUBLISH, flags)) + rest[1:]):
+        fields = S.publish_fields(data)
+        if fields is None:
+            continue
+        assert fields == fields_of(S.decode(data))
+
+
+@given(MESSAGES)
+def test_publish_fields_reads_every_short_publish_and_nothing_else(message):
+    data = message.encode()
+    fields = S.publish_fields(data)
+    if isinstance(message, S.Publish) and len(data) <= 255:
+        assert fields == fields_of(message)
+    else:
+        assert fields is None
+
+
+def test_publish_fields_leaves_the_reserved_topic_id_type_to_decode():
+    data = bytes.fromhex("0a 0c 03 0001 0002") + b"abc"
+    assert S.publish_fields(data) is None
+    with pytest.raises(S.MalformedDatagram, match="reserved"):
+        S.decode(data)

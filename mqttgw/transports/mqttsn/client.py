@@ -169,6 +169,15 @@ class SnClient:
         getattr(receiver, method)(message)
         return True
 
+    def received_publish(self, fields):
+        """A PUBLISH read by ``publish_fields``; False when its state takes none."""
+        if self.state is not ACTIVE:
+            return False
+        if self.period is not None:
+            self.deadline = self.clock.seconds() + self.period
+        (self._publishing or self.publishing).publish(*fields)
+        return True
+
     def watch(self, seconds):
         """The client is lost if silent 1.5 times ``seconds`` from now (0: never)."""
         watchdog = self.listener.watchdog

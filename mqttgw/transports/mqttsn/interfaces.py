@@ -21,6 +21,12 @@ class ISnClient(Interface):
     deadline = Attribute("When (clock time) it is lost unless heard from, or None: never.")
     watched = Attribute("The watchdog's bucket (a whole second) it waits in, or None.")
 
+    def received(message):
+        """A message from the client; False when its state takes no such message."""
+
+    def received_publish(fields):
+        """A PUBLISH read by ``publish_fields``; False when its state takes none."""
+
     def send(frame):
         """Send ``frame`` (an encoded MQTT-SN message) to the client now, whatever its state."""
 

@@ -23,7 +23,7 @@ from mqttgw.transports.mqttsn.topics import TopicRegistry
 from mqttgw.transports.mqttsn.watchdog import Watchdog
 from mqttgw.transports.protocol import ConnectionLimits, refusal_log
 from mqttgw.wire.framing import ProtocolViolation
-from mqttgw.wire.mqttsn import Encapsulated, GwInfo, MalformedDatagram, decode
+from mqttgw.wire.mqttsn import Encapsulated, GwInfo, MalformedDatagram, decode, publish_fields
 from mqttgw.wire.mqttsn import constants as C
 
 log = Logger()
@@ -31,6 +31,7 @@ log = Logger()
 LOG_PREFIX = "MQTT-SN listener"
 # The will's messages of a CONNECT (which may come from a connected client's address).
 _WILL = ("WillTopic", "WillMsg")
+_PUBLISH = C.PUBLISH
 
 
 @implementer(ISnListener)
@@ -87,6 +88,17 @@ class MqttSnProtocol(DatagramProtocol):
         stats.packets_received += 1
         stats.bytes_received += len(data)
         host, port = addr[0], addr[1]
+        if len(data) > 6 and data[1] == _PUBLISH:
+            # Most datagrams: a connected client's PUBLISH, read without a message object.
+            client = self.clients.get((host, port, None))
+            if client is not None:
+                fields = publish_fields(data)
+                if fields is not None and len(data) <= self.options.max_datagram_size:
+                    try:
+                        if client.received_publish(fields):
+                            return None
+                    except ProtocolViolation as e:
+                        return self.drop(client.route, str(e))
         try:
             message = decode(data, self.options.max_datagram_size)
         except MalformedDatagram as e:

@@ -32,6 +32,9 @@ class ISnPublishing(Interface):
     def handle_PUBLISH(message):
         """A message from the client, routed and acknowledged."""
 
+    def publish(qos, retain, topic_id_type, topic_id, mid, data):
+        """A PUBLISH's fields, as ``publish_fields`` reads them: routed and acknowledged."""
+
     def handle_PUBACK(message):
         """The client acknowledges a QoS 1 delivery."""
 
@@ -45,9 +48,9 @@ class ISnPublishing(Interface):
         """The client completes a QoS 2 delivery."""
 
 
-def topic_of(topics, message):
+def topic_of(topics, topic_id_type, topic_id):
     """The topic name a PUBLISH goes to, or None: an id the client has not registered."""
-    topic = topics.topic_name(message.topic_id_type, message.topic_id)
+    topic = topics.topic_name(topic_id_type, topic_id)
     if topic is None or not topic or "+" in topic or "#" in topic or "\x00" in topic:
         return None
     return topic
@@ -91,26 +94,32 @@ class SnPublishing:
         client.acknowledged()
 
     def handle_PUBLISH(self, message):
+        self.publish(message.qos, message.retain, message.topic_id_type, message.topic_id,
+                     message.message_id, message.data)
+
+    def publish(self, qos, retain, topic_id_type, topic_id, mid, data):
+        """A PUBLISH's fields (as ``publish_fields`` reads them): routed and acknowledged."""
         client = self.client
-        qos = message.qos if message.qos > 0 else 0
-        mid = message.message_id
-        topic = topic_of(client.topics, message)
+        topic = topic_of(client.topics, topic_id_type, topic_id)
         if topic is None:
             # The spec's answer whatever the QoS: the client registers again.
-            client.send(Puback(message.topic_id, mid, C.REJECTED_INVALID_TOPIC_ID).encode())
+            client.send(Puback(topic_id, mid, C.REJECTED_INVALID_TOPIC_ID).encode())
             return
+        if qos < 0:
+            # QoS -1 from a connected client is QoS 0.
+            qos = 0
         stats = self.stats
         stats.messages_received += 1
-        stats.publish_bytes_received += len(message.data)
-        packet = P.Publish(topic, message.data, qos, message.retain)
+        stats.publish_bytes_received += len(data)
+        packet = P.Publish(topic, data, qos, retain)
         router = self.router
         if not write_allowed(self.may_write, router.access, client.username, client.client_id, topic):
-            return self._denied_publish(message, topic, qos)
+            return self._denied_publish(topic_id, mid, topic, qos)
         if qos == 0:
             router.publish(packet, self.session)
             return
         if qos == 1:
-            ack = Puback(message.topic_id, mid, C.ACCEPTED).encode()
+            ack = Puback(topic_id, mid, C.ACCEPTED).encode()
             if router.may_be_durable(packet):
                 if router.store.failed is not None:
                     return self._store_failed()
@@ -141,7 +150,7 @@ class SnPublishing:
             held = router.publish_held(packet, session)
             self._acknowledge(ack, held is not None, held)
 
-    def _denied_publish(self, message, topic, qos):
+    def _denied_publish(self, topic_id, mid, topic, qos):
         """Not routed, but acknowledged, so that the client does not send it again."""
         self.stats.messages_denied += 1
         denied = self._denied
@@ -155,10 +164,10 @@ class SnPublishing:
                 topic=printable(topic),
             )
         if qos == 1:
-            self._acknowledge(Puback(message.topic_id, message.message_id, C.ACCEPTED).encode(), False)
+            self._acknowledge(Puback(topic_id, mid, C.ACCEPTED).encode(), False)
         elif qos == 2:
-            self.session.qos2_received(message.message_id)
-            self._acknowledge(Pubrec(message.message_id).encode(), False)
+            self.session.qos2_received(mid)
+            self._acknowledge(Pubrec(mid).encode(), False)
 
     def _store_failed(self):
         """A QoS 1/2 publish needs the store, which cannot commit: the client goes, its will published."""

@@ -5,6 +5,7 @@ or the gateway registered with it before a delivery, its pre-defined ids
 within a bound of names and bytes.
 """
 
+import functools
 from types import MappingProxyType
 
 from mqttgw.wire.mqttsn import constants as C
@@ -20,6 +21,15 @@ MAX_TOPIC_BYTES = 64 * 1024
 # ``pending`` of a registry with none: shared, read-only (most clients
 # never wait for a REGACK).
 _NONE_PENDING = MappingProxyType({})
+
+
+@functools.lru_cache(maxsize=1024)
+def _short_name(topic_id):
+    """A short topic name, or None: not UTF-8 (most clients use a few, on every PUBLISH)."""
+    try:
+        return short_topic_name(topic_id)
+    except MalformedDatagram:
+        return None
 
 
 class TopicRegistry:
@@ -104,10 +114,7 @@ class TopicRegistry:
         if topic_id_type == C.PREDEFINED_TOPIC_ID:
             return self.predefined_name(topic_id)
         if topic_id_type == C.SHORT_TOPIC_NAME:
-            try:
-                return short_topic_name(topic_id)
-            except MalformedDatagram:
-                return None
+            return _short_name(topic_id)
         return None
 
     def outbound(self, name):

@@ -4,7 +4,7 @@ MQTT-SN 1.2 (OASIS MQTT For Sensor Networks) on the wire: its numbers
 and ``decode`` from a datagram (``codec``).  Pure: no I/O, no clock.
 """
 
-from mqttgw.wire.mqttsn.codec import MESSAGE_CLASSES, decode
+from mqttgw.wire.mqttsn.codec import MESSAGE_CLASSES, decode, publish_fields
 from mqttgw.wire.mqttsn.packets import (
     Advertise,
     Connack,
@@ -40,7 +40,7 @@ from mqttgw.wire.mqttsn.packets import (
 )
 
 __all__ = [
-    "MESSAGE_CLASSES", "decode", "MalformedDatagram", "short_topic_id", "short_topic_name",
+    "MESSAGE_CLASSES", "decode", "publish_fields", "MalformedDatagram", "short_topic_id", "short_topic_name",
     "Advertise", "SearchGw", "GwInfo", "Connect", "Connack",
     "WillTopicReq", "WillTopic", "WillMsgReq", "WillMsg",
     "Register", "Regack", "Publish", "Puback", "Pubcomp", "Pubrec", "Pubrel",

@@ -39,6 +39,39 @@ def decode(datagram, max_length=C.MAX_LENGTH):
     return _decode_message(data)
 
 
+# publish_fields reads these on every datagram.
+_PUBLISH = C.PUBLISH
+_TOPIC_ID_TYPE_BITS = C.TOPIC_ID_TYPE_BITS
+_RESERVED_TOPIC_ID_TYPE = 0x03
+_QOS_BITS = C.QOS_BITS
+_FLAGS_TO_QOS = C.FLAGS_TO_QOS
+_RETAIN = C.RETAIN
+
+
+def publish_fields(data):
+    """
+    A PUBLISH with a one-byte Length as ``(qos, retain, topic_id_type,
+    topic_id, message_id, payload)``, without a message object: the common
+    datagram, read in one step.  None for anything else, which
+    :func:`decode` reads and checks.
+    """
+    size = len(data)
+    if size < 7 or data[1] != _PUBLISH or data[0] != size:
+        return None
+    flags = data[2]
+    topic_id_type = flags & _TOPIC_ID_TYPE_BITS
+    if topic_id_type == _RESERVED_TOPIC_ID_TYPE:
+        return None
+    return (
+        _FLAGS_TO_QOS[flags & _QOS_BITS],
+        bool(flags & _RETAIN),
+        topic_id_type,
+        (data[3] << 8) | data[4],
+        (data[5] << 8) | data[6],
+        data[7:],
+    )
+
+
 def _decode_message(data):
     size = len(data)
     if size < 2:
