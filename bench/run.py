@@ -24,7 +24,7 @@ import threading
 import time
 from pathlib import Path
 
-from bench import burst, connection_cost, drain, footprint, loadgen, logins, neighbours, retained
+from bench import burst, connection_cost, drain, footprint, loadgen, logins, mqttsn, neighbours, retained
 from bench.brokers import BROKERS, MAX_INFLIGHT, MAX_QUEUED, free_port
 from bench.percentile import nearest_rank
 
@@ -97,9 +97,12 @@ FOOTPRINT = "footprint"
 BREAKDOWN_CONNECTIONS = 2000
 # --storm clients connecting at once, --repeats runs (bench/burst.py).
 STORM = "storm"
+# mqttgw only: MQTT-SN clients over UDP (bench/mqttsn.py), against the
+# Paho MQTT-SN Gateway's figures on this kind of machine (mqttsn.ANCHOR).
+MQTTSN = "mqtt-sn"
 ALL_SCENARIOS = (
     list(THROUGHPUT) + ["latency"] + list(PROBED) + [BACKLOG, BRIDGE_DRAIN, "connections"]
-    + list(NEIGHBOURS) + [RETAINED, LOGINS, FOOTPRINT, STORM]
+    + list(NEIGHBOURS) + [RETAINED, LOGINS, FOOTPRINT, STORM, MQTTSN]
 )
 # Brokers that can run a scenario (amqtt has no mosquitto-format files).
 AUTH_SCENARIOS = {"fan-in qos0 acl", "fan-in qos1 acl", LOGINS}
@@ -320,6 +323,9 @@ def main(argv=None):
     parser.add_argument("--scenarios", nargs="+", default=ALL_SCENARIOS, choices=ALL_SCENARIOS)
     parser.add_argument("--connections", type=int, default=10_000, help="idle connections to hold")
     parser.add_argument("--storm", type=int, default=10_000, help="clients connecting at once in the storm scenario")
+    parser.add_argument(
+        "--mqttsn-subscribers", type=int, default=1000, help="MQTT-SN subscribers in the mqtt-sn fan-out row",
+    )
     parser.add_argument("--backlog", type=int, default=100_000, help="messages in the backlog and bridge drain scenarios")
     parser.add_argument("--retained", type=int, default=1_000_000, help="retained topics stored for the retained scenario")
     parser.add_argument("--repeats", type=int, default=3, help="runs of each drain and storm scenario, the median reported")
@@ -503,6 +509,8 @@ def _run_once(name, scenario, args, workdir, auth_files, broker_cpu, load_cpu, r
         return None
     if scenario == FOOTPRINT:
         return _footprint(name, args, workdir, broker_cpu, load_cpu, options)
+    if scenario == MQTTSN:
+        return _mqttsn(name, args, workdir, broker_cpu, load_cpu)
     if scenario == STORM and burst.too_many(args.storm):
         print(f"{name:10} {STORM}: {args.storm:,} skipped ({burst.too_many(args.storm)})", flush=True)
         return None
@@ -662,6 +670,20 @@ def _footprint(name, args, workdir, broker_cpu, load_cpu, options):
     return r
 
 
+def _mqttsn(name, args, workdir, broker_cpu, load_cpu):
+    """The MQTT-SN rows, mqttgw's alone: the others have no MQTT-SN listener."""
+    if name != "mqttgw":
+        return None
+    print(f"{name:10} {MQTTSN} ...", flush=True)
+    rows = mqttsn.run(
+        workdir, args.duration, args.mqttsn_subscribers, args.connections,
+        broker_cpu=broker_cpu, load_cpu=load_cpu,
+    )
+    for line in mqttsn.summary(rows):
+        print(f"{name:10} {line}", flush=True)
+    return rows
+
+
 def _median(scenario, runs):
     """
     The run whose figure is the median (the lower of the middle two), with
@@ -698,6 +720,8 @@ def _figure(scenario, r):
         return r["connects_per_second"]
     if scenario == FOOTPRINT:
         return r["rss_idle_tcp_kib"] / 1024
+    if scenario == MQTTSN:
+        return r["mqtt-sn fan-in qos0 10 clients"]["per_second"]
     return r["kib_per_connection"]
 
 
@@ -724,7 +748,7 @@ def table(results):
     header = ["scenario"] + names + [f"mqttgw/{o}" for o in others if "mqttgw" in names]
     rows = []
     notes = []
-    scenarios = [s for s in ALL_SCENARIOS if any(s in results[n] for n in names)]
+    scenarios = [s for s in ALL_SCENARIOS if s != MQTTSN and any(s in results[n] for n in names)]
     for s in scenarios:
         unit = {
             "connections": " (KiB/conn)", RETAINED: " (ms, ret/7/+)", LOGINS: " (connects/s)",
@@ -786,6 +810,9 @@ def table(results):
                 f"{n}: storm {burst.summary(r)}; connects/s of each run: {runs};"
                 f" slow connects/listen overflows of each run: {retries}"
             )
+    if MQTTSN in results.get("mqttgw", {}):
+        # The anchor: the Paho MQTT-SN Gateway in front of mosquitto (mqttsn.ANCHOR).
+        out += [""] + mqttsn.summary(results["mqttgw"][MQTTSN])
     if conn:
         out.append("")
         for n in conn:
