@@ -5,7 +5,9 @@ resident memory idle with one TCP listener and with every listener kind
 CONNACK (median of three starts), and the memory each idle connection adds
 with N and 5N held (10,000 and 50,000 by default; a count the open-file
 limit cannot hold is reported as skipped, not tried); for mqttgw, what
-that memory is made of (bench/connection_cost.py).
+that memory is made of (bench/connection_cost.py), and Twisted's reactor
+alone with one TCP listener, started and measured the same way
+(bench/reactor_alone.py), for what the gateway adds to it.
 """
 
 import resource
@@ -91,15 +93,20 @@ def file_limit():
     return soft
 
 
-def run(make_broker, workdir, counts, hold):
+def run(make_broker, workdir, counts, hold, make_baseline=None):
     """
     ``make_broker(kinds=..., pki=...)``: a broker not started;
-    ``hold(broker, count)``: run.run_connections.  Figures in KiB and seconds.
+    ``hold(broker, count)``: run.run_connections; ``make_baseline``, made
+    as ``make_broker``: what the broker's idle memory is set beside, each
+    of its starts just before one of the broker's.  Figures in KiB and seconds.
     """
     pki = write_pki(workdir)
     startups = []
     rss_tcp = []
+    rss_baseline = []
     for _ in range(STARTS):
+        if make_baseline is not None:
+            rss_baseline.append(idle(make_baseline, ("tcp",), pki)[0])
         rss, startup = idle(make_broker, ("tcp",), pki)
         rss_tcp.append(rss)
         startups.append(startup)
@@ -112,6 +119,9 @@ def run(make_broker, workdir, counts, hold):
         "startup_cpu_s": round(statistics.median(c for _, c in startups), 3),
         "connections": {},
     }
+    if rss_baseline:
+        result["rss_idle_baseline_kib"] = statistics.median(rss_baseline)
+        result["rss_idle_baseline_runs_kib"] = rss_baseline
     limit = file_limit()
     for count in counts:
         if count + SPARE_FILES > limit:
@@ -145,6 +155,19 @@ def summary(name, r):
         f" first CONNACK {r['startup_s']:.3f} s after start ({r['startup_cpu_s']:.2f} s of CPU); "
         + "; ".join(held)
     )
+    if "rss_idle_baseline_kib" in r:
+        line += f"; {beside_reactor(r)}"
     if "per_connection" in r:
         line += f"; {connection_cost.summary(r['per_connection'])}"
     return line
+
+
+def beside_reactor(r):
+    """What the broker's idle memory with TCP only adds to Twisted's reactor alone's."""
+    base = r["rss_idle_baseline_kib"]
+    more = r["rss_idle_tcp_kib"] - base
+    return (
+        f"Twisted's reactor alone (loaded as the gateway loads it, one TCP listener)"
+        f" idle {base / 1024:.1f} MiB, the broker {more / 1024:.1f} MiB"
+        f" ({more * 1024 / 1e6:.1f} MB) more"
+    )

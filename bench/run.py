@@ -26,6 +26,7 @@ from pathlib import Path
 
 from bench import burst, connection_cost, drain, footprint, loadgen, logins, mqttsn, neighbours, retained
 from bench.brokers import BROKERS, MAX_INFLIGHT, MAX_QUEUED, free_port
+from bench.reactor_alone import ReactorAlone
 from bench.percentile import nearest_rank
 
 PAYLOAD = 64
@@ -657,11 +658,14 @@ def _footprint(name, args, workdir, broker_cpu, load_cpu, options):
     if name == "amqtt":
         return None
     make = functools.partial(BROKERS[name], workdir, broker_cpu, options)
+    # What the gateway adds to Twisted's reactor alone.
+    baseline = functools.partial(ReactorAlone, workdir, broker_cpu) if name.startswith("mqttgw") else None
     print(f"{name:10} {FOOTPRINT} ...", end=" ", flush=True)
     r = footprint.run(
         make, Path(tempfile.mkdtemp(prefix="pki-", dir=workdir)),
         [args.connections, 5 * args.connections],
         lambda broker, count: run_connections(broker, count, cpu=load_cpu),
+        make_baseline=baseline,
     )
     if name.startswith("mqttgw"):
         # Where an idle connection's memory goes, by kind of object.

@@ -40,8 +40,6 @@ from mqttgw.service.build import (
 from mqttgw.service.gateway import Gateway
 from mqttgw.service.reload import ReloadService
 from mqttgw.transports.listening import ListenerService
-from mqttgw.transports.mqttsn.listener import MqttSnProtocol
-from mqttgw.transports.mqttsn.service import MqttSnListenerService, make_discovery
 from mqttgw.transports.protocol import MQTTServerFactory
 from mqttgw.transports.schedulers import Flusher
 from mqttgw.web.systopics import SysTopics
@@ -319,6 +317,11 @@ class Assembly:
 
     def mqttsn_listeners(self):
         """--mqttsn: MQTT-SN over UDP, on the same router."""
+        if not self.settings["listeners.mqttsn"]:
+            return
+        from mqttgw.transports.mqttsn.listener import MqttSnProtocol
+        from mqttgw.transports.mqttsn.service import MqttSnListenerService, make_discovery
+
         options = self.options.mqttsn
         for address in self.settings["listeners.mqttsn"]:
             protocol = MqttSnProtocol(

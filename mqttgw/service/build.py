@@ -25,10 +25,6 @@ from mqttgw.security.passwords import PasswordTable
 from mqttgw.security.throttle import ConnectionRate, Throttle
 from mqttgw.security.tokens import TokenKeys
 from mqttgw.service import config
-from mqttgw.security.mqttsn_clients import ClientList
-from mqttgw.security.predefined_topics import PredefinedTopics
-from mqttgw.transports.mqttsn.options import MqttSnOptions, parse_multicast
-from mqttgw.transports.mqttsn.service import udp_address
 from mqttgw.transports.protocol import ConnectionLimits, refusal_log
 
 log = Logger()
@@ -197,6 +193,8 @@ def check_listeners(settings):
 
 def check_udp_address(listener, where):
     """(interface, port) of an MQTT-SN listener, or ConfigError naming it."""
+    from mqttgw.transports.mqttsn.service import udp_address
+
     try:
         return udp_address(listener)
     except ValueError as e:
@@ -204,7 +202,17 @@ def check_udp_address(listener, where):
 
 
 def check_mqttsn(settings, limits=None):
-    """The [mqttsn] section as the listeners run with it, its files read; ConfigError naming a key."""
+    """
+    The [mqttsn] section as the listeners run with it, its files read;
+    ConfigError naming a key.  None without an MQTT-SN listener: the
+    section is not read, and MQTT-SN's modules are not loaded.
+    """
+    if not settings["listeners.mqttsn"]:
+        return None
+    from mqttgw.security.mqttsn_clients import ClientList
+    from mqttgw.security.predefined_topics import PredefinedTopics
+    from mqttgw.transports.mqttsn.options import MqttSnOptions, parse_multicast
+
     section = settings.section("mqttsn")
     try:
         multicast = parse_multicast(section["multicast"])

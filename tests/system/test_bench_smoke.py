@@ -218,8 +218,15 @@ def test_footprint_reports_memory_idle_and_per_connection_and_start_up(tmp_path,
     # The kinds account for what the heap grew by (to a byte a connection for rounding).
     assert abs(sum(kinds.values()) - cost["bytes_per_connection"]) < len(kinds) + 1, cost
     assert "per_connection" not in results["mosquitto"][run.FOOTPRINT]
+    # Twisted's reactor alone, three starts measured as the gateway's are,
+    # beside the gateway's figure and not mosquitto's.
+    gateway = results["mqttgw"][run.FOOTPRINT]
+    assert len(gateway["rss_idle_baseline_runs_kib"]) == 3
+    assert 0 < gateway["rss_idle_baseline_kib"] < gateway["rss_idle_tcp_kib"]
+    assert "rss_idle_baseline_kib" not in results["mosquitto"][run.FOOTPRINT]
     table = run.table(results)
     assert "footprint (MiB idle, TCP only)" in table
+    assert table.count("Twisted's reactor alone") == 1, table
     assert "mqttgw: idle " in table and "first CONNACK" in table
     assert "bytes of Python heap per idle connection" in table
 

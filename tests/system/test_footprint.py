@@ -2,7 +2,8 @@
 What a gateway loads is what its configuration asks for: a TCP-only
 gateway, started as twistd starts it in a fresh interpreter, answers
 CONNECT without TLS, WebSocket, JWT, the admin site, Prometheus, the
-archive or protobuf loaded; a WebSocket listener loads autobahn.
+archive, protobuf or MQTT-SN loaded; a WebSocket listener loads autobahn,
+an MQTT-SN listener MQTT-SN's modules.
 """
 
 import json
@@ -56,6 +57,7 @@ OPTIONAL_MODULES = {
     "twisted.web.server", "mqttgw.web.admin", "mqttgw.web.dashboard", "mqttgw.web.metrics",
     "mqttgw.transports.websocket", "mqttgw.transports.tls", "mqttgw.archive.segments",
     "mqttgw.broker.store", "mqttgw.wire.sparkplug.payload",
+    "mqttgw.transports.mqttsn", "mqttgw.wire.mqttsn", "mqttgw.security.mqttsn_clients",
     # protobuf, for Sparkplug payloads (its namespace package is looked in).
     "google.protobuf",
 }
@@ -82,7 +84,7 @@ def loaded(tmp_path, *args):
     return set(report["modules"])
 
 
-def test_a_tcp_only_gateway_loads_no_tls_websocket_web_or_codecs(tmp_path):
+def test_a_tcp_only_gateway_loads_no_tls_websocket_web_mqttsn_or_codecs(tmp_path):
     modules = loaded(tmp_path)
     top = {name.split(".")[0] for name in modules}
     assert top & OPTIONAL == set()
@@ -94,3 +96,8 @@ def test_a_tcp_only_gateway_loads_no_tls_websocket_web_or_codecs(tmp_path):
 def test_a_websocket_listener_loads_autobahn(tmp_path):
     modules = loaded(tmp_path, "--ws", f"tcp:{_free_port()}:interface=127.0.0.1")
     assert {"autobahn", "mqttgw.transports.websocket"} <= modules
+
+
+def test_an_mqttsn_listener_loads_mqttsn(tmp_path):
+    modules = loaded(tmp_path, "--mqttsn", f"127.0.0.1:{_free_port()}")
+    assert {"mqttgw.transports.mqttsn.listener", "mqttgw.wire.mqttsn"} <= modules

@@ -42,7 +42,7 @@ PACKAGE = REPO / "mqttgw"
 # MQTT client (attrs, which a Spark driver need not have).  And what
 # only a configuration that asks for it loads (tests/system/test_footprint.py):
 # the gateway's assembly (after the options are read), TLS, WebSocket,
-# the HTTP surfaces and the store.
+# the HTTP surfaces, the store and MQTT-SN.
 OPTIONAL = {
     "mqttgw.archive.segments", "mqttgw.pipeline.tables", "mqttgw.pipeline.publish",
     "mqttgw.wire.sparkplug.payload",
@@ -52,6 +52,10 @@ OPTIONAL = {
     "mqttgw.web.metrics", "mqttgw.broker.store",
     # OpenTelemetry (the otel extra), loaded only with otel.endpoint set.
     "mqttgw.service.tracing",
+    # MQTT-SN, loaded only with listeners.mqttsn set.
+    "mqttgw.transports.mqttsn.listener", "mqttgw.transports.mqttsn.service",
+    "mqttgw.transports.mqttsn.options", "mqttgw.security.mqttsn_clients",
+    "mqttgw.security.predefined_topics",
 }
 
 
