@@ -284,59 +284,56 @@ class Assembly:
             )
 
     def listeners(self):
-        """--tcp, --tls, --ws and --wss, then the [[listener]] tables."""
-        settings = self.settings
-        identity = settings["tls.use_identity_as_username"]
-        factory = self.mqtt_factory("tcp", self.portal)
-        tls_factory = self.mqtt_factory("tls", self.portal, identity)
-        made = {
-            "tcp": lambda: factory,
-            "tls": lambda: self.tls(tls_factory),
-            "ws": lambda: self.site(factory),
-            "wss": lambda: self.tls(self.site(tls_factory, secure=True)),
-        }
-        for kind, make in made.items():
-            for address in settings[f"listeners.{kind}"]:
-                anonymous = self.allow_anonymous and not (kind in ("tls", "wss") and identity)
-                self.listen(kind, address, make(), anonymous)
-        # Each table with its own factory, portal and TLS; what it leaves
-        # out is the main sections' (config.with_inherited).
+        """
+        Every listener, from one list of [[listener]] tables in the order
+        given: those of the ``[listeners]`` lists (--tcp, --tls, --ws, --wss),
+        the [[listener]] tables, then MQTT-SN's (--mqttsn).
+        """
+        identity = self.settings["tls.use_identity_as_username"]
+        # The [listeners] lists' listeners share one factory for plain
+        # connections and one for TLS, with the main portal and certificate.
+        main = {False: self.mqtt_factory("tcp", self.portal), True: self.mqtt_factory("tls", self.portal, identity)}
         for table in self.options.listener_tables:
             kind = table["kind"]
-            identity_ = kind in ("tls", "wss") and table["use_identity_as_username"]
-            # Left to be worked out at start-up, it is this one's; with the
-            # certificate as the user name nobody logs in without one.
+            if kind == "mqttsn":
+                self.mqttsn_listener(table["address"])
+                continue
+            secure = kind in ("tls", "wss")
+            # What a table leaves out is the main sections' (config.with_inherited);
+            # left to be worked out at start-up, allow_anonymous is this one's.
+            # With the certificate as the user name nobody logs in without one.
+            identity_ = secure and table["use_identity_as_username"]
             anonymous = table.get("allow_anonymous", self.allow_anonymous) and not identity_
-            listener_factory = self.mqtt_factory(kind, self.portal_for(anonymous, table.get("auth")), identity_)
-            made_ = listener_factory
+            if table.get("main"):
+                made = factory = main[secure]
+            else:
+                made = factory = self.mqtt_factory(kind, self.portal_for(anonymous, table.get("auth")), identity_)
             if kind in ("ws", "wss"):
-                made_ = self.site(listener_factory, kind == "wss", table["allowed_origins"])
-            if kind in ("tls", "wss"):
-                made_ = self.tls(made_, table["tls_options"], table["tls_files"])
-            self.listen(kind, table["address"], made_, anonymous)
+                made = self.site(factory, kind == "wss", table["allowed_origins"])
+            if secure:
+                made = self.tls(made, table.get("tls_options"), table.get("tls_files"))
+            self.listen(kind, table["address"], made, anonymous)
         self.reloader.renewable_tls = list(self.renewable.values())
-        self.mqttsn_listeners()
 
-    def mqttsn_listeners(self):
-        """--mqttsn: MQTT-SN over UDP, on the same router."""
+    def mqttsn_listener(self, address):
+        """One of --mqttsn: MQTT-SN over UDP, on the same router."""
         options = self.options.mqttsn
-        for address in self.settings["listeners.mqttsn"]:
-            protocol = MqttSnProtocol(
-                self.gateway.router, self.reactor, options, self.limits, self.connection_rate, self.refusals
+        protocol = MqttSnProtocol(
+            self.gateway.router, self.reactor, options, self.limits, self.connection_rate, self.refusals
+        )
+        service = MqttSnListenerService(self.reactor, address, protocol, anonymous=options.clients is None)
+        service.discovery = make_discovery(self.reactor, options, service.interface)
+        if service.name in self.gateway.namedServices:
+            raise SystemExit(f"mqttgw: mqttsn listener {address}: given twice")
+        self.gateway.listeners.append(service)
+        service.setServiceParent(self.gateway)
+        if options.clients is None:
+            log.warn(
+                "listener {listener} (mqttsn) accepts any client id: MQTT-SN carries no"
+                " password, so anyone who can reach it may publish and subscribe (set"
+                " mqttsn.clients to list who may connect, from where)",
+                listener=address,
             )
-            service = MqttSnListenerService(self.reactor, address, protocol, anonymous=options.clients is None)
-            service.discovery = make_discovery(self.reactor, options, service.interface)
-            if service.name in self.gateway.namedServices:
-                raise SystemExit(f"mqttgw: mqttsn listener {address}: given twice")
-            self.gateway.listeners.append(service)
-            service.setServiceParent(self.gateway)
-            if options.clients is None:
-                log.warn(
-                    "listener {listener} (mqttsn) accepts any client id: MQTT-SN carries no"
-                    " password, so anyone who can reach it may publish and subscribe (set"
-                    " mqttsn.clients to list who may connect, from where)",
-                    listener=address,
-                )
 
     def bridges(self):
         gateway = self.gateway

@@ -187,12 +187,18 @@ def check_endpoint(listener, where):
 
 
 def check_listeners(settings):
-    for path in config.LISTENERS:
-        for listener in settings[path]:
-            if path == "listeners.mqttsn":
-                check_udp_address(listener, path)
-            else:
-                check_endpoint(listener, path)
+    """
+    The addresses of the listeners of the ``[listeners]`` lists (a reload
+    checks them again); a [[listener]] table's are checked with the rest
+    of it (check_listener_tables).
+    """
+    for listener in settings.all_listeners:
+        if listener.declared_in is None:
+            continue
+        if listener.table["kind"] == "mqttsn":
+            check_udp_address(listener.table["address"], listener.where)
+        else:
+            check_endpoint(listener.table["address"], listener.where)
 
 
 def check_udp_address(listener, where):
@@ -289,13 +295,21 @@ def check_bridges(settings, tables=None):
 
 
 def check_listener_tables(settings):
-    """[[listener]] tables with their addresses and TLS files checked."""
+    """
+    Every listener's table, in the order they start, with what it leaves
+    out taken from the main sections; a [[listener]] table's address and
+    TLS files checked.  One from a ``[listeners]`` list is marked ``main``:
+    it uses the main sections' TLS, checked with them.
+    """
     checked = []
-    for table in settings["listener_tables"]:
-        where = f"listener {table['kind']} {table['address']}"
+    for listener in settings.all_listeners:
+        table = config.with_inherited(listener.table, settings)
+        if listener.declared_in is not None:
+            checked.append(dict(table, main=True))
+            continue
+        where = listener.where
         check_endpoint(table["address"], where)
-        own_ciphers = table.get("ciphers")
-        table = config.with_inherited(table, settings)
+        own_ciphers = listener.table.get("ciphers")
         if table["kind"] in ("tls", "wss"):
             if not (table["cert"] and table["key"]):
                 raise config.ConfigError(f"{where}: a TLS listener needs cert and key (or tls.cert, tls.key)")

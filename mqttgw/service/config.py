@@ -1037,11 +1037,47 @@ def check_listener(table, where):
     return dict(table, address=str(values["address"]))
 
 
+@attr.s(frozen=True, slots=True)
+class Listener:
+    """
+    One listener as declared: its [[listener]] table, and the
+    ``[listeners]`` list it came from (None for a [[listener]] table).
+    One from a list has only kind and address: it takes everything else
+    from the main sections, and shares their connection factory, portal
+    and TLS certificate with the others of its list.
+    """
+
+    table = attr.ib()
+    declared_in = attr.ib(default=None)
+
+    @property
+    def where(self):
+        """How an error names it: the list's key, or the table's kind and address."""
+        return self.declared_in or f"listener {self.table['kind']} {self.table['address']}"
+
+
+def declared_listeners(values):
+    """
+    Every listener, in the order they start: the ``[listeners]`` lists'
+    tcp, tls, ws and wss entries, the [[listener]] tables, then MQTT-SN's.
+    """
+    listed = [
+        Listener({"kind": kind, "address": str(address)}, f"listeners.{kind}")
+        for kind in ("tcp", "tls", "ws", "wss")
+        for address in values[f"listeners.{kind}"]
+    ]
+    tables = [Listener(table) for table in values["listener_tables"]]
+    udp = [Listener({"kind": "mqttsn", "address": str(a)}, "listeners.mqttsn") for a in values["listeners.mqttsn"]]
+    return tuple(listed + tables + udp)
+
+
 @attr.s(frozen=True)
 class Settings:
     """Every key's value, by section, after file and flags are merged."""
 
     values = attr.ib()
+    # Every listener, as [[listener]] tables (declared_listeners).
+    all_listeners = attr.ib(default=())
 
     def __getitem__(self, path):
         return self.values[path]
@@ -1094,7 +1130,7 @@ def build(file_values, flag_values):
     values["websocket.trusted_proxies"] = parse_networks(
         values["websocket.trusted_proxies"], "websocket.trusted_proxies"
     )
-    return Settings(values)
+    return Settings(values, declared_listeners(values))
 
 
 # persistent_client_expiration units, as mosquitto's.

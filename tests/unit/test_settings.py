@@ -1,0 +1,54 @@
+"""Settings as the service reads them: one list of listeners, however they were declared."""
+
+from mqttgw.service import build, config
+
+
+def _load(tmp_path, text):
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    return config.build(config.load_file(str(path)), {})
+
+
+def test_a_listeners_entry_and_an_equivalent_listener_table_give_the_same_table(tmp_path):
+    listed = _load(tmp_path, '[listeners]\nws = ["127.0.0.1:8080"]\n')
+    tabled = _load(tmp_path, '[[listener]]\nkind = "ws"\naddress = "127.0.0.1:8080"\n')
+    [from_list], [from_table] = listed.all_listeners, tabled.all_listeners
+    assert from_list.table == from_table.table == {"kind": "ws", "address": "127.0.0.1:8080"}
+    # Errors name them as they were written.
+    assert (from_list.where, from_table.where) == ("listeners.ws", "listener ws 127.0.0.1:8080")
+    # What each leaves out is the main sections'.
+    [checked_list] = build.check_listener_tables(listed)
+    [checked_table] = build.check_listener_tables(tabled)
+    assert checked_list.pop("main") is True and "main" not in checked_table
+    assert checked_list == checked_table
+
+
+def test_every_listener_is_in_one_list_in_the_order_they_start(tmp_path):
+    settings = _load(
+        tmp_path,
+        '[listeners]\nwss = ["8884"]\ntcp = ["1883", "1884"]\nmqttsn = ["1885"]\n'
+        '[tls]\ncert = "c.pem"\nkey = "k.pem"\n'
+        '[[listener]]\nkind = "tls"\naddress = "8883"\n',
+    )
+    assert [(t.table["kind"], t.table["address"], t.declared_in) for t in settings.all_listeners] == [
+        ("tcp", "1883", "listeners.tcp"),
+        ("tcp", "1884", "listeners.tcp"),
+        ("wss", "8884", "listeners.wss"),
+        ("tls", "8883", None),
+        ("mqttsn", "1885", "listeners.mqttsn"),
+    ]
+
+
+def test_with_no_listener_declared_the_list_holds_tcp_1883():
+    settings = config.build({}, {})
+    assert [(t.table, t.declared_in) for t in settings.all_listeners] == [
+        ({"kind": "tcp", "address": "1883"}, "listeners.tcp")
+    ]
+
+
+def test_flags_declare_listeners_in_the_same_list():
+    settings = config.build({}, {"listeners.mqttsn": ["1885"], "listeners.ws": ["8080"]})
+    assert [t.table for t in settings.all_listeners] == [
+        {"kind": "ws", "address": "8080"},
+        {"kind": "mqttsn", "address": "1885"},
+    ]
