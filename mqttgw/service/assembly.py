@@ -78,7 +78,7 @@ class Assembly:
         self.options = options
         self.settings = settings = options.settings
         self.reactor = reactor
-        self.ws = settings.section("websocket")
+        self.ws = settings.websocket
         store, restored = open_store(settings, reactor)
         router = build_router(settings, reactor, store)
         router.restore(*restored)
@@ -86,7 +86,7 @@ class Assembly:
         gateway.settings, gateway.restored = settings, restored
         self.flusher = Flusher(reactor)
         self.limits = connection_limits(settings)
-        self.backlog = listen_backlog(settings["limits.listen_backlog"], self.limits.max_connections, log)
+        self.backlog = listen_backlog(settings.limits.listen_backlog, self.limits.max_connections, log)
         self.throttle, self.connection_rate, self.refusals = login_gates(settings, reactor)
         gateway.throttle = self.throttle
         self.reloader = ReloadService(reactor, options, gateway)
@@ -102,7 +102,7 @@ class Assembly:
         if self._hosts is None:
             from mqttgw.transports.httpguard import HostNames
 
-            self._hosts = HostNames(self.settings["http.allowed_hosts"])
+            self._hosts = HostNames(self.settings.http.allowed_hosts)
             if "*" in self._hosts.allowed:
                 log.warn(
                     "http.allowed_hosts has '*': the HTTP listeners answer to any host name,"
@@ -113,11 +113,11 @@ class Assembly:
     def credentials(self):
         """Who may connect, and what they may touch."""
         settings, gateway, reactor = self.settings, self.gateway, self.reactor
-        auth = settings.section("auth")
+        auth = settings.auth
         table, acl, tokens = self.options.auth_files
         gateway.had_passwords, gateway.had_tokens = table, tokens
-        gateway.router.access = Access(acl, auth["analytics_writers"])
-        allow_anonymous = auth["allow_anonymous"]
+        gateway.router.access = Access(acl, auth.analytics_writers)
+        allow_anonymous = auth.allow_anonymous
         if allow_anonymous is None:
             allow_anonymous = table is None and tokens is None
         self.allow_anonymous = allow_anonymous
@@ -127,11 +127,11 @@ class Assembly:
         # The dashboard's sign-in tokens, when a dashboard is served and
         # there are credentials to sign in with.
         self.issuer = None
-        if (settings["http.address"] or self.ws["dashboard"]) and (table is not None or tokens is not None):
-            self.issuer = TokenIssuer(settings["http.token_lifetime"])
+        if (settings.http.address or self.ws.dashboard) and (table is not None or tokens is not None):
+            self.issuer = TokenIssuer(settings.http.token_lifetime)
         gateway.checker = credentials_checker(self.passwords, tokens, reactor, pool, self.issuer)
         self.portal = self.portal_for(allow_anonymous)
-        if auth["session_owner_mismatch"] == "new_session":
+        if auth.session_owner_mismatch == "new_session":
             log.warn(
                 "auth.session_owner_mismatch = new_session: a client connecting with the"
                 " client id of another identity's unconnected session discards that session"
@@ -163,7 +163,7 @@ class Assembly:
     def dashboard(self):
         """The dashboard on WebSocket listeners, if served there."""
         self.page = None
-        if not self.ws["dashboard"]:
+        if not self.ws.dashboard:
             return
         from mqttgw.web.admin import api_resource
         from mqttgw.web.dashboard import Dashboard
@@ -186,7 +186,7 @@ class Assembly:
     def roles(self):
         from mqttgw.web.admin import Roles
 
-        return Roles(self.settings["http.admin_users"], self.settings["http.read_users"])
+        return Roles(self.settings.http.admin_users, self.settings.http.read_users)
 
     def login_throttle(self):
         """The one login throttle of every listener, MQTT's and the admin surface's."""
@@ -211,12 +211,12 @@ class Assembly:
             mqtt_factory,
             self.gateway.router,
             self.reactor,
-            ws["max_message_size"],
-            ws["trusted_proxies"],
-            ws["compression"],
-            ws["allowed_origins"] if allowed_origins is None else allowed_origins,
+            ws.max_message_size,
+            ws.trusted_proxies,
+            ws.compression,
+            ws.allowed_origins if allowed_origins is None else allowed_origins,
             secure,
-            self.settings["http.dashboard_message_rate"] if self.page is not None else 0,
+            self.settings.http.dashboard_message_rate if self.page is not None else 0,
             dashboard=self.page,
             hosts=self.hosts,
         )
@@ -254,7 +254,7 @@ class Assembly:
 
     def tracing(self):
         """Distributed traces, when otel.endpoint is set: the router's tracer."""
-        if not self.settings["otel.endpoint"]:
+        if not self.settings.otel.endpoint:
             return
         try:
             from mqttgw.service.tracing import start_tracing
@@ -289,7 +289,7 @@ class Assembly:
         given: those of the ``[listeners]`` lists (--tcp, --tls, --ws, --wss),
         the [[listener]] tables, then MQTT-SN's (--mqttsn).
         """
-        identity = self.settings["tls.use_identity_as_username"]
+        identity = self.settings.tls.use_identity_as_username
         # The [listeners] lists' listeners share one factory for plain
         # connections and one for TLS, with the main portal and certificate.
         main = {False: self.mqtt_factory("tcp", self.portal), True: self.mqtt_factory("tls", self.portal, identity)}
@@ -346,11 +346,11 @@ class Assembly:
         """$SYS, and the admin listener with metrics, the API and the dashboard."""
         settings, gateway = self.settings, self.gateway
         router = gateway.router
-        if settings["mqtt.sys_interval"] > 0:
+        if settings.mqtt.sys_interval > 0:
             gateway.sys_topics = SysTopics(
-                router, self.reactor, settings["mqtt.sys_interval"], gateway.bridges, router.store
+                router, self.reactor, settings.mqtt.sys_interval, gateway.bridges, router.store
             )
-        http = settings["http.address"]
+        http = settings.http.address
         if not http:
             return
         from mqttgw.transports.httpguard import BoundedFactory, ConnectionSlots
@@ -361,14 +361,14 @@ class Assembly:
         description = http_description(http)
         open_, admin_portal = self.admin_portal(http, description)
         hosts, secure = self.hosts, description.startswith("ssl:")
-        origins = settings["http.allowed_origins"]
+        origins = settings.http.allowed_origins
         mqtt = self.dashboard_mqtt(origins, secure)
         checker = gateway.checker
         signin = make_portal(checker, False) if checker is not None else None
         # Reads without credentials on loopback see what anonymous MQTT clients may.
         anonymous_reads = self.allow_anonymous
         limit = http_connection_limit(settings)
-        timeout = settings["http.idle_timeout"]
+        timeout = settings.http.idle_timeout
         site = admin_site(
             gateway, metrics, admin_portal, attr.evolve(self.roles(), open=open_), self.issuer,
             signin, mqtt, hosts, self.login_throttle(), anonymous_reads,
@@ -410,7 +410,7 @@ class Assembly:
             "admin listener {address} is reachable beyond this machine: /metrics"
             " and /api/ ask for the credentials of http.admin_users ({users})",
             address=http,
-            users=", ".join(self.settings["http.admin_users"]) or "none yet",
+            users=", ".join(self.settings.http.admin_users) or "none yet",
         )
         return False, admin_portal
 
@@ -425,8 +425,8 @@ class Assembly:
             )
         ws = self.ws
         return websocket_resource(
-            self.mqtt_factory("http", self.portal), ws["max_message_size"], ws["trusted_proxies"],
-            ws["compression"], origins, secure, self.settings["http.dashboard_message_rate"], self.hosts,
+            self.mqtt_factory("http", self.portal), ws.max_message_size, ws.trusted_proxies,
+            ws.compression, origins, secure, self.settings.http.dashboard_message_rate, self.hosts,
         )
 
     def admin_socket_listener(self, metrics, limit, timeout):

@@ -73,9 +73,9 @@ def open_file_limit():
 
 def http_listeners(settings):
     """How many HTTP listeners the admin surface has: its TCP one and its Unix socket."""
-    if not settings["http.address"]:
+    if not settings.http.address:
         return 0
-    return 2 if settings["http.socket"] else 1
+    return 2 if settings.http.socket else 1
 
 
 def http_connection_limit(settings, soft=None):
@@ -89,7 +89,7 @@ def http_connection_limit(settings, soft=None):
     if not listeners:
         return 0
     soft = open_file_limit() if soft is None else soft
-    return max(1, min(settings["http.max_connections"], (soft - RESERVED_DESCRIPTORS) // 4 // listeners))
+    return max(1, min(settings.http.max_connections, (soft - RESERVED_DESCRIPTORS) // 4 // listeners))
 
 
 def connection_limit(configured, log, http=0, soft=None):
@@ -211,30 +211,30 @@ def check_udp_address(listener, where):
 
 def check_mqttsn(settings, limits=None):
     """The [mqttsn] section as the listeners run with it, its files read; ConfigError naming a key."""
-    section = settings.section("mqttsn")
+    section = settings.mqttsn
     try:
-        multicast = parse_multicast(section["multicast"])
+        multicast = parse_multicast(section.multicast)
     except ValueError as e:
         raise config.ConfigError(f"mqttsn.multicast: {e}") from None
     # The files' errors name the file and line (FILE:LINE: what).
-    clients = ClientList.from_file(section["clients"]) if section["clients"] else None
-    predefined = PredefinedTopics.from_file(section["predefined_topics"]) if section["predefined_topics"] else None
+    clients = ClientList.from_file(section.clients) if section.clients else None
+    predefined = PredefinedTopics.from_file(section.predefined_topics) if section.predefined_topics else None
     return MqttSnOptions(
-        gateway_id=section["gateway_id"],
+        gateway_id=section.gateway_id,
         multicast=multicast,
-        advertise_interval=section["advertise_interval"],
-        qos_minus_one=section["qos_minus_one"],
-        max_clients_per_address=section["max_clients_per_address"],
+        advertise_interval=section.advertise_interval,
+        qos_minus_one=section.qos_minus_one,
+        max_clients_per_address=section.max_clients_per_address,
         clients=clients,
         predefined=predefined,
-        max_datagram_size=min(settings["limits.max_packet_size"], 0xFFFF),
-        half_open_timeout=settings["limits.connect_timeout"],
+        max_datagram_size=min(settings.limits.max_packet_size, 0xFFFF),
+        half_open_timeout=settings.limits.connect_timeout,
     )
 
 
 def check_http(settings):
     """The admin listener beyond loopback needs a way to check credentials."""
-    address = settings["http.address"]
+    address = settings.http.address
     if not address:
         return
     description = http_description(address)
@@ -242,8 +242,8 @@ def check_http(settings):
     from mqttgw.web.admin import is_loopback
 
     if not is_loopback(http_host(description)):
-        auth = settings.section("auth")
-        if not (auth["password_file"] or auth["jwt_secret_file"] or auth["jwt_public_key"]):
+        auth = settings.auth
+        if not (auth.password_file or auth.jwt_secret_file or auth.jwt_public_key):
             raise config.ConfigError(
                 f"http.address {address} is reachable beyond this machine: it needs"
                 " auth.password_file or a token key, and http.admin_users"
@@ -255,7 +255,7 @@ def check_auth_methods(settings):
     The enhanced authentication methods ``auth.methods`` offers, prepared
     (see mqttgw.security.enhanced), by name.
     """
-    names = settings["auth.methods"]
+    names = settings.auth.methods
     if not names:
         return {}
     installed = authentication_methods()
@@ -279,7 +279,7 @@ def check_bridges(settings, tables=None):
     kinds = bridge_kinds()
     bridges = []
     names = set()
-    for table in settings["bridges"] if tables is None else tables:
+    for table in settings.bridges if tables is None else tables:
         kind = kinds.get(table.get("kind", "mqtt"))
         if kind is None:
             raise config.ConfigError(
@@ -333,60 +333,60 @@ def load_auth_files(settings):
     (password table, ACL, token keys), each None when not configured;
     errors name the file and line.
     """
-    auth = settings.section("auth")
-    table = PasswordTable.from_file(auth["password_file"]) if auth["password_file"] else None
-    acl = ACL.from_file(auth["acl_file"]) if auth["acl_file"] else None
+    auth = settings.auth
+    table = PasswordTable.from_file(auth.password_file) if auth.password_file else None
+    acl = ACL.from_file(auth.acl_file) if auth.acl_file else None
     tokens = TokenKeys.from_settings(
-        auth["jwt_secret_file"],
-        auth["jwt_public_key"],
-        auth["jwt_username_claim"],
-        auth["jwt_audience"],
+        auth.jwt_secret_file,
+        auth.jwt_public_key,
+        auth.jwt_username_claim,
+        auth.jwt_audience,
     )
     return table, acl, tokens
 
 
 def server_tls_options(settings):
-    if not (settings["listeners.tls"] or settings["listeners.wss"]):
+    if not (settings.listeners.tls or settings.listeners.wss):
         return None
     from mqttgw.transports.tls import server_options
 
-    tls = settings.section("tls")
+    tls = settings.tls
     return server_options(
-        tls["cert"], tls["key"], tls["ca"] or None, tls["require_client_cert"], tls["ciphers"]
+        tls.cert, tls.key, tls.ca or None, tls.require_client_cert, tls.ciphers
     )
 
 
 def session_limits(settings):
-    limits = settings.section("limits")
-    mqtt = settings.section("mqtt")
+    limits = settings.limits
+    mqtt = settings.mqtt
     return SessionLimits(
-        max_inflight_messages=limits["max_inflight_messages"],
-        max_queued_messages=limits["max_queued_messages"],
-        max_queued_bytes=limits["max_queued_bytes"],
-        queue_qos0_messages=mqtt["queue_qos0_messages"],
-        retry_interval=mqtt["retry_interval"],
-        retry_max_interval=mqtt["retry_max_interval"],
-        max_subscriptions=limits["max_subscriptions"],
-        max_subscription_bytes=limits["max_subscription_bytes"],
+        max_inflight_messages=limits.max_inflight_messages,
+        max_queued_messages=limits.max_queued_messages,
+        max_queued_bytes=limits.max_queued_bytes,
+        queue_qos0_messages=mqtt.queue_qos0_messages,
+        retry_interval=mqtt.retry_interval,
+        retry_max_interval=mqtt.retry_max_interval,
+        max_subscriptions=limits.max_subscriptions,
+        max_subscription_bytes=limits.max_subscription_bytes,
     )
 
 
 def configure_router(router, settings):
     """What of the router's behaviour the configuration sets (and SIGHUP renews)."""
     router.limits = session_limits(settings)
-    router.max_qos = settings["mqtt.max_qos"]
-    router.max_persistent_sessions = settings["limits.max_persistent_sessions"]
-    router.max_retained_messages = settings["limits.max_retained_messages"]
-    router.stats.max_queued_bytes_total = settings["limits.max_queued_bytes_total"]
-    router.max_shared_groups = settings["limits.max_shared_groups"]
-    router.max_shared_group_members = settings["limits.max_shared_group_members"]
-    router.persistent_client_expiration = settings["persistence.persistent_client_expiration"]
-    router.session_owner_mismatch = settings["auth.session_owner_mismatch"]
+    router.max_qos = settings.mqtt.max_qos
+    router.max_persistent_sessions = settings.limits.max_persistent_sessions
+    router.max_retained_messages = settings.limits.max_retained_messages
+    router.stats.max_queued_bytes_total = settings.limits.max_queued_bytes_total
+    router.max_shared_groups = settings.limits.max_shared_groups
+    router.max_shared_group_members = settings.limits.max_shared_group_members
+    router.persistent_client_expiration = settings.persistence.persistent_client_expiration
+    router.session_owner_mismatch = settings.auth.session_owner_mismatch
     sparkplug = router.sparkplug
     if sparkplug is not None:
-        sparkplug.ndeath_timestamp = settings["sparkplug.ndeath_timestamp"]
-        sparkplug.max_nodes = settings["sparkplug.max_nodes"]
-        sparkplug.max_devices = settings["sparkplug.max_devices"]
+        sparkplug.ndeath_timestamp = settings.sparkplug.ndeath_timestamp
+        sparkplug.max_nodes = settings.sparkplug.max_nodes
+        sparkplug.max_devices = settings.sparkplug.max_devices
 
 
 def _installed(name):
@@ -399,7 +399,7 @@ def _installed(name):
 
 def build_router(settings, clock, store=None):
     router = Router(clock, store=store)
-    if settings["sparkplug.aware"]:
+    if settings.sparkplug.aware:
         # Checked now, imported with the first Sparkplug message.
         if not _installed("google.protobuf"):
             sys.exit("mqttgw: sparkplug.aware needs protobuf (pip install protobuf), or set it false")
@@ -413,19 +413,19 @@ def login_gates(settings, reactor):
     The login throttle, the per-address connection rate and the log of
     refusals, shared by every listener.
     """
-    limits = settings.section("limits")
+    limits = settings.limits
     throttle = Throttle(
-        first=limits["login_delay"],
-        longest=limits["max_login_delay"],
-        size=limits["login_throttle_size"],
-        max_waiting=limits["max_waiting_logins"],
-        max_waiting_per_user=limits["max_waiting_logins_per_user"],
+        first=limits.login_delay,
+        longest=limits.max_login_delay,
+        size=limits.login_throttle_size,
+        max_waiting=limits.max_waiting_logins,
+        max_waiting_per_user=limits.max_waiting_logins_per_user,
         seconds=reactor.seconds,
     )
     rate = ConnectionRate(
-        limits["max_connection_rate"],
-        limits["connection_rate_loopback"],
-        limits["login_throttle_size"],
+        limits.max_connection_rate,
+        limits.connection_rate_loopback,
+        limits.login_throttle_size,
         reactor.seconds,
     )
     if rate.rate:
@@ -434,26 +434,26 @@ def login_gates(settings, reactor):
             rate=rate.rate,
             loopback="" if rate.loopback else " (loopback exempt)",
         )
-    return throttle, rate, refusal_log(reactor, settings["log.refusal_interval"])
+    return throttle, rate, refusal_log(reactor, settings.log.refusal_interval)
 
 
 def connection_limits(settings):
-    limits = settings.section("limits")
+    limits = settings.limits
     soft = open_file_limit()
     return ConnectionLimits(
-        max_packet_size=limits["max_packet_size"],
-        max_connect_size=limits["max_connect_size"],
-        connect_timeout=limits["connect_timeout"],
+        max_packet_size=limits.max_packet_size,
+        max_connect_size=limits.max_connect_size,
+        connect_timeout=limits.connect_timeout,
         max_connections=connection_limit(
-            limits["max_connections"],
+            limits.max_connections,
             log,
             http_connection_limit(settings, soft) * http_listeners(settings),
             soft,
         ),
-        reject_control_characters=settings["mqtt.reject_control_characters"],
-        allow_long_client_ids=settings["mqtt.allow_long_client_ids"],
-        connection_messages=settings["log.connection_messages"],
-        **{name: settings[f"mqtt.{name}"] for name in SERVER_PROPERTIES},
+        reject_control_characters=settings.mqtt.reject_control_characters,
+        allow_long_client_ids=settings.mqtt.allow_long_client_ids,
+        connection_messages=settings.log.connection_messages,
+        **{name: getattr(settings.mqtt, name) for name in SERVER_PROPERTIES},
     )
 
 
@@ -471,8 +471,8 @@ SERVER_PROPERTIES = (
 
 
 def check_archive_filters(settings):
-    a = settings.section("archive")
-    for topic_filter in a["include"] + a["exclude"]:
+    a = settings.archive
+    for topic_filter in a.include + a.exclude:
         try:
             validate_topic_filter(topic_filter)
         except InvalidTopic as e:
@@ -481,8 +481,8 @@ def check_archive_filters(settings):
 
 def open_archive(settings, reactor):
     """The archive, or None when archive.directory is empty."""
-    a = settings.section("archive")
-    if not a["directory"]:
+    a = settings.archive
+    if not a.directory:
         return None
     try:
         from mqttgw.archive.segments import Archive
@@ -495,27 +495,27 @@ def open_archive(settings, reactor):
     except config.ConfigError as e:
         sys.exit(f"mqttgw: {e}")
     return Archive(
-        a["directory"],
+        a.directory,
         reactor,
-        a["gateway_id"] or socket.gethostname(),
-        include=a["include"],
-        exclude=a["exclude"],
-        directions=a["directions"],
-        roll_seconds=a["roll_seconds"],
-        roll_rows=a["roll_rows"],
+        a.gateway_id or socket.gethostname(),
+        include=a.include,
+        exclude=a.exclude,
+        directions=a.directions,
+        roll_seconds=a.roll_seconds,
+        roll_rows=a.roll_rows,
     )
 
 
 def open_store(settings, reactor):
     """The loaded store, or None without persistence; errors end start-up."""
-    persistence = settings.section("persistence")
-    if not persistence["enabled"]:
+    persistence = settings.persistence
+    if not persistence.enabled:
         return None, ([], [])
     from mqttgw.broker.store import Store, StoreError
 
     try:
         store = Store(
-            persistence["data_dir"], reactor, persistence["durability"], recover=persistence["recover"]
+            persistence.data_dir, reactor, persistence.durability, recover=persistence.recover
         )
         return store, store.load()
     except StoreError as e:
@@ -553,10 +553,10 @@ def host_port_description(address):
 
 def admin_socket(settings):
     """The path of the admin API's Unix socket, or None (see http.socket)."""
-    path = settings["http.socket"]
-    if not (settings["http.address"] and path):
+    path = settings.http.socket
+    if not (settings.http.address and path):
         return None
-    return os.path.join(settings["persistence.data_dir"], path)
+    return os.path.join(settings.persistence.data_dir, path)
 
 
 def unix_description(path):

@@ -17,6 +17,7 @@ from mqttgw.schema import (
     Key,
     check_table,
     check_value,
+    section_class,
 )
 from mqttgw.transports.tlsprofile import INTERMEDIATE_CIPHERS
 
@@ -1071,21 +1072,47 @@ def declared_listeners(values):
     return tuple(listed + tables + udp)
 
 
+# Each main section's class: its values as attributes (settings.tls.cert).
+SECTION_CLASSES = {
+    name: section_class(name, [k for k in KEYS if k.section == name]) for name in SECTIONS
+}
+# What the file holds beside the main sections: [[bridge]] and [[listener]] tables.
+TABLES = ("bridges", "listener_tables")
+
+
 @attr.s(frozen=True)
 class Settings:
-    """Every key's value, by section, after file and flags are merged."""
+    """
+    Every key's value after file and flags are merged: each main section
+    an immutable object with its keys as attributes (``settings.tls.cert``),
+    and ``settings["tls.cert"]`` for what goes through keys by their path
+    (the flags, a reload's comparison).
+    """
 
     values = attr.ib()
     # Every listener, as [[listener]] tables (declared_listeners).
     all_listeners = attr.ib(default=())
+    sections = attr.ib(init=False)
+
+    @sections.default
+    def _sections(self):
+        return {
+            name: cls(**{k: self.values[f"{name}.{k}"] for k in attr.fields_dict(cls)})
+            for name, cls in SECTION_CLASSES.items()
+        }
+
+    def __getattr__(self, name):
+        # Only for a name that is not an attribute of the class.
+        if name == "sections":
+            raise AttributeError(name)
+        if name in self.sections:
+            return self.sections[name]
+        if name in TABLES:
+            return self.values[name]
+        raise AttributeError(f"settings have no section {name!r}")
 
     def __getitem__(self, path):
         return self.values[path]
-
-    def section(self, name):
-        return {
-            k.name: self.values[k.path] for k in KEYS if k.section == name
-        }
 
 
 LISTENERS = [k.path for k in KEYS if k.section == "listeners"]

@@ -22,7 +22,7 @@ def uses_tls(settings):
     tables = [listener.table for listener in settings.all_listeners if listener.table["kind"] != "mqttsn"]
     if any(t["kind"] in ("tls", "wss") for t in tables):
         return True
-    addresses = [settings["http.address"] or ""] + [t["address"] for t in tables]
+    addresses = [settings.http.address or ""] + [t["address"] for t in tables]
     return any(str(a).startswith("ssl:") for a in addresses)
 
 

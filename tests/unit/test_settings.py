@@ -1,4 +1,6 @@
-"""Settings as the service reads them: one list of listeners, however they were declared."""
+"""Settings as the service reads them: sections as objects, one list of listeners however declared."""
+
+import pytest
 
 from mqttgw.service import build, config
 
@@ -52,3 +54,33 @@ def test_flags_declare_listeners_in_the_same_list():
         {"kind": "ws", "address": "8080"},
         {"kind": "mqttsn", "address": "1885"},
     ]
+
+
+def test_each_section_is_an_object_with_its_keys_as_attributes():
+    settings = config.build({"tls.cert": "c.pem", "tls.key": "k.pem", "auth.password_file": "p"}, {"listeners.tls": ["8883"]})
+    assert (settings.tls.cert, settings.tls.key, settings.tls.ca) == ("c.pem", "k.pem", "")
+    assert settings.auth.password_file == "p"
+    assert settings.limits.max_packet_size == 1024 * 1024
+    assert settings.listeners.tls == ["8883"]
+    # Worked out when built: what the attribute holds is the checked value.
+    assert settings.persistence.persistent_client_expiration is None
+    # The same value by its path, for what goes through keys generically.
+    assert settings["tls.cert"] is settings.tls.cert
+    assert settings.bridges == [] and settings.listener_tables == []
+
+
+def test_a_section_is_immutable():
+    settings = config.build({}, {})
+    # attrs' FrozenInstanceError is an AttributeError.
+    with pytest.raises(AttributeError):
+        settings.tls.cert = "other.pem"
+    assert settings.tls.cert == ""
+
+
+def test_an_unknown_key_or_section_is_an_attribute_error_naming_it():
+    settings = config.build({}, {})
+    with pytest.raises(AttributeError, match=r"\[tls\] has no key 'certificate'"):
+        settings.tls.certificate
+    with pytest.raises(AttributeError, match="settings have no section 'tlss'"):
+        settings.tlss
+    assert not hasattr(settings.auth, "password")
