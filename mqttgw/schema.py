@@ -109,8 +109,8 @@ def _by_path(keys):
 
 
 # The rows whose defaults a connection's bounds take
-# (transports.protocol.ConnectionLimits); service.config lists them in
-# its KEYS, where they are documented beside the others.
+# (transports.protocol.ConnectionLimits); their sections' modules
+# (broker.keys, service.keys) list them beside the others.
 CONNECTION_KEYS = _by_path([
     Key(
         "limits",
@@ -264,8 +264,8 @@ CONNECTION_KEYS = _by_path([
 
 
 # The rows whose defaults the broker's bounds take (broker.session's
-# SessionLimits, the router's); service.config lists them in its KEYS as
-# well.
+# SessionLimits, the router's); their sections' modules (broker.keys,
+# security.keys) list them as well.
 BROKER_KEYS = _by_path([
     Key(
         "auth",

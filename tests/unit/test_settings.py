@@ -1,5 +1,6 @@
 """Settings as the service reads them: sections as objects, one list of listeners however declared."""
 
+import attr
 import pytest
 
 from mqttgw.service import build, config
@@ -84,3 +85,12 @@ def test_an_unknown_key_or_section_is_an_attribute_error_naming_it():
     with pytest.raises(AttributeError, match="settings have no section 'tlss'"):
         settings.tlss
     assert not hasattr(settings.auth, "password")
+
+
+def test_each_section_has_its_keys_from_one_module_and_only_its_own():
+    for name, keys in config.SECTION_KEYS.items():
+        assert keys and {key.section for key in keys} == {name}
+        assert len({key.name for key in keys}) == len(keys)
+        assert list(attr.fields_dict(config.SECTION_CLASSES[name])) == [key.name for key in keys]
+    assert config.KEYS == [key for keys in config.SECTION_KEYS.values() for key in keys]
+    assert set(config.SECTION_KEYS) == set(config.SECTIONS)
