@@ -119,9 +119,9 @@ def default_socket(config_path=None):
         settings = config.build(config.load_file(config_path), {})
     except config.ConfigError as e:
         raise CtlError(str(e)) from None
-    if not settings["http.socket"]:
+    if not settings.http.socket:
         raise CtlError(f"{config_path}: http.socket is empty: use --url")
-    return os.path.join(settings["persistence.data_dir"], settings["http.socket"])
+    return os.path.join(settings.persistence.data_dir, settings.http.socket)
 
 
 def _when(seconds):

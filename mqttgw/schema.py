@@ -109,8 +109,8 @@ def _by_path(keys):
 
 
 # The rows whose defaults a connection's bounds take
-# (transports.protocol.ConnectionLimits); service.config lists them in
-# its KEYS, where they are documented beside the others.
+# (transports.protocol.ConnectionLimits); their sections' modules
+# (broker.keys, service.keys) list them beside the others.
 CONNECTION_KEYS = _by_path([
     Key(
         "limits",
@@ -264,8 +264,8 @@ CONNECTION_KEYS = _by_path([
 
 
 # The rows whose defaults the broker's bounds take (broker.session's
-# SessionLimits, the router's); service.config lists them in its KEYS as
-# well.
+# SessionLimits, the router's); their sections' modules (broker.keys,
+# security.keys) list them as well.
 BROKER_KEYS = _by_path([
     Key(
         "auth",
@@ -436,3 +436,28 @@ def default(path):
     """The default of the setting at ``path`` (``section.name``) among the rows here."""
     key = CONNECTION_KEYS.get(path) or BROKER_KEYS[path]
     return key.default
+
+
+class Section:
+    """
+    One section's values, as attributes named by its keys
+    (``settings.tls.cert``); made by :func:`section_class`, immutable.
+    """
+
+    __slots__ = ()
+    # The section's name, for the error that names an unknown key.
+    section_name = ""
+
+    def __getattr__(self, name):
+        # Only for a name that is no key of the section.
+        raise AttributeError(f"[{self.section_name}] has no key {name!r}")
+
+
+def section_class(name, keys):
+    """The frozen class of section ``name``'s values: one attribute per key of ``keys``, in order."""
+    title = "".join(part.title() for part in name.split("_"))
+    cls = attr.make_class(
+        f"{title}Section", [key.name for key in keys], bases=(Section,), frozen=True, slots=True
+    )
+    cls.section_name = name
+    return cls

@@ -76,7 +76,7 @@ class Assembly:
         self.options = options
         self.settings = settings = options.settings
         self.reactor = reactor
-        self.ws = settings.section("websocket")
+        self.ws = settings.websocket
         store, restored = open_store(settings, reactor)
         router = build_router(settings, reactor, store)
         router.restore(*restored)
@@ -84,7 +84,7 @@ class Assembly:
         gateway.settings, gateway.restored = settings, restored
         self.flusher = Flusher(reactor)
         self.limits = connection_limits(settings)
-        self.backlog = listen_backlog(settings["limits.listen_backlog"], self.limits.max_connections, log)
+        self.backlog = listen_backlog(settings.limits.listen_backlog, self.limits.max_connections, log)
         self.throttle, self.connection_rate, self.refusals = login_gates(settings, reactor)
         gateway.throttle = self.throttle
         self.reloader = ReloadService(reactor, options, gateway)
@@ -100,7 +100,7 @@ class Assembly:
         if self._hosts is None:
             from mqttgw.transports.httpguard import HostNames
 
-            self._hosts = HostNames(self.settings["http.allowed_hosts"])
+            self._hosts = HostNames(self.settings.http.allowed_hosts)
             if "*" in self._hosts.allowed:
                 log.warn(
                     "http.allowed_hosts has '*': the HTTP listeners answer to any host name,"
@@ -111,11 +111,11 @@ class Assembly:
     def credentials(self):
         """Who may connect, and what they may touch."""
         settings, gateway, reactor = self.settings, self.gateway, self.reactor
-        auth = settings.section("auth")
+        auth = settings.auth
         table, acl, tokens = self.options.auth_files
         gateway.had_passwords, gateway.had_tokens = table, tokens
-        gateway.router.access = Access(acl, auth["analytics_writers"])
-        allow_anonymous = auth["allow_anonymous"]
+        gateway.router.access = Access(acl, auth.analytics_writers)
+        allow_anonymous = auth.allow_anonymous
         if allow_anonymous is None:
             allow_anonymous = table is None and tokens is None
         self.allow_anonymous = allow_anonymous
@@ -125,11 +125,11 @@ class Assembly:
         # The dashboard's sign-in tokens, when a dashboard is served and
         # there are credentials to sign in with.
         self.issuer = None
-        if (settings["http.address"] or self.ws["dashboard"]) and (table is not None or tokens is not None):
-            self.issuer = TokenIssuer(settings["http.token_lifetime"])
+        if (settings.http.address or self.ws.dashboard) and (table is not None or tokens is not None):
+            self.issuer = TokenIssuer(settings.http.token_lifetime)
         gateway.checker = credentials_checker(self.passwords, tokens, reactor, pool, self.issuer)
         self.portal = self.portal_for(allow_anonymous)
-        if auth["session_owner_mismatch"] == "new_session":
+        if auth.session_owner_mismatch == "new_session":
             log.warn(
                 "auth.session_owner_mismatch = new_session: a client connecting with the"
                 " client id of another identity's unconnected session discards that session"
@@ -161,7 +161,7 @@ class Assembly:
     def dashboard(self):
         """The dashboard on WebSocket listeners, if served there."""
         self.page = None
-        if not self.ws["dashboard"]:
+        if not self.ws.dashboard:
             return
         from mqttgw.web.admin import api_resource
         from mqttgw.web.dashboard import Dashboard
@@ -184,7 +184,7 @@ class Assembly:
     def roles(self):
         from mqttgw.web.admin import Roles
 
-        return Roles(self.settings["http.admin_users"], self.settings["http.read_users"])
+        return Roles(self.settings.http.admin_users, self.settings.http.read_users)
 
     def login_throttle(self):
         """The one login throttle of every listener, MQTT's and the admin surface's."""
@@ -209,12 +209,12 @@ class Assembly:
             mqtt_factory,
             self.gateway.router,
             self.reactor,
-            ws["max_message_size"],
-            ws["trusted_proxies"],
-            ws["compression"],
-            ws["allowed_origins"] if allowed_origins is None else allowed_origins,
+            ws.max_message_size,
+            ws.trusted_proxies,
+            ws.compression,
+            ws.allowed_origins if allowed_origins is None else allowed_origins,
             secure,
-            self.settings["http.dashboard_message_rate"] if self.page is not None else 0,
+            self.settings.http.dashboard_message_rate if self.page is not None else 0,
             dashboard=self.page,
             hosts=self.hosts,
         )
@@ -252,7 +252,7 @@ class Assembly:
 
     def tracing(self):
         """Distributed traces, when otel.endpoint is set: the router's tracer."""
-        if not self.settings["otel.endpoint"]:
+        if not self.settings.otel.endpoint:
             return
         try:
             from mqttgw.service.tracing import start_tracing
@@ -282,64 +282,60 @@ class Assembly:
             )
 
     def listeners(self):
-        """--tcp, --tls, --ws and --wss, then the [[listener]] tables."""
-        settings = self.settings
-        identity = settings["tls.use_identity_as_username"]
-        factory = self.mqtt_factory("tcp", self.portal)
-        tls_factory = self.mqtt_factory("tls", self.portal, identity)
-        made = {
-            "tcp": lambda: factory,
-            "tls": lambda: self.tls(tls_factory),
-            "ws": lambda: self.site(factory),
-            "wss": lambda: self.tls(self.site(tls_factory, secure=True)),
-        }
-        for kind, make in made.items():
-            for address in settings[f"listeners.{kind}"]:
-                anonymous = self.allow_anonymous and not (kind in ("tls", "wss") and identity)
-                self.listen(kind, address, make(), anonymous)
-        # Each table with its own factory, portal and TLS; what it leaves
-        # out is the main sections' (config.with_inherited).
+        """
+        Every listener, from one list of [[listener]] tables in the order
+        given: those of the ``[listeners]`` lists (--tcp, --tls, --ws, --wss),
+        the [[listener]] tables, then MQTT-SN's (--mqttsn).
+        """
+        identity = self.settings.tls.use_identity_as_username
+        # The [listeners] lists' listeners share one factory for plain
+        # connections and one for TLS, with the main portal and certificate.
+        main = {False: self.mqtt_factory("tcp", self.portal), True: self.mqtt_factory("tls", self.portal, identity)}
         for table in self.options.listener_tables:
             kind = table["kind"]
-            identity_ = kind in ("tls", "wss") and table["use_identity_as_username"]
-            # Left to be worked out at start-up, it is this one's; with the
-            # certificate as the user name nobody logs in without one.
+            if kind == "mqttsn":
+                self.mqttsn_listener(table["address"])
+                continue
+            secure = kind in ("tls", "wss")
+            # What a table leaves out is the main sections' (config.with_inherited);
+            # left to be worked out at start-up, allow_anonymous is this one's.
+            # With the certificate as the user name nobody logs in without one.
+            identity_ = secure and table["use_identity_as_username"]
             anonymous = table.get("allow_anonymous", self.allow_anonymous) and not identity_
-            listener_factory = self.mqtt_factory(kind, self.portal_for(anonymous, table.get("auth")), identity_)
-            made_ = listener_factory
+            if table.get("main"):
+                made = factory = main[secure]
+            else:
+                made = factory = self.mqtt_factory(kind, self.portal_for(anonymous, table.get("auth")), identity_)
             if kind in ("ws", "wss"):
-                made_ = self.site(listener_factory, kind == "wss", table["allowed_origins"])
-            if kind in ("tls", "wss"):
-                made_ = self.tls(made_, table["tls_options"], table["tls_files"])
-            self.listen(kind, table["address"], made_, anonymous)
+                made = self.site(factory, kind == "wss", table["allowed_origins"])
+            if secure:
+                made = self.tls(made, table.get("tls_options"), table.get("tls_files"))
+            self.listen(kind, table["address"], made, anonymous)
         self.reloader.renewable_tls = list(self.renewable.values())
-        self.mqttsn_listeners()
 
-    def mqttsn_listeners(self):
-        """--mqttsn: MQTT-SN over UDP, on the same router."""
-        if not self.settings["listeners.mqttsn"]:
-            return
+    def mqttsn_listener(self, address):
+        """One of --mqttsn: MQTT-SN over UDP, on the same router."""
+        # MQTT-SN's modules are loaded only for a listener of its own.
         from mqttgw.transports.mqttsn.listener import MqttSnProtocol
         from mqttgw.transports.mqttsn.service import MqttSnListenerService, make_discovery
 
         options = self.options.mqttsn
-        for address in self.settings["listeners.mqttsn"]:
-            protocol = MqttSnProtocol(
-                self.gateway.router, self.reactor, options, self.limits, self.connection_rate, self.refusals
+        protocol = MqttSnProtocol(
+            self.gateway.router, self.reactor, options, self.limits, self.connection_rate, self.refusals
+        )
+        service = MqttSnListenerService(self.reactor, address, protocol, anonymous=options.clients is None)
+        service.discovery = make_discovery(self.reactor, options, service.interface)
+        if service.name in self.gateway.namedServices:
+            raise SystemExit(f"mqttgw: mqttsn listener {address}: given twice")
+        self.gateway.listeners.append(service)
+        service.setServiceParent(self.gateway)
+        if options.clients is None:
+            log.warn(
+                "listener {listener} (mqttsn) accepts any client id: MQTT-SN carries no"
+                " password, so anyone who can reach it may publish and subscribe (set"
+                " mqttsn.clients to list who may connect, from where)",
+                listener=address,
             )
-            service = MqttSnListenerService(self.reactor, address, protocol, anonymous=options.clients is None)
-            service.discovery = make_discovery(self.reactor, options, service.interface)
-            if service.name in self.gateway.namedServices:
-                raise SystemExit(f"mqttgw: mqttsn listener {address}: given twice")
-            self.gateway.listeners.append(service)
-            service.setServiceParent(self.gateway)
-            if options.clients is None:
-                log.warn(
-                    "listener {listener} (mqttsn) accepts any client id: MQTT-SN carries no"
-                    " password, so anyone who can reach it may publish and subscribe (set"
-                    " mqttsn.clients to list who may connect, from where)",
-                    listener=address,
-                )
 
     def bridges(self):
         gateway = self.gateway
@@ -352,11 +348,11 @@ class Assembly:
         """$SYS, and the admin listener with metrics, the API and the dashboard."""
         settings, gateway = self.settings, self.gateway
         router = gateway.router
-        if settings["mqtt.sys_interval"] > 0:
+        if settings.mqtt.sys_interval > 0:
             gateway.sys_topics = SysTopics(
-                router, self.reactor, settings["mqtt.sys_interval"], gateway.bridges, router.store
+                router, self.reactor, settings.mqtt.sys_interval, gateway.bridges, router.store
             )
-        http = settings["http.address"]
+        http = settings.http.address
         if not http:
             return
         from mqttgw.transports.httpguard import BoundedFactory, ConnectionSlots
@@ -367,14 +363,14 @@ class Assembly:
         description = http_description(http)
         open_, admin_portal = self.admin_portal(http, description)
         hosts, secure = self.hosts, description.startswith("ssl:")
-        origins = settings["http.allowed_origins"]
+        origins = settings.http.allowed_origins
         mqtt = self.dashboard_mqtt(origins, secure)
         checker = gateway.checker
         signin = make_portal(checker, False) if checker is not None else None
         # Reads without credentials on loopback see what anonymous MQTT clients may.
         anonymous_reads = self.allow_anonymous
         limit = http_connection_limit(settings)
-        timeout = settings["http.idle_timeout"]
+        timeout = settings.http.idle_timeout
         site = admin_site(
             gateway, metrics, admin_portal, attr.evolve(self.roles(), open=open_), self.issuer,
             signin, mqtt, hosts, self.login_throttle(), anonymous_reads,
@@ -416,7 +412,7 @@ class Assembly:
             "admin listener {address} is reachable beyond this machine: /metrics"
             " and /api/ ask for the credentials of http.admin_users ({users})",
             address=http,
-            users=", ".join(self.settings["http.admin_users"]) or "none yet",
+            users=", ".join(self.settings.http.admin_users) or "none yet",
         )
         return False, admin_portal
 
@@ -431,8 +427,8 @@ class Assembly:
             )
         ws = self.ws
         return websocket_resource(
-            self.mqtt_factory("http", self.portal), ws["max_message_size"], ws["trusted_proxies"],
-            ws["compression"], origins, secure, self.settings["http.dashboard_message_rate"], self.hosts,
+            self.mqtt_factory("http", self.portal), ws.max_message_size, ws.trusted_proxies,
+            ws.compression, origins, secure, self.settings.http.dashboard_message_rate, self.hosts,
         )
 
     def admin_socket_listener(self, metrics, limit, timeout):

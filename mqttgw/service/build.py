@@ -69,9 +69,9 @@ def open_file_limit():
 
 def http_listeners(settings):
     """How many HTTP listeners the admin surface has: its TCP one and its Unix socket."""
-    if not settings["http.address"]:
+    if not settings.http.address:
         return 0
-    return 2 if settings["http.socket"] else 1
+    return 2 if settings.http.socket else 1
 
 
 def http_connection_limit(settings, soft=None):
@@ -85,7 +85,7 @@ def http_connection_limit(settings, soft=None):
     if not listeners:
         return 0
     soft = open_file_limit() if soft is None else soft
-    return max(1, min(settings["http.max_connections"], (soft - RESERVED_DESCRIPTORS) // 4 // listeners))
+    return max(1, min(settings.http.max_connections, (soft - RESERVED_DESCRIPTORS) // 4 // listeners))
 
 
 def connection_limit(configured, log, http=0, soft=None):
@@ -183,12 +183,18 @@ def check_endpoint(listener, where):
 
 
 def check_listeners(settings):
-    for path in config.LISTENERS:
-        for listener in settings[path]:
-            if path == "listeners.mqttsn":
-                check_udp_address(listener, path)
-            else:
-                check_endpoint(listener, path)
+    """
+    The addresses of the listeners of the ``[listeners]`` lists (a reload
+    checks them again); a [[listener]] table's are checked with the rest
+    of it (check_listener_tables).
+    """
+    for listener in settings.all_listeners:
+        if listener.declared_in is None:
+            continue
+        if listener.table["kind"] == "mqttsn":
+            check_udp_address(listener.table["address"], listener.where)
+        else:
+            check_endpoint(listener.table["address"], listener.where)
 
 
 def check_udp_address(listener, where):
@@ -207,36 +213,36 @@ def check_mqttsn(settings, limits=None):
     ConfigError naming a key.  None without an MQTT-SN listener: the
     section is not read, and MQTT-SN's modules are not loaded.
     """
-    if not settings["listeners.mqttsn"]:
+    if not settings.listeners.mqttsn:
         return None
     from mqttgw.security.mqttsn_clients import ClientList
     from mqttgw.security.predefined_topics import PredefinedTopics
     from mqttgw.transports.mqttsn.options import MqttSnOptions, parse_multicast
 
-    section = settings.section("mqttsn")
+    section = settings.mqttsn
     try:
-        multicast = parse_multicast(section["multicast"])
+        multicast = parse_multicast(section.multicast)
     except ValueError as e:
         raise config.ConfigError(f"mqttsn.multicast: {e}") from None
     # The files' errors name the file and line (FILE:LINE: what).
-    clients = ClientList.from_file(section["clients"]) if section["clients"] else None
-    predefined = PredefinedTopics.from_file(section["predefined_topics"]) if section["predefined_topics"] else None
+    clients = ClientList.from_file(section.clients) if section.clients else None
+    predefined = PredefinedTopics.from_file(section.predefined_topics) if section.predefined_topics else None
     return MqttSnOptions(
-        gateway_id=section["gateway_id"],
+        gateway_id=section.gateway_id,
         multicast=multicast,
-        advertise_interval=section["advertise_interval"],
-        qos_minus_one=section["qos_minus_one"],
-        max_clients_per_address=section["max_clients_per_address"],
+        advertise_interval=section.advertise_interval,
+        qos_minus_one=section.qos_minus_one,
+        max_clients_per_address=section.max_clients_per_address,
         clients=clients,
         predefined=predefined,
-        max_datagram_size=min(settings["limits.max_packet_size"], 0xFFFF),
-        half_open_timeout=settings["limits.connect_timeout"],
+        max_datagram_size=min(settings.limits.max_packet_size, 0xFFFF),
+        half_open_timeout=settings.limits.connect_timeout,
     )
 
 
 def check_http(settings):
     """The admin listener beyond loopback needs a way to check credentials."""
-    address = settings["http.address"]
+    address = settings.http.address
     if not address:
         return
     description = http_description(address)
@@ -244,8 +250,8 @@ def check_http(settings):
     from mqttgw.web.admin import is_loopback
 
     if not is_loopback(http_host(description)):
-        auth = settings.section("auth")
-        if not (auth["password_file"] or auth["jwt_secret_file"] or auth["jwt_public_key"]):
+        auth = settings.auth
+        if not (auth.password_file or auth.jwt_secret_file or auth.jwt_public_key):
             raise config.ConfigError(
                 f"http.address {address} is reachable beyond this machine: it needs"
                 " auth.password_file or a token key, and http.admin_users"
@@ -257,7 +263,7 @@ def check_auth_methods(settings):
     The enhanced authentication methods ``auth.methods`` offers, prepared
     (see mqttgw.security.enhanced), by name.
     """
-    names = settings["auth.methods"]
+    names = settings.auth.methods
     if not names:
         return {}
     installed = authentication_methods()
@@ -281,7 +287,7 @@ def check_bridges(settings, tables=None):
     kinds = bridge_kinds()
     bridges = []
     names = set()
-    for table in settings["bridges"] if tables is None else tables:
+    for table in settings.bridges if tables is None else tables:
         kind = kinds.get(table.get("kind", "mqtt"))
         if kind is None:
             raise config.ConfigError(
@@ -297,13 +303,21 @@ def check_bridges(settings, tables=None):
 
 
 def check_listener_tables(settings):
-    """[[listener]] tables with their addresses and TLS files checked."""
+    """
+    Every listener's table, in the order they start, with what it leaves
+    out taken from the main sections; a [[listener]] table's address and
+    TLS files checked.  One from a ``[listeners]`` list is marked ``main``:
+    it uses the main sections' TLS, checked with them.
+    """
     checked = []
-    for table in settings["listener_tables"]:
-        where = f"listener {table['kind']} {table['address']}"
+    for listener in settings.all_listeners:
+        table = config.with_inherited(listener.table, settings)
+        if listener.declared_in is not None:
+            checked.append(dict(table, main=True))
+            continue
+        where = listener.where
         check_endpoint(table["address"], where)
-        own_ciphers = table.get("ciphers")
-        table = config.with_inherited(table, settings)
+        own_ciphers = listener.table.get("ciphers")
         if table["kind"] in ("tls", "wss"):
             if not (table["cert"] and table["key"]):
                 raise config.ConfigError(f"{where}: a TLS listener needs cert and key (or tls.cert, tls.key)")
@@ -327,60 +341,60 @@ def load_auth_files(settings):
     (password table, ACL, token keys), each None when not configured;
     errors name the file and line.
     """
-    auth = settings.section("auth")
-    table = PasswordTable.from_file(auth["password_file"]) if auth["password_file"] else None
-    acl = ACL.from_file(auth["acl_file"]) if auth["acl_file"] else None
+    auth = settings.auth
+    table = PasswordTable.from_file(auth.password_file) if auth.password_file else None
+    acl = ACL.from_file(auth.acl_file) if auth.acl_file else None
     tokens = TokenKeys.from_settings(
-        auth["jwt_secret_file"],
-        auth["jwt_public_key"],
-        auth["jwt_username_claim"],
-        auth["jwt_audience"],
+        auth.jwt_secret_file,
+        auth.jwt_public_key,
+        auth.jwt_username_claim,
+        auth.jwt_audience,
     )
     return table, acl, tokens
 
 
 def server_tls_options(settings):
-    if not (settings["listeners.tls"] or settings["listeners.wss"]):
+    if not (settings.listeners.tls or settings.listeners.wss):
         return None
     from mqttgw.transports.tls import server_options
 
-    tls = settings.section("tls")
+    tls = settings.tls
     return server_options(
-        tls["cert"], tls["key"], tls["ca"] or None, tls["require_client_cert"], tls["ciphers"]
+        tls.cert, tls.key, tls.ca or None, tls.require_client_cert, tls.ciphers
     )
 
 
 def session_limits(settings):
-    limits = settings.section("limits")
-    mqtt = settings.section("mqtt")
+    limits = settings.limits
+    mqtt = settings.mqtt
     return SessionLimits(
-        max_inflight_messages=limits["max_inflight_messages"],
-        max_queued_messages=limits["max_queued_messages"],
-        max_queued_bytes=limits["max_queued_bytes"],
-        queue_qos0_messages=mqtt["queue_qos0_messages"],
-        retry_interval=mqtt["retry_interval"],
-        retry_max_interval=mqtt["retry_max_interval"],
-        max_subscriptions=limits["max_subscriptions"],
-        max_subscription_bytes=limits["max_subscription_bytes"],
+        max_inflight_messages=limits.max_inflight_messages,
+        max_queued_messages=limits.max_queued_messages,
+        max_queued_bytes=limits.max_queued_bytes,
+        queue_qos0_messages=mqtt.queue_qos0_messages,
+        retry_interval=mqtt.retry_interval,
+        retry_max_interval=mqtt.retry_max_interval,
+        max_subscriptions=limits.max_subscriptions,
+        max_subscription_bytes=limits.max_subscription_bytes,
     )
 
 
 def configure_router(router, settings):
     """What of the router's behaviour the configuration sets (and SIGHUP renews)."""
     router.limits = session_limits(settings)
-    router.max_qos = settings["mqtt.max_qos"]
-    router.max_persistent_sessions = settings["limits.max_persistent_sessions"]
-    router.max_retained_messages = settings["limits.max_retained_messages"]
-    router.stats.max_queued_bytes_total = settings["limits.max_queued_bytes_total"]
-    router.max_shared_groups = settings["limits.max_shared_groups"]
-    router.max_shared_group_members = settings["limits.max_shared_group_members"]
-    router.persistent_client_expiration = settings["persistence.persistent_client_expiration"]
-    router.session_owner_mismatch = settings["auth.session_owner_mismatch"]
+    router.max_qos = settings.mqtt.max_qos
+    router.max_persistent_sessions = settings.limits.max_persistent_sessions
+    router.max_retained_messages = settings.limits.max_retained_messages
+    router.stats.max_queued_bytes_total = settings.limits.max_queued_bytes_total
+    router.max_shared_groups = settings.limits.max_shared_groups
+    router.max_shared_group_members = settings.limits.max_shared_group_members
+    router.persistent_client_expiration = settings.persistence.persistent_client_expiration
+    router.session_owner_mismatch = settings.auth.session_owner_mismatch
     sparkplug = router.sparkplug
     if sparkplug is not None:
-        sparkplug.ndeath_timestamp = settings["sparkplug.ndeath_timestamp"]
-        sparkplug.max_nodes = settings["sparkplug.max_nodes"]
-        sparkplug.max_devices = settings["sparkplug.max_devices"]
+        sparkplug.ndeath_timestamp = settings.sparkplug.ndeath_timestamp
+        sparkplug.max_nodes = settings.sparkplug.max_nodes
+        sparkplug.max_devices = settings.sparkplug.max_devices
 
 
 def _installed(name):
@@ -393,7 +407,7 @@ def _installed(name):
 
 def build_router(settings, clock, store=None):
     router = Router(clock, store=store)
-    if settings["sparkplug.aware"]:
+    if settings.sparkplug.aware:
         # Checked now, imported with the first Sparkplug message.
         if not _installed("google.protobuf"):
             sys.exit("mqttgw: sparkplug.aware needs protobuf (pip install protobuf), or set it false")
@@ -407,19 +421,19 @@ def login_gates(settings, reactor):
     The login throttle, the per-address connection rate and the log of
     refusals, shared by every listener.
     """
-    limits = settings.section("limits")
+    limits = settings.limits
     throttle = Throttle(
-        first=limits["login_delay"],
-        longest=limits["max_login_delay"],
-        size=limits["login_throttle_size"],
-        max_waiting=limits["max_waiting_logins"],
-        max_waiting_per_user=limits["max_waiting_logins_per_user"],
+        first=limits.login_delay,
+        longest=limits.max_login_delay,
+        size=limits.login_throttle_size,
+        max_waiting=limits.max_waiting_logins,
+        max_waiting_per_user=limits.max_waiting_logins_per_user,
         seconds=reactor.seconds,
     )
     rate = ConnectionRate(
-        limits["max_connection_rate"],
-        limits["connection_rate_loopback"],
-        limits["login_throttle_size"],
+        limits.max_connection_rate,
+        limits.connection_rate_loopback,
+        limits.login_throttle_size,
         reactor.seconds,
     )
     if rate.rate:
@@ -428,26 +442,26 @@ def login_gates(settings, reactor):
             rate=rate.rate,
             loopback="" if rate.loopback else " (loopback exempt)",
         )
-    return throttle, rate, refusal_log(reactor, settings["log.refusal_interval"])
+    return throttle, rate, refusal_log(reactor, settings.log.refusal_interval)
 
 
 def connection_limits(settings):
-    limits = settings.section("limits")
+    limits = settings.limits
     soft = open_file_limit()
     return ConnectionLimits(
-        max_packet_size=limits["max_packet_size"],
-        max_connect_size=limits["max_connect_size"],
-        connect_timeout=limits["connect_timeout"],
+        max_packet_size=limits.max_packet_size,
+        max_connect_size=limits.max_connect_size,
+        connect_timeout=limits.connect_timeout,
         max_connections=connection_limit(
-            limits["max_connections"],
+            limits.max_connections,
             log,
             http_connection_limit(settings, soft) * http_listeners(settings),
             soft,
         ),
-        reject_control_characters=settings["mqtt.reject_control_characters"],
-        allow_long_client_ids=settings["mqtt.allow_long_client_ids"],
-        connection_messages=settings["log.connection_messages"],
-        **{name: settings[f"mqtt.{name}"] for name in SERVER_PROPERTIES},
+        reject_control_characters=settings.mqtt.reject_control_characters,
+        allow_long_client_ids=settings.mqtt.allow_long_client_ids,
+        connection_messages=settings.log.connection_messages,
+        **{name: getattr(settings.mqtt, name) for name in SERVER_PROPERTIES},
     )
 
 
@@ -465,8 +479,8 @@ SERVER_PROPERTIES = (
 
 
 def check_archive_filters(settings):
-    a = settings.section("archive")
-    for topic_filter in a["include"] + a["exclude"]:
+    a = settings.archive
+    for topic_filter in a.include + a.exclude:
         try:
             validate_topic_filter(topic_filter)
         except InvalidTopic as e:
@@ -475,8 +489,8 @@ def check_archive_filters(settings):
 
 def open_archive(settings, reactor):
     """The archive, or None when archive.directory is empty."""
-    a = settings.section("archive")
-    if not a["directory"]:
+    a = settings.archive
+    if not a.directory:
         return None
     try:
         from mqttgw.archive.segments import Archive
@@ -489,27 +503,27 @@ def open_archive(settings, reactor):
     except config.ConfigError as e:
         sys.exit(f"mqttgw: {e}")
     return Archive(
-        a["directory"],
+        a.directory,
         reactor,
-        a["gateway_id"] or socket.gethostname(),
-        include=a["include"],
-        exclude=a["exclude"],
-        directions=a["directions"],
-        roll_seconds=a["roll_seconds"],
-        roll_rows=a["roll_rows"],
+        a.gateway_id or socket.gethostname(),
+        include=a.include,
+        exclude=a.exclude,
+        directions=a.directions,
+        roll_seconds=a.roll_seconds,
+        roll_rows=a.roll_rows,
     )
 
 
 def open_store(settings, reactor):
     """The loaded store, or None without persistence; errors end start-up."""
-    persistence = settings.section("persistence")
-    if not persistence["enabled"]:
+    persistence = settings.persistence
+    if not persistence.enabled:
         return None, ([], [])
     from mqttgw.broker.store import Store, StoreError
 
     try:
         store = Store(
-            persistence["data_dir"], reactor, persistence["durability"], recover=persistence["recover"]
+            persistence.data_dir, reactor, persistence.durability, recover=persistence.recover
         )
         return store, store.load()
     except StoreError as e:
@@ -547,10 +561,10 @@ def host_port_description(address):
 
 def admin_socket(settings):
     """The path of the admin API's Unix socket, or None (see http.socket)."""
-    path = settings["http.socket"]
-    if not (settings["http.address"] and path):
+    path = settings.http.socket
+    if not (settings.http.address and path):
         return None
-    return os.path.join(settings["persistence.data_dir"], path)
+    return os.path.join(settings.persistence.data_dir, path)
 
 
 def unix_description(path):

@@ -19,13 +19,10 @@ TLS_PACKAGES = ("OpenSSL", "service_identity")
 
 def uses_tls(settings):
     """Whether any listener of ``settings`` speaks TLS."""
-    if settings["listeners.tls"] or settings["listeners.wss"]:
-        return True
-    tables = settings["listener_tables"]
+    tables = [listener.table for listener in settings.all_listeners if listener.table["kind"] != "mqttsn"]
     if any(t["kind"] in ("tls", "wss") for t in tables):
         return True
-    addresses = [settings["http.address"] or ""] + [t["address"] for t in tables]
-    addresses += [a for kind in ("tcp", "ws") for a in settings[f"listeners.{kind}"]]
+    addresses = [settings.http.address or ""] + [t["address"] for t in tables]
     return any(str(a).startswith("ssl:") for a in addresses)
 
 

@@ -143,9 +143,9 @@ class Gateway(MultiService):
             + (" anonymous" if l.anonymous else "")
             for l in self.listeners
         )
-        persistence = settings.section("persistence")
+        persistence = settings.persistence
         if self.store is not None:
-            store = f"data dir {persistence['data_dir']} (durability {persistence['durability']})"
+            store = f"data dir {persistence.data_dir} (durability {persistence.durability})"
         else:
             store = "no persistence (memory only)"
         retained, sessions = self.restored
@@ -162,9 +162,9 @@ class Gateway(MultiService):
             queued=queued,
             retained=len(retained),
             bridges=", ".join(b.settings.name for b in self.bridges) or "none",
-            archive=settings["archive.directory"] or "off",
-            sys=settings["mqtt.sys_interval"],
-            log_level_name=settings["log.level"],
+            archive=settings.archive.directory or "off",
+            sys=settings.mqtt.sys_interval,
+            log_level_name=settings.log.level,
         )
 
     # Readiness

@@ -89,7 +89,7 @@ class ReloadService(Service):
         return {
             "settings": settings,
             "bridges": build.check_bridges(
-                settings, self.gateway.runtime_bridges.merged(settings["bridges"])
+                settings, self.gateway.runtime_bridges.merged(settings.bridges)
             ),
             "auth_files": build.load_auth_files(settings),
             "tls": [(listener, listener.load()) for listener in self.renewable_tls],
@@ -122,25 +122,25 @@ class ReloadService(Service):
         )
         if restart:
             log.warn("reload: changed but needs a restart: {keys}", keys=", ".join(restart))
-        logs.set_level(settings["log.level"])
+        logs.set_level(settings.log.level)
         limits = build.connection_limits(settings)
         for factory in gateway.factories:
             factory.limits = limits
         router = gateway.router
         build.configure_router(router, settings)
         gateway.schedule_sweep()
-        if gateway.sys_topics is None and settings["mqtt.sys_interval"] > 0:
+        if gateway.sys_topics is None and settings.mqtt.sys_interval > 0:
             gateway.sys_topics = SysTopics(router, self.reactor, 0, gateway.bridges, router.store)
         if gateway.sys_topics is not None:
-            gateway.sys_topics.interval = settings["mqtt.sys_interval"]
+            gateway.sys_topics.interval = settings.mqtt.sys_interval
             gateway.sys_topics.start()
         archive = gateway.archive
         if archive is not None:
-            a = settings.section("archive")
-            archive.set_filters(a["include"], a["exclude"])
-            archive.directions = frozenset(a["directions"])
-            archive.roll_seconds = a["roll_seconds"]
-            archive.roll_rows = a["roll_rows"]
+            a = settings.archive
+            archive.set_filters(a.include, a.exclude)
+            archive.directions = frozenset(a.directions)
+            archive.roll_seconds = a.roll_seconds
+            archive.roll_rows = a.roll_rows
         table, acl, tokens = new["auth_files"]
         self._swap_auth(new["auth_files"])
         for listener, renewed in new["tls"]:
@@ -153,7 +153,7 @@ class ReloadService(Service):
             acl="in force" if acl is not None else "none",
             tokens="in force" if tokens is not None else "none",
             tls=len(new["tls"]),
-            log_level_name=settings["log.level"],
+            log_level_name=settings.log.level,
             changes=changes or "unchanged",
         )
 
@@ -169,7 +169,7 @@ class ReloadService(Service):
         settings = self.settings
 
         def check():
-            return build.check_bridges(settings, runtime.merged(settings["bridges"], entries))
+            return build.check_bridges(settings, runtime.merged(settings.bridges, entries))
 
         d = deferToThread(check)
         d.addCallback(lambda wanted: runtime.save(entries).addCallback(lambda _: wanted))

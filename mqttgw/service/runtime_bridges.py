@@ -31,10 +31,10 @@ class RuntimeBridges:
 
     @classmethod
     def in_data_dir(cls, settings):
-        persistence = settings.section("persistence")
-        if not persistence["enabled"]:
+        persistence = settings.persistence
+        if not persistence.enabled:
             return cls()
-        return cls(Path(persistence["data_dir"]) / FILE_NAME)
+        return cls(Path(persistence.data_dir) / FILE_NAME)
 
     def load(self):
         """At start-up; a file that cannot be read stops it with one line."""

@@ -101,7 +101,7 @@ class Options(usage.Options):
             check_listeners(settings)
             self.tls_options = server_tls_options(settings)
             self.runtime_bridges = RuntimeBridges.in_data_dir(settings).load()
-            self.bridges = check_bridges(settings, self.runtime_bridges.merged(settings["bridges"]))
+            self.bridges = check_bridges(settings, self.runtime_bridges.merged(settings.bridges))
             self.auth_methods = check_auth_methods(settings)
             self.auth_files = load_auth_files(settings)
             self.listener_tables = check_listener_tables(settings)
@@ -113,7 +113,7 @@ class Options(usage.Options):
         self.settings = settings
         parent = getattr(self, "parent", None)
         if parent is not None:
-            logs.use_under_twistd(parent, settings["log.format"])
+            logs.use_under_twistd(parent, settings.log.format)
 
 
 def _repeatable(key):
@@ -138,7 +138,7 @@ def makeService(options, reactor=None):
 
         # The process is the gateway's (tests pass a reactor of their own).
         reactor.callWhenRunning(collector.tune)
-    logs.set_level(options.settings["log.level"])
+    logs.set_level(options.settings.log.level)
     assembly = Assembly(options, reactor)
     assembly.credentials()
     assembly.dashboard()

@@ -215,32 +215,32 @@ def start_tracing(router, settings, reactor):
     ``router.tracer`` set from ``[otel]``; returns the service that stops
     the export at shutdown.
     """
-    o = settings.section("otel")
+    o = settings.otel
     counts = SpanCounts()
-    resource = Resource.create({"service.name": o["service_name"]})
+    resource = Resource.create({"service.name": o.service_name})
     provider = TracerProvider(
-        resource=resource, sampler=ParentBased(TraceIdRatioBased(o["sample_ratio"]))
+        resource=resource, sampler=ParentBased(TraceIdRatioBased(o.sample_ratio))
     )
-    exporter = CountingExporter(OTLPSpanExporter(endpoint=o["endpoint"], timeout=EXPORT_TIMEOUT), counts)
+    exporter = CountingExporter(OTLPSpanExporter(endpoint=o.endpoint, timeout=EXPORT_TIMEOUT), counts)
     batch = BatchSpanProcessor(
         exporter,
-        max_queue_size=o["max_queue_size"],
+        max_queue_size=o.max_queue_size,
         schedule_delay_millis=SCHEDULE_DELAY_MS,
-        max_export_batch_size=min(MAX_EXPORT_BATCH, o["max_queue_size"]),
+        max_export_batch_size=min(MAX_EXPORT_BATCH, o.max_queue_size),
         export_timeout_millis=EXPORT_TIMEOUT * 1000,
     )
-    provider.add_span_processor(BoundedProcessor(batch, o["max_queue_size"], counts))
+    provider.add_span_processor(BoundedProcessor(batch, o.max_queue_size, counts))
     sdk_log = logging.getLogger("opentelemetry")
     sdk_log.addHandler(ExportWarnings(reactor, router.limited("tracing export", log)))
     sdk_log.propagate = False
     spans = Spans(provider.get_tracer("mqttgw"), counts)
-    router.tracer = MessageTraces(router, spans, reactor, counts, o["sample_ratio"])
+    router.tracer = MessageTraces(router, spans, reactor, counts, o.sample_ratio)
     log.info(
         "tracing on: spans exported over OTLP/HTTP to {endpoint}, sample ratio {ratio}"
         " (a publish whose traceparent says sampled is traced whatever it is),"
         " at most {queue} spans waiting",
-        endpoint=o["endpoint"],
-        ratio=o["sample_ratio"],
-        queue=o["max_queue_size"],
+        endpoint=o.endpoint,
+        ratio=o.sample_ratio,
+        queue=o.max_queue_size,
     )
     return TracingService(provider, reactor)

@@ -57,7 +57,10 @@ OPTIONAL_MODULES = {
     "twisted.web.server", "mqttgw.web.admin", "mqttgw.web.dashboard", "mqttgw.web.metrics",
     "mqttgw.transports.websocket", "mqttgw.transports.tls", "mqttgw.archive.segments",
     "mqttgw.broker.store", "mqttgw.wire.sparkplug.payload",
-    "mqttgw.transports.mqttsn", "mqttgw.wire.mqttsn", "mqttgw.security.mqttsn_clients",
+    # (The [mqttsn] rows, mqttgw.transports.mqttsn.keys, are read with every
+    # section's; nothing they name is loaded.)
+    "mqttgw.transports.mqttsn.listener", "mqttgw.transports.mqttsn.client", "mqttgw.wire.mqttsn",
+    "mqttgw.security.mqttsn_clients",
     # protobuf, for Sparkplug payloads (its namespace package is looked in).
     "google.protobuf",
 }

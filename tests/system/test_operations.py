@@ -578,7 +578,7 @@ def test_trusted_proxies_take_networks():
     from mqttgw.service import config
 
     settings = config.build({"websocket.trusted_proxies": ["10.0.0.0/8", "192.168.1.7"]}, {})
-    assert [str(n) for n in settings["websocket.trusted_proxies"]] == ["10.0.0.0/8", "192.168.1.7/32"]
+    assert [str(n) for n in settings.websocket.trusted_proxies] == ["10.0.0.0/8", "192.168.1.7/32"]
 
 
 def test_a_port_in_use_is_one_line_naming_the_listener(tmp_path):

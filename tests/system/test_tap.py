@@ -26,14 +26,14 @@ def write(tmp_path, text):
 
 def test_defaults_listen_on_tcp_1883():
     options = parse()
-    assert options.settings["listeners.tcp"] == ["1883"]
-    assert options.settings["limits.max_packet_size"] == 1024 * 1024
-    assert options.settings["limits.connect_timeout"] == 10.0
+    assert options.settings.listeners.tcp == ["1883"]
+    assert options.settings.limits.max_packet_size == 1024 * 1024
+    assert options.settings.limits.connect_timeout == 10.0
 
 
 def test_tcp_option_repeats_and_takes_endpoint_strings():
     options = parse("--tcp", "1883", "--tcp", r"tcp6:1884:interface=\:\:1")
-    assert options.settings["listeners.tcp"] == ["1883", r"tcp6:1884:interface=\:\:1"]
+    assert options.settings.listeners.tcp == ["1883", r"tcp6:1884:interface=\:\:1"]
 
 
 def test_service_listens_on_every_listener():
@@ -302,7 +302,7 @@ def test_a_listener_table_takes_what_it_leaves_out_from_the_main_sections(tmp_pa
         '[[listener]]\nkind = "wss"\naddress = "8082"\nallowed_origins = []\nuse_identity_as_username = false\n'
     )
     settings = config.build(config.load_file(str(path)), {})
-    left_out, own = (config.with_inherited(t, settings) for t in settings["listener_tables"])
+    left_out, own = (config.with_inherited(t, settings) for t in settings.listener_tables)
     assert (left_out["allowed_origins"], left_out["use_identity_as_username"]) == (["https://site.example"], True)
     # A value of its own stays, an empty list included: no origin beyond its own.
     assert (own["allowed_origins"], own["use_identity_as_username"]) == ([], False)
