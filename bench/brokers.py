@@ -114,7 +114,7 @@ class Broker:
             if cpu is not None:
                 os.sched_setaffinity(0, {cpu})
 
-        env = dict(os.environ, PYTHONPATH=str(REPO), **self.env)
+        env = {**os.environ, "PYTHONPATH": str(REPO), **self.env}
         # As installed: its modules' bytecode cached, not compiled anew at
         # every start (a test or CI environment may turn the cache off).
         env.pop("PYTHONDONTWRITEBYTECODE", None)
@@ -219,6 +219,23 @@ class MqttgwMemory(Mqttgw):
         return super().command() + ["--no-persistence"]
 
 
+class MqttgwBaseline(Mqttgw):
+    """
+    mqttgw from another checkout, for runs of old against new in turns:
+    ``MQTTGW_BASELINE`` names its directory (e.g. a ``git worktree`` of
+    an earlier commit), whose modules and twistd plugin come first.
+    """
+
+    name = "mqttgw-baseline"
+
+    @property
+    def env(self):
+        path = os.environ.get("MQTTGW_BASELINE")
+        if not path or not (Path(path) / "mqttgw" / "__init__.py").exists():
+            raise SystemExit(f"bench: {self.name} needs MQTTGW_BASELINE, the directory of a checkout of mqttgw")
+        return {"PYTHONPATH": str(Path(path).resolve())}
+
+
 class Mosquitto(Broker):
     name = "mosquitto"
 
@@ -280,4 +297,6 @@ class Amqtt(Broker):
         return [str(ensure_amqtt()), "-c", str(conf)]
 
 
-BROKERS = {b.name: b for b in (Mqttgw, MqttgwMemory, Mosquitto, Amqtt)}
+BROKERS = {b.name: b for b in (Mqttgw, MqttgwMemory, MqttgwBaseline, Mosquitto, Amqtt)}
+# What a run takes unless told: all but the baseline, which needs a checkout.
+DEFAULT_BROKERS = [name for name in BROKERS if name != MqttgwBaseline.name]

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from bench import burst, connection_cost, drain, footprint, loadgen, logins, mqttsn, neighbours, retained
-from bench.brokers import BROKERS, MAX_INFLIGHT, MAX_QUEUED, free_port
+from bench.brokers import BROKERS, DEFAULT_BROKERS, MAX_INFLIGHT, MAX_QUEUED, free_port
 from bench.reactor_alone import ReactorAlone
 from bench.percentile import nearest_rank
 
@@ -319,7 +319,10 @@ def run_connections(broker, count, cpu=None):
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--duration", type=float, default=10.0, help="seconds per throughput scenario")
-    parser.add_argument("--brokers", nargs="+", default=list(BROKERS), choices=list(BROKERS))
+    parser.add_argument(
+        "--brokers", nargs="+", default=DEFAULT_BROKERS, choices=list(BROKERS),
+        help="mqttgw-baseline: the checkout MQTTGW_BASELINE names, for old against new",
+    )
     parser.add_argument("--durability", choices=["fsync", "os"], default=None, help="mqttgw's store durability (default: its own default)")
     parser.add_argument("--scenarios", nargs="+", default=ALL_SCENARIOS, choices=ALL_SCENARIOS)
     parser.add_argument("--connections", type=int, default=10_000, help="idle connections to hold")

@@ -8,6 +8,8 @@ import json
 import os
 import time
 
+import pytest
+
 from bench import loadgen, run
 from bench.brokers import BROKERS
 from tests.conftest import require_program
@@ -528,3 +530,22 @@ def check_mqttsn_rows(rows, subscribers, held):
     fan_out = rows[f"mqtt-sn fan-out qos0 {subscribers} subscribers"]
     assert fan_out["deliveries"] > 0 and 0 <= fan_out["lost"] <= fan_out["published"] * subscribers
     assert rows[f"mqtt-sn {held} clients held"]["kib_per_client"] > 0
+
+
+def test_old_against_new_runs_a_baseline_checkout_in_turns(tmp_path, monkeypatch):
+    # The baseline broker is mqttgw from the checkout MQTTGW_BASELINE names
+    # (here this one): it runs beside mqttgw, and the ratio is given.
+    from bench import brokers
+
+    monkeypatch.setenv("MQTTGW_BASELINE", str(brokers.REPO))
+    out = tmp_path / "ab.json"
+    run.main(["--brokers", "mqttgw", "mqttgw-baseline", "--scenarios", "fan-in qos0",
+              "--duration", "1", "--json", str(out)])
+    results = json.loads(out.read_text())["results"]
+    for name in ("mqttgw", "mqttgw-baseline"):
+        r = results[name]["fan-in qos0"]
+        assert r["per_second"] > 0 and r["lost"] == 0, (name, r)
+    assert "mqttgw/mqttgw-baseline" in run.table(results)
+    monkeypatch.setenv("MQTTGW_BASELINE", str(tmp_path))
+    with pytest.raises(SystemExit, match="MQTTGW_BASELINE"):
+        brokers.MqttgwBaseline(str(tmp_path)).env
