@@ -549,3 +549,43 @@ def test_old_against_new_runs_a_baseline_checkout_in_turns(tmp_path, monkeypatch
     monkeypatch.setenv("MQTTGW_BASELINE", str(tmp_path))
     with pytest.raises(SystemExit, match="MQTTGW_BASELINE"):
         brokers.MqttgwBaseline(str(tmp_path)).env
+
+
+def test_tracing_benchmark_reports_its_costs_and_counts_the_spans_it_could_not_export(tmp_path):
+    from bench import tracing
+    from tests.conftest import cannot_run
+
+    try:
+        import opentelemetry.exporter.otlp.proto.http.trace_exporter  # noqa: F401
+    except ImportError:
+        cannot_run("the otel extra is not installed (pip install 'mqttgw[otel]')")
+    out = tmp_path / "tracing.json"
+    results = tracing.main(
+        [
+            "--duration", "1", "--repeats", "1",
+            "--rate-duration", "1", "--rate-repeats", "1", "--json", str(out),
+        ]
+    )
+    assert json.loads(out.read_text()) == results
+    unreachable = results["unreachable"]
+    for mode in ("untraced", "unreachable"):
+        r = unreachable[mode]
+        assert r["per_second"] > 0 and r["lost"] == 0 and r["errors"] == 0, (mode, r)
+        assert r["p99_ms"] >= r["p50_ms"] > 0 and r["cpu_us_per_message"] > 0, (mode, r)
+    assert not any(unreachable["untraced"]["spans"].values()), unreachable["untraced"]
+    # Every message traced, none of its spans exported: the queue filled
+    # and was dropped from, and the batches tried were counted failed.
+    spans = unreachable["unreachable"]["spans"]
+    assert spans["dropped"] > 0 and spans["failed"] > 0 and spans["exported"] == 0, spans
+    assert unreachable["p99_ratio"] == unreachable["unreachable"]["p99_ms"] / unreachable["untraced"]["p99_ms"]
+    assert set(results["throughput"]) == {"fan-in qos0", "fan-in qos1"}
+    for scenario, modes in results["throughput"].items():
+        for mode in ("off", "0.01", "1.0"):
+            r = modes[mode]
+            assert r["per_second"] > 0 and r["lost"] == 0 and r["cpu_us_per_message"] > 0, (scenario, mode, r)
+            assert r["ratio"] == r["per_second"] / modes["off"]["per_second"], (scenario, mode, r)
+        # The receiver took the spans of every message traced.
+        assert modes["1.0"]["spans"]["exported"] > 0 and not any(modes["off"]["spans"].values()), modes
+        assert modes["cost_us"] == modes["1.0"]["cpu_us_per_message"] - modes["off"]["cpu_us_per_message"]
+    text = tracing.table(results)
+    assert "p99 unreachable/untraced" in text and text.count("costs") == 2, text
