@@ -4,9 +4,9 @@ drift falls on both sides of a comparison:
 
 - unreachable collector: the same steady QoS 1 fan-in (4 publishers, 1
   subscriber, ``--rate`` messages a second in all) with the probe's round
-  trips, through a gateway without tracing and through one tracing every
-  message (``otel.sample_ratio`` 1.0) to a loopback port nothing listens
-  on; delivered/s, lost, probe p50/p99, broker CPU per message, the p99
+  trips, through a gateway without tracing and through one tracing at
+  ``--unreachable-ratio`` (0.01, a site's sampling; 1.0 traces every
+  message) to a loopback port nothing listens on; delivered/s, lost, probe p50/p99, broker CPU per message, the p99
   ratio traced/untraced, and the spans the traced gateway counted in
   ``/metrics`` as failed and dropped;
 - throughput: fan-in QoS 0 and QoS 1 as fast as the publishers go (as
@@ -44,7 +44,7 @@ SUMMED = ("lost", "probes_lost", "errors")
 # The sampling ratios of the throughput part; None is tracing off.
 MODES = {"off": None, "0.01": 0.01, "1.0": 1.0}
 RATE_SCENARIOS = ("fan-in qos0", "fan-in qos1")
-UNREACHABLE = {"untraced": None, "unreachable": 1.0}
+UNREACHABLE = ("untraced", "unreachable")
 # Seconds to wait after a run for the traced gateway's first failed export
 # to be counted: the exporter gives a batch up after 5 s of retries.
 FAILED_WAIT = 15.0
@@ -185,14 +185,16 @@ def unreachable(workdir, cpus, args):
         )
 
     print(f"unreachable collector ({endpoint}), QoS 1 fan-in at {args.rate:,.0f}/s", flush=True)
+    ratios = {"untraced": None, "unreachable": args.unreachable_ratio}
     runs = in_turns(
         UNREACHABLE, args.repeats,
-        lambda mode: one_run(workdir, cpus, endpoint, UNREACHABLE[mode], load, UNREACHABLE[mode] is not None),
+        lambda mode: one_run(workdir, cpus, endpoint, ratios[mode], load, ratios[mode] is not None),
     )
     r = {mode: summary(runs[mode]) for mode in UNREACHABLE}
     a, b = r["untraced"]["p99_ms"], r["unreachable"]["p99_ms"]
     r["p99_ratio"] = b / a if a and b else None
     r["rate"] = args.rate
+    r["sample_ratio"] = args.unreachable_ratio
     r["endpoint"] = endpoint
     return r
 
@@ -252,7 +254,7 @@ def table(results):
     u = results.get("unreachable")
     if u:
         out.append(
-            f"Unreachable collector: QoS 1 fan-in at {u['rate']:,.0f}/s, sampling 1.0 (medians)"
+            f"Unreachable collector: QoS 1 fan-in at {u['rate']:,.0f}/s, sampling {u['sample_ratio']:g} (medians)"
         )
         out.append(
             f"{'gateway':<12}{'msg/s':>10}{'lost':>7}{'p50 ms':>9}{'p99 ms':>9}{'us/msg':>9}{'CPU':>6}"
@@ -291,6 +293,9 @@ def main(argv=None):
     parser.add_argument("--duration", type=float, default=60.0, help="seconds of each unreachable-collector run")
     parser.add_argument("--rate", type=float, default=5000.0, help="messages a second in all, unreachable-collector runs")
     parser.add_argument("--repeats", type=int, default=3, help="unreachable-collector runs of each gateway, in turns")
+    parser.add_argument(
+        "--unreachable-ratio", type=float, default=0.01, help="otel.sample_ratio of the unreachable-collector runs",
+    )
     parser.add_argument("--rate-duration", type=float, default=10.0, help="seconds of each throughput run")
     parser.add_argument("--rate-repeats", type=int, default=3, help="throughput runs of each sampling, in turns")
     parser.add_argument("--parts", nargs="+", default=["unreachable", "throughput"], choices=["unreachable", "throughput"])

@@ -6,6 +6,8 @@ goes on with.  It imports nothing of OpenTelemetry: it is given
 ``spans`` (``service.tracing.Spans``), which does.
 """
 
+import random
+
 from mqttgw.broker.session import INTERNAL_PREFIX
 from mqttgw.broker.subscriptions import options_for
 from mqttgw.wire.packets import WatchedPublish
@@ -76,14 +78,16 @@ class MessageTraces:
     # past it the oldest one's spans end unfinished (counted cut_short).
     MAX_PENDING = 10_000
 
-    def __init__(self, router, spans, clock, counts, ratio):
+    def __init__(self, router, spans, clock, counts, ratio, draw=random.random):
         self.router = router
         self.spans = spans
         self.clock = clock
         self.counts = counts
-        # With no sampling of its own, only a message that carries a trace
-        # context can be traced: others are passed by without a look.
-        self.only_with_context = ratio <= 0.0
+        # A message without a trace context is sampled here, at ``ratio``,
+        # before anything is built for it; the SDK's sampler (ROOT_SAMPLER)
+        # decides only those that carry one, by their parent's flag.
+        self.ratio = ratio
+        self.draw = draw
         # id(message) -> (message, {bridge session: its forward span}).
         self.pending = {}
         self._ending = []
@@ -93,8 +97,10 @@ class MessageTraces:
         """The message to route in place of ``message``: itself, or a traced copy."""
         properties = message.properties
         carrier = trace_context(properties) if properties else None
-        if self.only_with_context and not carrier:
-            return message
+        if not carrier:
+            ratio = self.ratio
+            if ratio <= 0.0 or (ratio < 1.0 and self.draw() >= ratio):
+                return message
         topic = message.topic
         spans = self.spans
         attributes = _attributes("publish", "receive", topic, _client_id(sender), message.qos)

@@ -14,7 +14,7 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
-from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from twisted.application.service import Service
@@ -34,6 +34,10 @@ SCHEDULE_DELAY_MS = 1000
 MAX_EXPORT_BATCH = 512
 # Seconds the gateway's shutdown waits for the last spans' export.
 SHUTDOWN_WAIT = 5.0
+# A message without a trace context reaches the SDK only once the router
+# sampled it (MessageTraces, at otel.sample_ratio): the SDK samples such a
+# root always, and one with a parent by the parent's flag.
+ROOT_SAMPLER = ParentBased(ALWAYS_ON)
 
 
 class SpanCounts:
@@ -218,9 +222,7 @@ def start_tracing(router, settings, reactor):
     o = settings.otel
     counts = SpanCounts()
     resource = Resource.create({"service.name": o.service_name})
-    provider = TracerProvider(
-        resource=resource, sampler=ParentBased(TraceIdRatioBased(o.sample_ratio))
-    )
+    provider = TracerProvider(resource=resource, sampler=ROOT_SAMPLER)
     exporter = CountingExporter(OTLPSpanExporter(endpoint=o.endpoint, timeout=EXPORT_TIMEOUT), counts)
     batch = BatchSpanProcessor(
         exporter,

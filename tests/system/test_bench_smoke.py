@@ -562,7 +562,7 @@ def test_tracing_benchmark_reports_its_costs_and_counts_the_spans_it_could_not_e
     out = tmp_path / "tracing.json"
     results = tracing.main(
         [
-            "--duration", "1", "--repeats", "1",
+            "--duration", "1", "--repeats", "1", "--unreachable-ratio", "1.0",
             "--rate-duration", "1", "--rate-repeats", "1", "--json", str(out),
         ]
     )

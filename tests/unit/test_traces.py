@@ -28,21 +28,20 @@ def otel():
     return tracing
 
 
-def traced(router, reactor, otel, ratio=1.0):
-    """Tracing on ``router`` at ``ratio``: the exporter its ended spans go to."""
+def traced(router, reactor, otel, ratio=1.0, **kwargs):
+    """Tracing on ``router`` at ``ratio``, as the gateway sets it up: the exporter its ended spans go to."""
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
     from mqttgw.broker.traces import MessageTraces
 
     exporter = InMemorySpanExporter()
-    provider = TracerProvider(sampler=ParentBased(TraceIdRatioBased(ratio)))
+    provider = TracerProvider(sampler=otel.ROOT_SAMPLER)
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     counts = otel.SpanCounts()
     spans = otel.Spans(provider.get_tracer("test"), counts)
-    router.tracer = MessageTraces(router, spans, reactor, counts, ratio)
+    router.tracer = MessageTraces(router, spans, reactor, counts, ratio, **kwargs)
     return exporter
 
 
@@ -110,6 +109,39 @@ def test_at_ratio_0_a_message_without_trace_context_is_routed_as_it_is(router, r
     [got] = publishes(sub)
     assert got.properties == {"user_property": [("site", "7")]}
     assert exporter.get_finished_spans() == ()
+
+
+def test_a_message_without_trace_context_is_sampled_once_at_the_ratio_before_a_span_is_made(
+    router, reactor, otel
+):
+    draws = iter([0.1, 0.3, 0.2, 0.9, 0.24])
+    exporter = traced(router, reactor, otel, ratio=0.25, draw=lambda: next(draws))
+    started = []
+    spans = router.tracer.spans
+    start = spans.start
+    spans.start = lambda *args: started.append(args[0]) or start(*args)
+    sub = local5(router, reactor, "sub5")
+    sub.send(P.Subscribe(1, [("t/#", 0)], {}))
+    sub.received()
+    pub = local5(router, reactor, "pub5")
+    for i in range(5):
+        pub.send(P.Publish(f"t/{i}", b"v", 0, properties={}))
+    reactor.advance(0)
+    # Drawn below 0.25: the first, the third and the fifth.  The others were
+    # routed without a span begun for them, and the SDK kept every root
+    # it was given (it does not sample them again).
+    assert started == ["publish t/0", "publish t/2", "publish t/4"]
+    received = sorted(s.name for s in exporter.get_finished_spans() if s.name.startswith("publish"))
+    assert received == ["publish t/0", "publish t/2", "publish t/4"]
+    assert len(publishes(sub)) == 5
+    # A sampled trace context is followed whatever the draw.
+    sampled = f"00-{TRACE_ID}-00f067aa0ba902b7-01"
+    draws = iter([0.99])
+    pub.send(P.Publish("t/p", b"v", 0, properties={"user_property": [("traceparent", sampled)]}))
+    reactor.advance(0)
+    assert started[-1] == "publish t/p"
+    [span] = [s for s in exporter.get_finished_spans() if s.name == "publish t/p"]
+    assert format(span.context.trace_id, "032x") == TRACE_ID
 
 
 def _bridge_spans(exporter):
