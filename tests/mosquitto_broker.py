@@ -7,15 +7,7 @@ import time
 from pathlib import Path
 
 from tests.conftest import require_program
-
-
-def free_port():
-    # Free on every address: some listeners bind 0.0.0.0, and a port the
-    # kernel hands out for 127.0.0.1 alone may be held on another address
-    # (127.0.0.2, a connection in TIME_WAIT).
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
+from tests.network import free_port
 
 
 class Mosquitto:

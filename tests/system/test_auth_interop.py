@@ -13,6 +13,7 @@ import pytest
 
 from tests.conftest import require_program
 from tests.mosquitto_clients import Sub, pub
+from tests.network import free_port
 from tests.paho import PahoClient, connack_code
 
 VERSIONS = ["MQTTv31", "MQTTv311"]
@@ -109,8 +110,6 @@ def test_sigusr_signals_do_not_stop_the_gateway(gateway_with, sig):
 
 
 def test_listeners_have_their_own_anonymous_setting(gateway_with, password_file, tmp_path):
-    from tests.system.test_transports import free_port
-
     loopback, exposed = free_port(), free_port()
     config = tmp_path / "listeners.toml"
     config.write_text(
@@ -131,8 +130,6 @@ def test_listeners_have_their_own_anonymous_setting(gateway_with, password_file,
 def test_a_listener_may_accept_tokens_only(gateway_with, password_file, tmp_path):
 
     import jwt
-
-    from tests.system.test_transports import free_port
 
     secret = tmp_path / "secret"
     secret.write_bytes(b"t" * 40)

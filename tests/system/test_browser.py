@@ -16,8 +16,8 @@ from paho.mqtt.properties import Properties
 
 from tests.conftest import require_program
 from tests.gateway import REPO
+from tests.network import endpoint, free_port
 from tests.paho import PahoClient
-from tests.system.test_transports import endpoint, free_port, pki  # noqa: F401 (a fixture)
 
 MQTTJS_VERSION = "5.16.0"
 CACHE = REPO / "tests" / ".cache" / f"mqttjs-{MQTTJS_VERSION}"

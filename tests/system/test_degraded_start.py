@@ -20,9 +20,8 @@ import pytest
 from mqttgw.wire import packets as P
 from tests.conftest import cannot_run, check_log_is_readable, require_program
 from tests.gateway import Gateway
-from tests.mosquitto_broker import free_port
+from tests.network import free_port, http, raw_connect, wait_until
 from tests.paho import PahoClient
-from tests.system.test_operations import http, raw_connect, wait_until
 
 # Issue 54's bounds, in seconds: from the start to serving, degraded; from
 # space freed to a QoS 1 publish acknowledged.

@@ -24,18 +24,9 @@ from mqttgw.web.systopics import SHARED
 from mqttgw.wire import packets as P
 from tests.conftest import require_program
 from tests.gateway import REPO, TWISTD, Gateway, gateway_env
-from tests.mosquitto_broker import Mosquitto, free_port
+from tests.mosquitto_broker import Mosquitto
+from tests.network import closed_by_peer, free_port, http, raw_connect, wait_until
 from tests.paho import PahoClient
-
-
-def http(port, path, method="GET"):
-    """(status, body) of a request to the admin listener."""
-    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method)
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return response.status, response.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()
 
 
 def ctl(port, *args, socket_path=None):
@@ -48,36 +39,6 @@ def ctl(port, *args, socket_path=None):
         env=gateway_env(),
         timeout=30,
     )
-
-
-def wait_until(condition, timeout=15.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"{what} not met within {timeout}s")
-
-
-def raw_connect(port, client_id, clean_session=True):
-    """A socket that sent CONNECT; returns it with the CONNACK's return code."""
-    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
-    sock.sendall(P.Connect(client_id=client_id, clean_session=clean_session).encode())
-    connack = sock.recv(4)
-    return sock, connack[3]
-
-
-def closed_by_peer(sock, timeout=10.0):
-    """Whether the gateway closed ``sock`` (reading what it still sends)."""
-    sock.settimeout(timeout)
-    try:
-        while True:
-            if not sock.recv(4096):
-                return True
-    except ConnectionResetError:
-        return True
-    except socket.timeout:
-        return False
 
 
 # Reload

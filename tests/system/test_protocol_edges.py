@@ -394,7 +394,7 @@ def test_peer_that_never_reads_or_closes_is_cut_off_after_the_grace_period(gatew
     import urllib.request
 
     from bench import hostile
-    from tests.system.test_transports import endpoint, free_port
+    from tests.network import endpoint, free_port
 
     ws = free_port()
     gw = gateway_with("--ws", endpoint(ws))

@@ -16,9 +16,8 @@ import subprocess
 
 from mqttgw.wire import packets as P
 from tests.gateway import TWISTD, Gateway, gateway_env
-from tests.mosquitto_broker import free_port
+from tests.network import free_port, http, raw_connect, wait_until
 from tests.paho import PahoClient
-from tests.system.test_operations import closed_by_peer, http, raw_connect, wait_until
 
 
 def start(workdir, data, *args):

@@ -22,41 +22,8 @@ from mqttgw.wire import packets as P
 from mqttgw.wire.framing import Framer
 from tests.conftest import require_program
 from tests.mosquitto_clients import Sub, pub
-from tests.mosquitto_broker import free_port  # noqa: F401 (others import it from here)
+from tests.network import LOCAL, endpoint, free_port
 from tests.paho import PahoClient
-
-LOCAL = "127.0.0.1"
-
-
-def endpoint(port):
-    return f"tcp:{port}:interface={LOCAL}"
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory):
-    """A CA, a server certificate for 127.0.0.1, and a client certificate."""
-    ca = trustme.CA()
-    d = tmp_path_factory.mktemp("pki")
-    server = ca.issue_cert(LOCAL, "localhost")
-    client = ca.issue_cert("device-1@example.test", common_name="device-1")
-    files = {
-        "ca": d / "ca.pem",
-        "cert": d / "server.pem",
-        "key": d / "server.key",
-        "client_cert": d / "client.pem",
-        "client_key": d / "client.key",
-    }
-    ca.cert_pem.write_to_path(str(files["ca"]))
-    server.cert_chain_pems[0].write_to_path(str(files["cert"]))
-    for extra in server.cert_chain_pems[1:]:
-        extra.write_to_path(str(files["cert"]), append=True)
-    server.private_key_pem.write_to_path(str(files["key"]))
-    client.cert_chain_pems[0].write_to_path(str(files["client_cert"]))
-    client.private_key_pem.write_to_path(str(files["client_key"]))
-    other = trustme.CA()
-    files["other_ca"] = d / "other-ca.pem"
-    other.cert_pem.write_to_path(str(files["other_ca"]))
-    return {k: str(v) for k, v in files.items()}
 
 
 def ws_client(port, client_id, version="MQTTv311", path="/mqtt", **kwargs):
