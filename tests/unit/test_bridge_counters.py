@@ -10,7 +10,8 @@ from mqttgw.web.metrics import Metrics
 from mqttgw.web.systopics import SysTopics
 from mqttgw.wire import packets as P
 from mqttgw.wire import reasons as R
-from tests.unit.test_bridge_mqtt5 import Listener, connected, local5, published, start_bridge
+from tests.fake_network import Listener
+from tests.mqtt5_bridge import connected, local5, published, start_bridge
 
 
 def test_the_queue_its_bytes_and_its_oldest_message_while_the_link_is_down(router, reactor):

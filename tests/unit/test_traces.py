@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import cannot_run
 from tests.fake_network import Listener
-from tests.unit.test_bridge_mqtt5 import connected, local5, published, start_bridge
+from tests.mqtt5_bridge import connected, local5, published, start_bridge
 from mqttgw.wire import packets as P
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
