@@ -38,7 +38,7 @@ from mqttgw.testing import (
 )
 from mqttgw.wire import packets as P
 from mqttgw.wire import reasons as R
-from tests.unit.test_wills import will_client, will_watcher
+from tests.wills import will_client, will_watcher
 from tests.versions import both_versions, every_version
 
 

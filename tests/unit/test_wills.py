@@ -34,27 +34,7 @@ from mqttgw.testing import (
 from mqttgw.wire import packets as P
 from mqttgw.wire import reasons as R
 from tests.versions import both_versions, every_version
-
-
-def will_watcher(broker):
-    return subscribed(broker, "watcher", ("will/#", 2))
-
-
-def will_client(broker, client_id="c", delay=0, expiry=0, retain=False, **will_props):
-    if delay:
-        will_props["will_delay_interval"] = delay
-    properties = {"session_expiry_interval": expiry} if expiry else {}
-    return connected(
-        broker,
-        client_id,
-        properties=properties,
-        will_topic="will",
-        will_message=b"gone",
-        will_qos=1,
-        will_retain=retain,
-        will_properties=will_props,
-        version=V5,
-    )
+from tests.wills import will_client, will_watcher
 
 
 # MQTT 3.1 and 3.1.1
