@@ -16,7 +16,7 @@ from tests.conftest import cannot_run
 from tests.gateway import Gateway
 from tests.mosquitto_broker import free_port
 from tests.paho import PahoClient
-from tests.system.test_footprint import loaded
+from tests.loaded_modules import loaded
 
 # The publisher's own trace: its trace id and span id.
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
