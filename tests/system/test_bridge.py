@@ -15,37 +15,15 @@ import trustme
 
 from mqttgw.bridges.bridge import MQTTBridgeKind
 from mqttgw.service import config
+from tests.config_files import bridge_config
 from tests.gateway import REPO, Gateway
 from tests.mosquitto_broker import Mosquitto, free_port
 from tests.paho import PahoClient
-
-RULES = [
-    "local/out/# out 2",
-    "remote/in/# in 2",
-    "shared/# both 2",
-    "a/# out 1 site/ up/site/",
-    "b/# in 1 site/ up/site/",
-]
 
 
 @pytest.fixture
 def upstream(tmp_path, start_mosquitto):
     return start_mosquitto(tmp_path / "mosquitto")
-
-
-def bridge_config(path, addresses, rules=RULES, **extra):
-    lines = [
-        "[[bridge]]",
-        'name = "up"',
-        "addresses = [" + ", ".join(f'"{a}"' for a in addresses) + "]",
-        "rules = [" + ", ".join(f'"{r}"' for r in rules) + "]",
-        "reconnect_initial = 0.2",
-        "reconnect_max = 1.0",
-        "keepalive = 5",
-    ]
-    lines += [f"{k} = {v!r}".replace("'", '"') if isinstance(v, str) else f"{k} = {str(v).lower()}" for k, v in extra.items()]
-    path.write_text("\n".join(lines) + "\n")
-    return str(path)
 
 
 _started = []

@@ -9,19 +9,8 @@ from twisted.internet.testing import MemoryReactorClock as MemoryReactor
 
 from mqttgw.service import config
 from mqttgw.service.tap import Options, makeService
+from tests.config_files import parse, write
 from tests.gateway import REPO, TWISTD, Gateway, gateway_env
-
-
-def parse(*args):
-    options = Options()
-    options.parseOptions(list(args))
-    return options
-
-
-def write(tmp_path, text):
-    path = tmp_path / "mqttgw.toml"
-    path.write_text(text)
-    return str(path)
 
 
 def test_defaults_listen_on_tcp_1883():

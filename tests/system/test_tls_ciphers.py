@@ -15,10 +15,10 @@ import time
 import pytest
 import trustme
 
+from tests.config_files import bridge_config
 from tests.conftest import require_program
 from tests.gateway import TWISTD, gateway_env
-from tests.system.test_bridge import bridge_config
-from tests.system.test_transports import LOCAL, endpoint, free_port
+from tests.network import LOCAL, endpoint, free_port
 
 RSA = trustme.KeyType.RSA
 # No forward secrecy (plain RSA key exchange), CBC with SHA-1, and both.

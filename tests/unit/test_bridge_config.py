@@ -6,7 +6,7 @@ import pytest
 from mqttgw.bridges.bridge import MQTTBridgeKind
 from mqttgw.bridges.settings import BridgeRule
 from mqttgw.service.config import ConfigError
-from tests.system.test_tap import parse, write
+from tests.config_files import parse, write
 
 
 @pytest.mark.parametrize(
