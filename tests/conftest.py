@@ -1,5 +1,6 @@
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -243,3 +244,30 @@ def pki(tmp_path_factory):
     files["other_ca"] = d / "other-ca.pem"
     other.cert_pem.write_to_path(str(files["other_ca"]))
     return {k: str(v) for k, v in files.items()}
+
+
+@pytest.fixture
+def browser(tmp_path):
+    """Headless Chromium (tests/cdp.py) with a profile of its own, closed after the test."""
+    from tests.cdp import Chromium
+
+    chromium = require_program("chromium")
+    b = Chromium(chromium, tmp_path / "profile")
+    yield b
+    b.close()
+
+
+@pytest.fixture(scope="module")
+def tahu():
+    """Eclipse Tahu's sparkplug-client, installed from npm once (tests/tahu.py); node's path."""
+    from tests.tahu import TAHU, TAHU_VERSION
+
+    node = require_program("node")
+    if not (TAHU / "node_modules" / "sparkplug-client").is_dir():
+        npm = require_program("npm")
+        subprocess.run(
+            [npm, "install", "--prefix", str(TAHU), "--no-audit", "--no-fund",
+             f"sparkplug-client@{TAHU_VERSION}"],
+            check=True, capture_output=True, timeout=300,
+        )
+    return node

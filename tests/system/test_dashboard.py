@@ -11,39 +11,12 @@ import socket
 import threading
 import time
 
-import pytest
-
 from mqttgw.passwd import main as passwd
 from mqttgw.wire import packets as P
-from tests.cdp import Chromium
-from tests.conftest import require_program
-from tests.gateway import REPO
+from tests.admin_api import request
+from tests.dashboard import DESKTOP, SHOTS, screenshots, show, sign_in
 from tests.mosquitto_broker import free_port
 from tests.paho import PahoClient
-from tests.system.test_dashboard_api import request
-
-SHOTS = REPO / "tests" / ".cache" / "dashboard"
-DESKTOP = (1280, 860, False)
-PHONE = (390, 844, True)
-
-
-@pytest.fixture
-def browser(tmp_path):
-    chromium = require_program("chromium")
-    b = Chromium(chromium, tmp_path / "profile")
-    yield b
-    b.close()
-
-
-def sign_in(page, url, user, password):
-    page.go(url)
-    page.wait_for("!!document.querySelector('#signin')")
-    page.evaluate(
-        f"""document.querySelector('#signin-user').value = {json.dumps(user)};
-        document.querySelector('#signin-password').value = {json.dumps(password)};
-        document.querySelector('#signin').requestSubmit()"""
-    )
-    page.wait_for("document.querySelector('#connection').dataset.state === 'up'")
 
 
 def filter_topics(page, text):
@@ -51,23 +24,6 @@ def filter_topics(page, text):
         f"(f => {{ f.value = {json.dumps(text)}; f.dispatchEvent(new Event('input')); }})"
         "(document.querySelector('#topic-filter'))"
     )
-
-
-def show(page, view):
-    page.evaluate(f"location.hash = '#{view}'")
-    page.wait_for(f"document.title.startsWith({json.dumps(view.capitalize())})")
-
-
-def screenshots(page, view, ready):
-    """The view at desktop and phone widths; at phone width nothing runs off the side."""
-    for name, (width, height, mobile) in (("desktop", DESKTOP), ("phone", PHONE)):
-        page.viewport(width, height, mobile)
-        page.wait_for(f"innerWidth === {width}")
-        page.wait_for(ready)
-        shot = page.screenshot(SHOTS / f"{view}-{name}.png")
-        assert shot.stat().st_size > 10_000
-        assert page.evaluate("document.documentElement.scrollWidth <= innerWidth"), (view, name)
-    page.viewport(*DESKTOP)
 
 
 def client(port, client_id, user="device", password="devpw"):

@@ -14,22 +14,9 @@ import jwt
 from mqttgw.passwd import main as passwd
 from mqttgw.security.tokens import TokenIssuer
 from mqttgw.web.dashboard import STATIC, _load
+from tests.admin_api import request
 from tests.mosquitto_broker import free_port
 from tests.paho import PahoClient
-
-
-def request(port, path, method="GET", user=None, password=None, token=None):
-    """(status, headers, body) of one HTTP request."""
-    r = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method)
-    if user is not None:
-        r.add_header("Authorization", "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode())
-    if token is not None:
-        r.add_header("Authorization", f"Bearer {token}")
-    try:
-        with urllib.request.urlopen(r, timeout=10) as response:
-            return response.status, response.headers, response.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.headers, e.read()
 
 
 def users(tmp_path):

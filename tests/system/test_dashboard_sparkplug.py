@@ -15,18 +15,18 @@ import pytest
 from mqttgw.broker.sparkplug import Sparkplug
 from mqttgw.passwd import main as passwd
 from mqttgw.security.portal import credentials_checker, make_portal
-from mqttgw.testing import FakeBroker, ImmediateThreadPool
+from mqttgw.testing import FakeBroker, ImmediateThreadPool, connected
 from mqttgw.web.admin import Roles
 from mqttgw.web.dashboard import STATIC
 from mqttgw.wire import packets as P
 from mqttgw.wire.sparkplug import payload as S
 from mqttgw.wire.sparkplug.payload import DataType as T
+from tests.admin_api import API, USERS
 from tests.conftest import require_program
+from tests.dashboard import DESKTOP, screenshots, show, sign_in
 from tests.mosquitto_broker import free_port
 from tests.paho import PahoClient
-from tests.unit.test_admin_api import API, USERS, connected
-from tests.system.test_dashboard import DESKTOP, browser, screenshots, show, sign_in  # noqa: F401 (a fixture)
-from tests.system.test_sparkplug_interop import TAHU, tahu  # noqa: F401 (a fixture)
+from tests.tahu import TAHU
 
 
 def birth_payload(seq, bd_seq=None, metrics=()):

@@ -18,16 +18,13 @@ import urllib.request
 
 import pytest
 
-from tests.conftest import require_program
 from tests.gateway import REPO
 from tests.mosquitto_broker import free_port
 from tests.paho import PahoClient
+from tests.tahu import TAHU
 
-TAHU_VERSION = "3.2.4"
 PYSPARKPLUG_VERSION = "0.6.1"
-CACHE = REPO / "tests" / ".cache"
-TAHU = CACHE / f"sparkplug-client-{TAHU_VERSION}"
-PYSPARKPLUG = CACHE / f"pysparkplug-{PYSPARKPLUG_VERSION}"
+PYSPARKPLUG = REPO / "tests" / ".cache" / f"pysparkplug-{PYSPARKPLUG_VERSION}"
 
 EDGE_SCRIPT = r"""
 const sparkplug = require("sparkplug-client");
@@ -84,20 +81,6 @@ while len(got) < want and time.monotonic() < deadline:
 client.disconnect()
 print(json.dumps(got))
 """
-
-
-@pytest.fixture(scope="module")
-def tahu():
-    """Eclipse Tahu's sparkplug-client, installed from npm once."""
-    node = require_program("node")
-    if not (TAHU / "node_modules" / "sparkplug-client").is_dir():
-        npm = require_program("npm")
-        subprocess.run(
-            [npm, "install", "--prefix", str(TAHU), "--no-audit", "--no-fund",
-             f"sparkplug-client@{TAHU_VERSION}"],
-            check=True, capture_output=True, timeout=300,
-        )
-    return node
 
 
 @pytest.fixture(scope="module")

@@ -5,52 +5,23 @@ tests/system/test_dashboard_api.py call it over HTTP on a gateway under twistd.
 """
 
 import base64
-import json
 from urllib.parse import quote
 
 import pytest
-from treq.testing import StubTreq
 from twisted.trial.unittest import SynchronousTestCase
 
 from mqttgw.broker.session import NEVER_EXPIRES
 from mqttgw.security.passwords import PasswordChecker
 from mqttgw.security.portal import credentials_checker, make_portal
-from mqttgw.service.gateway import Gateway
 from mqttgw.testing import V31, FakeBroker, ImmediateThreadPool, connected
-from mqttgw.web.admin import Roles, admin_site
-from mqttgw.web.metrics import Metrics
+from mqttgw.web.admin import Roles
 from mqttgw.wire import packets as P
+from tests.admin_api import API, URL, USERS
 
 # successResultOf and failureResultOf, as SynchronousTestCase has them.
 _sync = SynchronousTestCase()
 successResultOf = _sync.successResultOf
 failureResultOf = _sync.failureResultOf
-
-URL = "http://127.0.0.1:9883"
-USERS = {"root": "rootpw", "viewer": "viewpw", "device": "devpw"}
-
-
-class API:
-    """The admin listener's resources, called as an HTTP client would."""
-
-    def __init__(self, broker, portal=None, roles=None, **options):
-        self.gateway = Gateway(broker.router, broker.clock)
-        site = admin_site(self.gateway, Metrics(broker.router), portal, roles, **options)
-        self.http = StubTreq(site.resource)
-
-    def call(self, method, path, user=None, password=None, headers=None):
-        """(status, headers, body) of a request; the answer must be there at once."""
-        headers = dict(headers or {})
-        if user is not None:
-            headers["Authorization"] = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
-        response = successResultOf(self.http.request(method, URL + path, headers=headers))
-        return response.code, response.headers, successResultOf(response.content())
-
-    def json(self, method, path, **kwargs):
-        """(status, the JSON body) of a request."""
-        status, headers, body = self.call(method, path, **kwargs)
-        assert headers.getRawHeaders("content-type") == ["application/json"]
-        return status, json.loads(body)
 
 
 @pytest.fixture
