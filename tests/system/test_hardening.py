@@ -15,8 +15,8 @@ import pytest
 
 from bench import hostile
 from mqttgw.wire import packets as P
-from tests.system.test_robustness import MiB, Probe, rss_kib, start
-from tests.system.test_transports import free_port
+from tests.gateway_probes import MiB, Probe, rss_kib, start
+from tests.network import free_port
 
 
 def healthz(port):

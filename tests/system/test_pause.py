@@ -14,7 +14,7 @@ import time
 
 from bench import hostile, pause
 from mqttgw.wire import packets as P
-from tests.system.test_robustness import sockets_held, wait_for_sockets
+from tests.gateway_probes import sockets_held, wait_for_sockets
 
 
 def test_clients_that_pinged_while_the_gateway_was_stopped_are_kept(gateway):
