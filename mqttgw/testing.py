@@ -92,8 +92,11 @@ class FakeBroker:
             # A real SQLite store, committed only when the test says so.
             self.store = Store(store_dir, self.clock)
         self.router = Router(self.clock, session_limits, store=self.store)
+        # What the store held at start-up: (retained, sessions).
+        self.restored = ((), ())
         if self.store is not None:
-            self.router.restore(*self.store.load())
+            self.restored = self.store.load()
+            self.router.restore(*self.restored)
         self.router.access = Access(ACL.parse(acl) if acl is not None else None, analytics_writers)
         self.checker = None
         portal = None

@@ -5,9 +5,9 @@ the meta rows that say which database it is and how far it was committed.
 """
 
 # 2: sessions.last_seen; 3: MQTT 5.0's session expiry, and message
-# properties and expiry; 4: sessions.sent_seq; 5: sessions.owner (older
-# stores are upgraded in place).
-SCHEMA_VERSION = 5
+# properties and expiry; 4: sessions.sent_seq; 5: sessions.owner; 6:
+# topic_ids (older stores are upgraded in place).
+SCHEMA_VERSION = 6
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
@@ -29,6 +29,9 @@ CREATE TABLE IF NOT EXISTS deliveries (
 CREATE TABLE IF NOT EXISTS awaiting_pubrel (
     client_id TEXT NOT NULL, message_id INTEGER NOT NULL,
     PRIMARY KEY (client_id, message_id));
+CREATE TABLE IF NOT EXISTS topic_ids (
+    client_id TEXT NOT NULL, topic_id INTEGER NOT NULL, topic TEXT NOT NULL,
+    PRIMARY KEY (client_id, topic_id));
 """
 
 # Columns added since version 1 (a table made new already has them).
@@ -83,6 +86,7 @@ DELIVERIES_ALL = (
     " properties, expiry FROM deliveries ORDER BY client_id, seq"
 )
 PUBRELS_ALL = "SELECT client_id, message_id FROM awaiting_pubrel"
+TOPIC_IDS_ALL = "SELECT client_id, topic_id, topic FROM topic_ids"
 
 # Writes: sessions and subscriptions, executed in order (writes.SQL).
 SESSION_ADD = (
@@ -94,6 +98,10 @@ SESSION_EXPIRY = "UPDATE sessions SET expiry_interval = ? WHERE client_id = ?"
 SESSION_TOUCH = "UPDATE sessions SET last_seen = ? WHERE client_id = ?"
 SUBSCRIPTION_ADD = "INSERT OR REPLACE INTO subscriptions VALUES (?, ?, ?)"
 SUBSCRIPTION_DELETE = "DELETE FROM subscriptions WHERE client_id = ? AND topic_filter = ?"
+# A session's topic ids: an MQTT-SN client's registrations (its normal ids).
+TOPIC_ID_ADD = "INSERT OR REPLACE INTO topic_ids VALUES (?, ?, ?)"
+TOPIC_ID_DELETE = "DELETE FROM topic_ids WHERE client_id = ? AND topic_id = ?"
+TOPIC_IDS_DELETE = "DELETE FROM topic_ids WHERE client_id = ?"
 
 # Writes a batch folds (writes.Compaction).
 DELIVERY_ADD = "INSERT INTO deliveries VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
@@ -106,5 +114,5 @@ RETAINED_SET = "INSERT OR REPLACE INTO retained VALUES (?, ?, ?, ?, ?)"
 RETAINED_DELETE = "DELETE FROM retained WHERE topic = ?"
 SESSION_DROP = [
     f"DELETE FROM {table} WHERE client_id = ?"
-    for table in ("sessions", "subscriptions", "deliveries", "awaiting_pubrel")
+    for table in ("sessions", "subscriptions", "deliveries", "awaiting_pubrel", "topic_ids")
 ]

@@ -1,7 +1,7 @@
 """
 The durable store: retained messages, persistent sessions with their
-subscriptions, queued and in-flight messages, and inbound QoS 2 ids, in
-SQLite (WAL).  The reactor thread never touches the disk: writes go to one
+subscriptions, queued and in-flight messages, inbound QoS 2 ids and
+topic ids (MQTT-SN's registrations), in SQLite (WAL).  The reactor thread never touches the disk: writes go to one
 writer thread (writer.py) that commits them in batches, and ``barrier()``
 gives a Deferred that fires (in the reactor) once everything written
 before it is committed.  Loading (storeload.py) happens once, at start-up,
@@ -273,6 +273,17 @@ class Store:
 
     def unsubscribe(self, client_id, topic_filter):
         self.write(sql.SUBSCRIPTION_DELETE, (client_id, topic_filter))
+
+    def add_topic_id(self, client_id, topic_id, topic):
+        """A session's client registered ``topic`` as ``topic_id`` (MQTT-SN)."""
+        self.write(sql.TOPIC_ID_ADD, (client_id, topic_id, topic))
+
+    def delete_topic_id(self, client_id, topic_id):
+        self.write(sql.TOPIC_ID_DELETE, (client_id, topic_id))
+
+    def delete_topic_ids(self, client_id):
+        """Every topic id of the session (its session stays)."""
+        self.write(sql.TOPIC_IDS_DELETE, (client_id,))
 
     def add_delivery(self, client_id, seq, message, qos, retain, message_id=None, state=0):
         self._put((writes.ADD, client_id, seq, message, qos, retain, message_id, state))

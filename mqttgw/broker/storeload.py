@@ -1,7 +1,8 @@
 """
 What the store gives back at start-up, read once before the reactor
 runs: retained messages, and persistent sessions with their
-subscriptions, queued and in-flight deliveries and inbound QoS 2 ids.
+subscriptions, queued and in-flight deliveries, inbound QoS 2 ids and
+topic ids.
 """
 
 import sqlite3
@@ -40,6 +41,8 @@ class StoredSession:
     subscriptions = attr.ib(factory=dict)
     deliveries = attr.ib(factory=list)
     awaiting_pubrel = attr.ib(factory=set)
+    # MQTT-SN's registrations: topic id -> topic name.
+    topic_ids = attr.ib(factory=dict)
 
 
 def load(db, path):
@@ -64,6 +67,11 @@ def load(db, path):
             )
         for cid, mid in db.execute(sql.PUBRELS_ALL):
             sessions[cid].awaiting_pubrel.add(mid)
+        for cid, topic_id, topic in db.execute(sql.TOPIC_IDS_ALL):
+            # Only ids: one left of a session gone is of no use, and no harm.
+            stored = sessions.get(cid)
+            if stored is not None:
+                stored.topic_ids[topic_id] = topic
     except (sqlite3.Error, KeyError) as e:
         raise StoreError(f"store {path}: cannot be read: {e!r}") from None
     return (

@@ -93,6 +93,7 @@ class Assembly:
         gateway.runtime_bridges = options.runtime_bridges
         self.renewable = {}
         self._hosts = None
+        self._kept_topics = None
 
     @property
     def hosts(self):
@@ -316,12 +317,16 @@ class Assembly:
     def mqttsn_listener(self, address):
         """One of --mqttsn: MQTT-SN over UDP, on the same router."""
         # MQTT-SN's modules are loaded only for a listener of its own.
+        from mqttgw.transports.mqttsn.kept import KeptTopics
         from mqttgw.transports.mqttsn.listener import MqttSnProtocol
         from mqttgw.transports.mqttsn.service import MqttSnListenerService, make_discovery
 
-        options = self.options.mqttsn
+        options, router = self.options.mqttsn, self.gateway.router
+        if self._kept_topics is None:
+            # One for every MQTT-SN listener: a client may come back on any of them.
+            self._kept_topics = KeptTopics.restored(router.store, options, self.gateway.restored[1])
         protocol = MqttSnProtocol(
-            self.gateway.router, self.reactor, options, self.limits, self.connection_rate, self.refusals
+            router, self.reactor, options, self.limits, self.connection_rate, self.refusals, self._kept_topics
         )
         service = MqttSnListenerService(self.reactor, address, protocol, anonymous=options.clients is None)
         service.discovery = make_discovery(self.reactor, options, service.interface)

@@ -54,7 +54,7 @@ OPTIONAL = {
     "mqttgw.service.tracing",
     # MQTT-SN, loaded only with listeners.mqttsn set.
     "mqttgw.transports.mqttsn.listener", "mqttgw.transports.mqttsn.service",
-    "mqttgw.transports.mqttsn.options", "mqttgw.security.mqttsn_clients",
+    "mqttgw.transports.mqttsn.options", "mqttgw.transports.mqttsn.kept", "mqttgw.security.mqttsn_clients",
     "mqttgw.security.predefined_topics",
 }
 

@@ -191,7 +191,7 @@ def check_bounds(listener):
     assert len(protocol.login.waiting) <= MAX_HALF_OPEN
     assert max(protocol.per_host.values(), default=0) <= MAX_PER_ADDRESS
     assert sum(protocol.per_host.values()) == len(protocol.clients)
-    assert len(protocol.registries) <= MAX_KEPT_REGISTRIES
+    assert len(protocol.kept.registries) <= MAX_KEPT_REGISTRIES
     assert len(protocol.drops._counts) <= protocol.drops.size + 1
     assert len(protocol.refusals._counts) <= protocol.refusals.size + 1
     # The good client, the MQTT ones, the clients connected and the persistent sessions away.

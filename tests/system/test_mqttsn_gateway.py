@@ -16,6 +16,7 @@ from pathlib import Path
 
 
 from mqttgw.wire import mqttsn as S
+from mqttgw.wire.mqttsn import constants as C
 from tests.conftest import require_program
 from tests.gateway import Gateway, gateway_env
 from tests.mqttsn_raw import RawSn
@@ -229,6 +230,73 @@ def test_item_3_sessions_persist_in_the_store_survive_sigkill_and_show_as_mqtt_s
         delivered = sn.expect(S.Publish)[0]
         assert delivered.data == b"kept across a crash" and delivered.qos == 1
         sn.send(S.Puback(delivered.topic_id, delivered.message_id, 0))
+        sn.close()
+    finally:
+        gw.stop()
+        assert "Traceback" not in gw.log(), gw.log()
+
+
+
+def test_item_3_registrations_of_a_persistent_session_survive_sigkill(tmp_path):
+    port = _free_udp_port()
+    gw = Gateway(tmp_path, "--mqttsn", f"127.0.0.1:{port}", "--sys-interval", "0")
+    sn = RawSn(port)
+    try:
+        assert sn.connect("registrar", clean=False) == 0
+        # The client's REGISTER, a SUBSCRIBE by name, and the gateway's REGISTER (acknowledged).
+        sn.send(S.Register(0, 1, "reg/up"))
+        regack = sn.expect(S.Regack)[0]
+        assert regack.return_code == 0
+        up = regack.topic_id
+        sn.send(S.Subscribe(2, "reg/down", qos=1))
+        suback = sn.expect(S.Suback)[0]
+        assert suback.return_code == 0 and suback.topic_id not in (0, up)
+        down = suback.topic_id
+        sn.send(S.Subscribe(3, "reg/wild/+", qos=1))
+        assert sn.expect(S.Suback)[0].return_code == 0
+        pub = PahoClient(gw.port, "pub", "MQTTv311")
+        pub.connect()
+        pub.publish("reg/wild/x", b"first", 1)
+        register = sn.expect(S.Register)[0]
+        assert register.topic_name == "reg/wild/x"
+        wild = register.topic_id
+        sn.send(S.Regack(wild, register.message_id, 0))
+        delivered = sn.expect(S.Publish)[0]
+        assert (delivered.topic_id, delivered.data) == (wild, b"first")
+        sn.send(S.Puback(wild, delivered.message_id, 0))
+        # Acknowledged once committed, with every write before it: the REGACK's too.
+        pub.publish("reg/down", b"second", 1)
+        delivered = sn.expect(S.Publish)[0]
+        assert (delivered.topic_id, delivered.data) == (down, b"second")
+        sn.send(S.Puback(down, delivered.message_id, 0))
+        assert sn.nothing() == []
+        pub.disconnect()
+    finally:
+        gw.stop(signal.SIGKILL)
+    gw = Gateway(tmp_path, "--mqttsn", f"127.0.0.1:{port}", "--sys-interval", "0")
+    try:
+        watcher = mqtt_subscriber(gw, "reg/#")
+        # From the same address, clean session 0: no REGISTER, either way.
+        assert sn.connect("registrar", clean=False) == 0
+        sn.send(S.Publish(up, b"by its old id", 1, message_id=4))
+        assert sn.expect(S.Puback)[0] == S.Puback(up, 4, 0)
+        [got] = watcher.receive()
+        assert (got.topic, got.payload) == ("reg/up", b"by its old id")
+        pub = PahoClient(gw.port, "pub", "MQTTv311")
+        pub.connect()
+        for topic, topic_id in (("reg/down", down), ("reg/wild/x", wild)):
+            pub.publish(topic, b"to " + topic.encode(), 1)
+            delivered, before = sn.expect(S.Publish)
+            assert before == []
+            assert (delivered.topic_id, delivered.data) == (topic_id, b"to " + topic.encode())
+            sn.send(S.Puback(topic_id, delivered.message_id, 0))
+        pub.disconnect()
+        # A clean session: its registrations go with the old one.
+        sn.send(S.Disconnect())
+        sn.expect(S.Disconnect)
+        assert sn.connect("registrar", clean=True) == 0
+        sn.send(S.Publish(up, b"gone", 1, message_id=5))
+        assert sn.expect(S.Puback)[0] == S.Puback(up, 5, C.REJECTED_INVALID_TOPIC_ID)
         sn.close()
     finally:
         gw.stop()

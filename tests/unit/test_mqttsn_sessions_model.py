@@ -5,8 +5,10 @@ connects from a few addresses, registrations, subscriptions, publishes
 at QoS -1 to 2 (from MQTT-SN clients and an MQTT client), acks, sleep,
 wake, address changes, time passing and kills with restarts, nothing
 acknowledged to its publisher is lost for a persistent session
-subscribed to it, and no datagram to an address carries a delivery for
-a client other than the one connected from it.
+subscribed to it, no datagram to an address carries a delivery for a
+client other than the one connected from it, and a client back with its
+persistent session present publishes at once on the ids it registered
+(committed ones, after a restart).
 """
 
 import shutil
@@ -20,6 +22,7 @@ from mqttgw.broker.session import SessionLimits
 from mqttgw.broker.topics import matches
 from mqttgw.security.predefined_topics import PredefinedTopics
 from mqttgw.testing import FakeBroker
+from mqttgw.transports.mqttsn.kept import KeptTopics
 from mqttgw.transports.mqttsn.listener import MqttSnProtocol
 from mqttgw.transports.mqttsn.options import MqttSnOptions
 from mqttgw.wire import mqttsn as S
@@ -80,6 +83,10 @@ class SnSessions(RuleBasedStateMachine):
         # as acknowledged and as committed.
         self.persistent = {}
         self.committed = {}
+        # The ids each persistent session's client registered (name -> id),
+        # as acknowledged and as committed.
+        self.known = {}
+        self.known_committed = {}
         # Messages acknowledged to their publisher that each client id must get.
         self.expected = {c: set() for c in CLIENT_IDS}
         # Payloads each client id was ever delivered.
@@ -98,7 +105,8 @@ class SnSessions(RuleBasedStateMachine):
         self.options = MqttSnOptions(
             qos_minus_one=True, predefined=PredefinedTopics.parse(PREDEFINED_LINES)
         )
-        self.listener = MqttSnProtocol(broker.router, broker.clock, self.options)
+        kept = KeptTopics.restored(broker.router.store, self.options, broker.restored[1])
+        self.listener = MqttSnProtocol(broker.router, broker.clock, self.options, kept=kept)
         self.transport = FakeDatagramTransport()
         self.listener.transport = self.transport
         self.mqtt = broker.client(client_id="mqtt-pub", keepalive=0)
@@ -162,7 +170,11 @@ class SnSessions(RuleBasedStateMachine):
                 del self.owner[where]
         self.owner[addr] = client_id
         self.inbox[addr] = []
-        self.registered[addr] = {}
+        present = not clean and client_id in self.persistent
+        if not present:
+            self.known.pop(client_id, None)
+        # Its session's registrations come back with it.
+        self.registered[addr] = dict(self.known.get(client_id, {}))
         if clean:
             self.persistent.pop(client_id, None)
             self.expected[client_id] = set()
@@ -181,6 +193,10 @@ class SnSessions(RuleBasedStateMachine):
 
     def answered(self, addr, message):
         """An acknowledgement of an MQTT-SN client's publish: its message must arrive."""
+        assert not (isinstance(message, S.Puback) and message.return_code == C.REJECTED_INVALID_TOPIC_ID), (
+            f"{self.owner.get(addr)} at {addr} published on topic id {message.topic_id}, which it registered"
+            f" ({self.registered[addr]}), and the gateway knows it not"
+        )
         if isinstance(message, S.Puback) and message.return_code == C.ACCEPTED:
             self.acknowledged(self.unacked.pop((addr, message.message_id), None))
         elif isinstance(message, S.Pubcomp):
@@ -268,6 +284,7 @@ class SnSessions(RuleBasedStateMachine):
                     # A stored QoS 2 delivery goes once its message id is committed.
                     self.broker.commit()
                     self.committed = {c: set(s) for c, s in self.persistent.items()}
+                    self.known_committed = {c: dict(ids) for c, ids in self.known.items()}
                     self.mqtt_reads()
                 assert any(where == addr for _, where in self.transport.written), (
                     f"no answer to the PINGREQ of {client_id}, moved to {addr}"
@@ -286,6 +303,8 @@ class SnSessions(RuleBasedStateMachine):
         for message in self.inbox[addr]:
             if isinstance(message, S.Regack) and message.message_id == mid and message.return_code == 0:
                 self.registered[addr][name] = message.topic_id
+                if self.owner.get(addr) in self.persistent:
+                    self.known.setdefault(self.owner[addr], {})[name] = message.topic_id
 
     @precondition(lambda self: self.owner)
     @rule(which=st.integers(0, 3), kind=st.integers(0, 4), qos=st.integers(0, 2))
@@ -425,6 +444,7 @@ class SnSessions(RuleBasedStateMachine):
     def commit(self):
         self.broker.commit()
         self.committed = {c: set(s) for c, s in self.persistent.items()}
+        self.known_committed = {c: dict(ids) for c, ids in self.known.items()}
         self.mqtt_reads()
         self.pump()
 
@@ -432,6 +452,7 @@ class SnSessions(RuleBasedStateMachine):
     def kill_and_restart(self):
         """SIGKILL: what was not committed is lost; a new process and listener on the store."""
         self.persistent = {c: set(s) for c, s in self.committed.items()}
+        self.known = {c: dict(ids) for c, ids in self.known_committed.items() if c in self.persistent}
         for client_id in CLIENT_IDS:
             if client_id not in self.persistent:
                 self.expected[client_id] = set()

@@ -283,8 +283,25 @@ class SnClient:
             self.router.stats.messages_dropped += len(held)
             return
         topics.acknowledged(topic_id)
+        self.listener.kept.added(self.session, self.client_id, topic_id, topics.names[topic_id])
         for frame in held:
             self.send(frame)
+
+    def register_own(self, name):
+        topics = self.topics
+        known = topics.ids.get(name)
+        if known is not None:
+            return known
+        topic_id = topics.register(name)
+        if topic_id is not None:
+            self.listener.kept.added(self.session, self.client_id, topic_id, name)
+        return topic_id
+
+    def unknown_topic(self, topic_id):
+        topics = self.topics
+        if topic_id in topics.names and topic_id not in topics.pending:
+            self.listener.kept.removed(self.session, self.client_id, topic_id)
+        topics.forget(topic_id)
 
     # What the broker and the admin API ask
 

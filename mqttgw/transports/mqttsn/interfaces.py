@@ -39,6 +39,12 @@ class ISnClient(Interface):
     def registered(topic_id, return_code):
         """The client's REGACK of the gateway's REGISTER: what waited for it goes, or is dropped."""
 
+    def register_own(name):
+        """The normal id the client's REGISTER (or SUBSCRIBE) of ``name`` gets; None: no room."""
+
+    def unknown_topic(topic_id):
+        """The client no longer knows ``topic_id`` (PUBACK "invalid topic id"): it is registered again."""
+
     def acknowledged():
         """An outbound flow completed (PUBACK, PUBCOMP): a client awake may go back to sleep."""
 
@@ -57,6 +63,7 @@ class ISnListener(Interface):
     options = Attribute("The listener's MqttSnOptions.")
     watchdog = Attribute("The Watchdog of its clients' keep-alive and sleep deadlines.")
     limits = Attribute("The listeners' ConnectionLimits (max_connections, connection_messages...).")
+    kept = Attribute("The KeptTopics of persistent sessions' registrations (kept away, and stored).")
 
     def send(route, frame):
         """Send ``frame`` along ``route`` (a Route), counted."""

@@ -7,8 +7,6 @@ PINGREQ from a new address).  Anything else is dropped, counted, and
 logged once per address per interval.
 """
 
-from collections import OrderedDict
-
 from twisted.internet.protocol import DatagramProtocol
 from twisted.logger import Logger
 from zope.interface import implementer
@@ -17,9 +15,9 @@ from mqttgw.broker.logsummary import BySource
 from mqttgw.security.throttle import ConnectionRate
 from mqttgw.transports.mqttsn.anonymous import QosMinusOne
 from mqttgw.transports.mqttsn.interfaces import ISnListener
+from mqttgw.transports.mqttsn.kept import KeptTopics
 from mqttgw.transports.mqttsn.login import SnLogin, listed
 from mqttgw.transports.mqttsn.route import Route
-from mqttgw.transports.mqttsn.topics import TopicRegistry
 from mqttgw.transports.mqttsn.watchdog import Watchdog
 from mqttgw.transports.protocol import ConnectionLimits, refusal_log
 from mqttgw.wire.framing import ProtocolViolation
@@ -39,13 +37,16 @@ class MqttSnProtocol(DatagramProtocol):
     """
     One MQTT-SN UDP port on the ``router``: its clients by address (and
     forwarder node) and by client id, the topic registrations of
-    persistent sessions whose clients are away, its CONNECTs waiting for
-    their wills.
+    persistent sessions (``kept``: a KeptTopics, shared by the gateway's
+    MQTT-SN listeners, or one of its own), its CONNECTs waiting for their
+    wills.
     """
 
     noisy = False
 
-    def __init__(self, router, clock, options, limits=ConnectionLimits(), connection_rate=None, refusals=None):
+    def __init__(
+        self, router, clock, options, limits=ConnectionLimits(), connection_rate=None, refusals=None, kept=None
+    ):
         self.router = router
         self.clock = clock
         self.options = options
@@ -61,7 +62,9 @@ class MqttSnProtocol(DatagramProtocol):
         self.by_id = {}  # client id -> SnClient
         self.per_host = {}  # host -> clients connected from it
         self.watchdog = Watchdog(clock)
-        self.registries = OrderedDict()  # client id -> TopicRegistry, of sessions away
+        if kept is None:
+            kept = KeptTopics(router.store, options.max_kept_registries, options.predefined)
+        self.kept = kept
         self.login = SnLogin(self)
         self.anonymous = QosMinusOne(self)
         self._unconnected = {
@@ -197,20 +200,11 @@ class MqttSnProtocol(DatagramProtocol):
         session = client.session
         if session is not None and not session.ends_with_connection and client.topics:
             # Its registrations wait for it, within a bound.
-            registries = self.registries
-            registries.pop(client.client_id, None)
-            registries[client.client_id] = client.topics
-            while len(registries) > self.options.max_kept_registries:
-                registries.popitem(last=False)
+            self.kept.keep(client.topics)
 
-    def topics_for(self, client_id, present):
-        """The registry of a client that connects: its session's if that was present."""
-        kept = self.registries.pop(client_id, None)
-        if present and kept is not None:
-            for topic_id in list(kept.pending):
-                kept.acknowledged(topic_id)
-            return kept
-        return TopicRegistry(client_id, self.options.predefined)
+    def topics_for(self, client_id, session, present):
+        """The registry of a client that connects with ``session``: its own if that was present."""
+        return self.kept.take(client_id, session, present)
 
     # Datagrams out
 

@@ -197,7 +197,7 @@ class SnLogin:
         session, present = router.connect(client_id, connect.clean_session, will, expiry, owner=owner)
         session.may_read = access.checker(username, client_id, READ)
         client = SnClient(listener, route, client_id, username, connect.duration,
-                          listener.topics_for(client_id, present))
+                          listener.topics_for(client_id, session, present))
         listener.add(client)
         listener.send(route, Connack(C.ACCEPTED).encode())
         if listener.limits.connection_messages:

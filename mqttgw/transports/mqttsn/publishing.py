@@ -81,7 +81,7 @@ class SnPublishing:
         except InvalidTopic:
             client.send(Regack(0, message.message_id, C.REJECTED_INVALID_TOPIC_ID).encode())
             return
-        topic_id = client.topics.register(name)
+        topic_id = client.register_own(name)
         if topic_id is None:
             client.send(Regack(0, message.message_id, C.REJECTED_CONGESTION).encode())
             return
@@ -196,7 +196,7 @@ class SnPublishing:
     def handle_PUBACK(self, message):
         if message.return_code == C.REJECTED_INVALID_TOPIC_ID:
             # The client lost the id: it is registered again for the next delivery.
-            self.client.topics.forget(message.topic_id)
+            self.client.unknown_topic(message.topic_id)
         self.session.window.puback(message.message_id)
         self.client.acknowledged()
 

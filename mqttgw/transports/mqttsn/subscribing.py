@@ -69,7 +69,7 @@ class SnSubscribing:
             self._check(topic_filter)
             if topic_id == 0 and message.topic_id_type == C.NORMAL_TOPIC_ID and not is_wildcard(topic_filter):
                 # A topic name: its id, for the deliveries on it.
-                topic_id = client.topics.register(topic_filter)
+                topic_id = client.register_own(topic_filter)
                 if topic_id is None:
                     raise SubscriptionRefused(C.REJECTED_CONGESTION)
         except SubscriptionRefused as refused:

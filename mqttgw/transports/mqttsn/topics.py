@@ -71,6 +71,22 @@ class TopicRegistry:
         self.size += size
         return topic_id
 
+    def restore(self, names):
+        """
+        Registrations ``{topic id: name}`` as the store held them, within
+        the bounds (those past them are registered again when used).
+        """
+        for topic_id, name in sorted(names.items()):
+            if not FIRST_TOPIC_ID <= topic_id <= LAST_TOPIC_ID or name in self.ids:
+                continue
+            size = len(name.encode("utf-8"))
+            if len(self.names) >= MAX_TOPICS or self.size + size > MAX_TOPIC_BYTES:
+                break
+            self.names[topic_id] = name
+            self.ids[name] = topic_id
+            self.size += size
+            self.next_id = topic_id + 1 if topic_id < LAST_TOPIC_ID else FIRST_TOPIC_ID
+
     def _free_id(self):
         """The next normal id not in use, wrapping within the range."""
         span = LAST_TOPIC_ID - FIRST_TOPIC_ID + 1
