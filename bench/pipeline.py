@@ -141,6 +141,7 @@ DUCKDB_TABLES = {
         SELECT gateway_id, topic, arg_max(timestamp, (timestamp, sequence)) AS last_timestamp,
                arg_max(sequence, (timestamp, sequence)) AS last_sequence,
                arg_max(client_id, (timestamp, sequence)) AS last_client_id,
+               arg_max(listener, (timestamp, sequence)) AS last_listener,
                arg_max(qos, (timestamp, sequence)) AS qos, arg_max(retain, (timestamp, sequence)) AS retain,
                arg_max(payload, (timestamp, sequence)) AS payload
         FROM rows WHERE direction IN ('in', 'bridge_in') GROUP BY gateway_id, topic""",
@@ -154,8 +155,9 @@ def duckdb_batch(archive, out, tables=tuple(DUCKDB_TABLES)):
     started = time.monotonic()
     con = duckdb.connect()
     con.execute(
+        # By name: segments written before a column was added read it as null.
         f"CREATE VIEW rows AS SELECT * FROM read_parquet('{archive}/*/*/*.parquet', hive_partitioning = true,"
-        " hive_types = {'date': VARCHAR, 'hour': VARCHAR})"
+        " hive_types = {'date': VARCHAR, 'hour': VARCHAR}, union_by_name = true)"
     )
     out.mkdir(parents=True)
     for name in tables:
