@@ -77,6 +77,7 @@ def write_archive(archive, rows, first_hour=0, hours=HOURS, gateway_id="bench", 
                     pa.array(np.arange(written + offset, written + offset + n), pa.int64()),
                     pa.array(np.full(n, "in", dtype=object), pa.string()),
                     pa.array(np.char.add("dev-", clients.astype(str)), pa.string()),
+                    pa.array(np.full(n, "tcp", dtype=object), pa.string()),
                     pa.array(np.char.add("site/sensors/", topics.astype(str)), pa.string()),
                     pa.array(rng.integers(0, 2, n).astype(np.int8), pa.int8()),
                     pa.array(np.zeros(n, dtype=bool)),
@@ -140,6 +141,7 @@ DUCKDB_TABLES = {
         SELECT gateway_id, topic, arg_max(timestamp, (timestamp, sequence)) AS last_timestamp,
                arg_max(sequence, (timestamp, sequence)) AS last_sequence,
                arg_max(client_id, (timestamp, sequence)) AS last_client_id,
+               arg_max(listener, (timestamp, sequence)) AS last_listener,
                arg_max(qos, (timestamp, sequence)) AS qos, arg_max(retain, (timestamp, sequence)) AS retain,
                arg_max(payload, (timestamp, sequence)) AS payload
         FROM rows WHERE direction IN ('in', 'bridge_in') GROUP BY gateway_id, topic""",
@@ -153,8 +155,9 @@ def duckdb_batch(archive, out, tables=tuple(DUCKDB_TABLES)):
     started = time.monotonic()
     con = duckdb.connect()
     con.execute(
+        # By name: segments written before a column was added read it as null.
         f"CREATE VIEW rows AS SELECT * FROM read_parquet('{archive}/*/*/*.parquet', hive_partitioning = true,"
-        " hive_types = {'date': VARCHAR, 'hour': VARCHAR})"
+        " hive_types = {'date': VARCHAR, 'hour': VARCHAR}, union_by_name = true)"
     )
     out.mkdir(parents=True)
     for name in tables:

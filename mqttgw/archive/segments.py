@@ -5,6 +5,7 @@ written under ``DIR/_tmp/`` and renamed in when complete: every N seconds,
 every N rows, at each hour boundary, and on shutdown.  The reactor only
 appends rows to a list; a writer thread does the Parquet work.  If the
 disk fails, routing goes on: the rows are dropped, counted and logged.
+Each row names the kind of listener its client came through (``listener``).
 """
 
 import os
@@ -33,6 +34,8 @@ SCHEMA = pa.schema(
         ("sequence", pa.int64()),
         ("direction", pa.string()),
         ("client_id", pa.string()),
+        # tcp, tls, ws, wss, mqttsn; bridge; "" where no client is known.
+        ("listener", pa.string()),
         ("topic", pa.string()),
         ("qos", pa.int8()),
         ("retain", pa.bool_()),
@@ -119,7 +122,8 @@ class Archive:
             self._wanted[topic] = wanted
         return wanted
 
-    def record(self, direction, client_id, message):
+    def record(self, direction, client_id, message, listener=""):
+        """One row; ``listener``: the kind of listener ``client_id`` came through."""
         if direction not in self.directions or not self._topic_wanted(message.topic):
             return
         self._sequence += 1
@@ -129,6 +133,7 @@ class Archive:
                 self._sequence,
                 direction,
                 client_id,
+                listener,
                 message.topic,
                 message.qos,
                 message.retain,
@@ -137,17 +142,23 @@ class Archive:
         )
 
     def published(self, message, sender, subscribers):
-        """The router's hook: one message routed to ``subscribers``."""
+        """
+        The router's hook: one message routed to ``subscribers``.  The
+        listener column is the session's ``listener_kind``, one attribute
+        read: a will, or a copy queued for a client that is away, gets the
+        kind of that client's last connection; the gateway's own messages
+        (no sender), "".
+        """
         if sender is None:
-            direction, client_id = "in", ""
+            self.record("in", "", message)
+        elif sender.internal:
+            self.record("bridge_in", sender.client_id.removeprefix(INTERNAL_PREFIX), message, "bridge")
         else:
-            direction = "bridge_in" if sender.internal else "in"
-            client_id = sender.client_id.removeprefix(INTERNAL_PREFIX)
-        self.record(direction, client_id, message)
+            self.record("in", sender.client_id, message, sender.listener_kind)
         if "out" in self.directions:
             for session, _ in subscribers:
                 if not session.internal:
-                    self.record("out", session.client_id, message)
+                    self.record("out", session.client_id, message, session.listener_kind)
 
     def _hand_off(self):
         if self._rows:
@@ -232,7 +243,7 @@ class Archive:
     def _table(self, rows):
         columns = list(zip(*rows))
         n = len(rows)
-        payloads = columns[7]
+        payloads = columns[8]
         return pa.Table.from_arrays(
             [
                 pa.array(columns[0], pa.int64()).cast(pa.timestamp("us", tz="UTC")),
@@ -241,8 +252,9 @@ class Archive:
                 pa.array(columns[2], pa.string()),
                 pa.array(columns[3], pa.string()),
                 pa.array(columns[4], pa.string()),
-                pa.array(columns[5], pa.int8()),
-                pa.array(columns[6], pa.bool_()),
+                pa.array(columns[5], pa.string()),
+                pa.array(columns[6], pa.int8()),
+                pa.array(columns[7], pa.bool_()),
                 pa.array(payloads, pa.binary()),
                 pa.array([len(p) for p in payloads], pa.int32()),
             ],

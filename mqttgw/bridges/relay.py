@@ -96,6 +96,6 @@ class Relay:
                 recorder = self.bridge.router.recorder
                 if recorder is not None:
                     message = self.version.sent(first, remote, data[topic_end:stop])
-                    recorder.record("bridge_out", self.bridge.settings.name, message)
+                    recorder.record("bridge_out", self.bridge.settings.name, message, "bridge")
         if out:
             self.upstream.write(b"".join(out) if len(out) != 1 else out[0])

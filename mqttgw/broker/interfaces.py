@@ -38,6 +38,10 @@ class IClientConnection(ISessionCarrier):
     username = Attribute("The user name it logged in with, or None.")
     keepalive = Attribute("The keep alive (s) the connection runs with.")
     dialect = Attribute("Its protocol version's dialect (``dialect.level``: the protocol level).")
+    listener_kind = Attribute(
+        "The kind of listener it came through (``tcp``, ``tls``, ``ws``, ``wss``, ``mqttsn``):"
+        " a label the session keeps for the archive, never a branch of the broker's."
+    )
 
     def taken_over(publish_will=True):
         """
@@ -109,6 +113,10 @@ class ISession(ISubscriber):
 
     client_id = Attribute("The client id (a bridge's begins with INTERNAL_PREFIX).")
     connection = Attribute("The ISessionCarrier attached, or None.")
+    listener_kind = Attribute(
+        "Its last carrier's ``listener_kind`` (kept while it is away), ``bridge`` for a"
+        " bridge's session, or \"\": not known (no client connection since it was made or restored)."
+    )
     window = Attribute(
         "Its in-flight window (broker.window.Window): the receiver's acknowledgements go to its"
         " puback, pubrec and pubcomp, as they go to the session's own, one call fewer."

@@ -108,7 +108,7 @@ class Session:
         "client_id", "clock", "store", "deliveries", "window", "outbox", "policy", "may_read",
         "subscriptions", "filter_bytes", "options", "will", "awaiting_pubrel", "last_seen",
         "connected_since", "budget", "internal", "expiry_interval", "_expiry_call", "_will_call",
-        "pending_will", "will_delay", "owner", "connection", "frames", "limits", "_stats",
+        "pending_will", "will_delay", "owner", "connection", "frames", "limits", "_stats", "listener_kind",
     )
 
     def __init__(
@@ -141,6 +141,8 @@ class Session:
         # The gateway's own session, not a client's: not listed or counted
         # as one, never expired, and its traffic is a bridge's.
         self.internal = client_id.startswith(INTERNAL_PREFIX)
+        # The kind of listener of its last carrier (see ISession), for the archive's rows.
+        self.listener_kind = "bridge" if self.internal else ""
         # topic filter -> granted QoS (a dict once there is one), and the
         # filters' UTF-8 bytes in all.
         self.subscriptions = NO_SUBSCRIPTIONS
@@ -172,7 +174,6 @@ class Session:
 
     def __repr__(self):
         return f"<Session {self.client_id!r}>"
-
 
     @property
     def ends_with_connection(self):
@@ -225,6 +226,7 @@ class Session:
             if self.expiry_interval:
                 stats.clients_disconnected -= 1
         self.connection, self.frames = connection, frames
+        self.listener_kind = getattr(connection, "listener_kind", self.listener_kind)
         self.connected_since = self.clock.seconds()
         if made(self, "outbox") is None and size == self.limits.max_inflight_messages:
             # Nothing waits or flies, and the window is the limits': the

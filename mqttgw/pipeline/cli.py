@@ -284,6 +284,11 @@ def _previous_last_value(spark, out):
     if {"gateway_id", "last_sequence"} - set(previous.columns):
         say("last_value was written by an earlier version: recomputing it from the whole archive")
         return None
+    if "last_listener" not in previous.columns:
+        # Written before the archive had the column: its rows' is not known.
+        from pyspark.sql import functions as F
+
+        previous = previous.withColumn("last_listener", F.lit(None).cast("string"))
     return previous
 
 

@@ -24,7 +24,8 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-# The archive's columns (mqttgw.archive.segments.SCHEMA), and its partition columns.
+# The archive's columns (mqttgw.archive.segments.SCHEMA), and its partition
+# columns, read by name: a segment written before ``listener`` gives null there.
 ARCHIVE_SCHEMA = StructType(
     [
         StructField("timestamp", TimestampType()),
@@ -32,6 +33,7 @@ ARCHIVE_SCHEMA = StructType(
         StructField("sequence", LongType()),
         StructField("direction", StringType()),
         StructField("client_id", StringType()),
+        StructField("listener", StringType()),
         StructField("topic", StringType()),
         StructField("qos", ByteType()),
         StructField("retain", BooleanType()),
@@ -171,6 +173,7 @@ def last_value(rows, previous=None):
         F.col("timestamp").alias("last_timestamp"),
         F.col("sequence").alias("last_sequence"),
         F.col("client_id").alias("last_client_id"),
+        F.col("listener").alias("last_listener"),
         "qos",
         "retain",
         "payload",

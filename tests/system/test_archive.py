@@ -1,7 +1,8 @@
 """
 The archive writer: segments rolled by rows, by time and at hour
-boundaries, closed on shutdown, binary payloads kept, and a disk that fails
-costing records, not routing.
+boundaries, closed on shutdown, binary payloads kept, a disk that fails
+costing records, not routing, and each row naming the kind of listener
+its client came through.
 """
 
 import time
@@ -10,9 +11,13 @@ from datetime import datetime, timezone
 import pyarrow.dataset as ds
 from twisted.internet.task import Clock
 
-from mqttgw.archive.segments import SCHEMA, Archive
+from mqttgw.archive.segments import DIRECTIONS, SCHEMA, Archive
+from mqttgw.broker.session import INTERNAL_PREFIX, Session
+from mqttgw.wire import mqttsn as S
 from mqttgw.wire import packets as P
 from tests.gateway import Gateway
+from tests.mosquitto_broker import free_port
+from tests.mqttsn_raw import RawSn
 from tests.paho import PahoClient
 
 
@@ -52,7 +57,7 @@ def test_rows_carry_every_column_and_binary_payloads_intact(tmp_path):
     a = archive(tmp_path)
     payloads = [bytes(range(256)), b"", b"\x00\xff" * 1000, "ü".encode()]
     for i, payload in enumerate(payloads):
-        a.record("in", f"c{i}", P.Publish(f"t/{i}", payload, i % 3, i % 2 == 1))
+        a.record("in", f"c{i}", P.Publish(f"t/{i}", payload, i % 3, i % 2 == 1), ("tcp", "tls", "wss", "")[i])
     a.stop()
     table = read(tmp_path).sort_by("sequence")
     assert table.schema.field("timestamp").type == SCHEMA.field("timestamp").type
@@ -60,6 +65,8 @@ def test_rows_carry_every_column_and_binary_payloads_intact(tmp_path):
     assert [r["payload"] for r in rows] == payloads
     assert [r["payload_length"] for r in rows] == [len(p) for p in payloads]
     assert [r["topic"] for r in rows] == ["t/0", "t/1", "t/2", "t/3"]
+    assert [r["listener"] for r in rows] == ["tcp", "tls", "wss", ""]
+    assert table.schema.names[4:6] == ["client_id", "listener"]
     assert [r["qos"] for r in rows] == [0, 1, 2, 0]
     assert [r["retain"] for r in rows] == [False, True, False, True]
     assert [r["sequence"] for r in rows] == [1, 2, 3, 4]
@@ -155,6 +162,39 @@ def test_an_unwritable_directory_drops_and_counts_records_without_raising(tmp_pa
     assert any("cannot write" in m for m in logged())
 
 
+class Carrier:
+    """What a listener's connection shows a session: frames in, its kind."""
+
+    def __init__(self, listener_kind):
+        self.listener_kind = listener_kind
+
+    def write(self, frame):
+        pass
+
+
+def test_the_router_hook_takes_each_row_s_listener_from_its_session(tmp_path):
+    a = archive(tmp_path, directions=DIRECTIONS)
+    clock = Clock()
+    sn = Session("sn", 0, clock)
+    sn.attach(Carrier("mqttsn"))
+    # Gone, as before a will: the kind of its last connection stays.
+    sn.detach()
+    never_attached = Session("restored", 3600, clock)
+    bridge = Session(INTERNAL_PREFIX + "up", 3600, clock)
+    a.published(P.Publish("t", b"1"), sn, [(never_attached, 1), (bridge, 1)])
+    a.published(P.Publish("t", b"2"), None, [(sn, 1)])
+    a.published(P.Publish("t", b"3"), bridge, [])
+    a.stop()
+    rows = read(tmp_path).sort_by("sequence").to_pylist()
+    assert [(r["direction"], r["client_id"], r["listener"], r["payload"]) for r in rows] == [
+        ("in", "sn", "mqttsn", b"1"),
+        ("out", "restored", "", b"1"),
+        ("in", "", "", b"2"),
+        ("out", "sn", "mqttsn", b"2"),
+        ("bridge_in", "up", "bridge", b"3"),
+    ]
+
+
 def test_the_gateway_records_what_it_carries_and_keeps_routing_when_it_cannot(tmp_path):
     archive_dir = tmp_path / "archive"
     gw = Gateway(tmp_path, "--archive", str(archive_dir), "--archive-direction", "in",
@@ -188,3 +228,70 @@ def test_the_gateway_records_what_it_carries_and_keeps_routing_when_it_cannot(tm
         gw.wait_for_log("cannot write")
     finally:
         gw.stop()
+
+
+def test_rows_name_the_listener_kind_their_client_came_through(gateway_with, tmp_path):
+    centre = gateway_with("--no-persistence")
+    config = tmp_path / "site.toml"
+    config.write_text(
+        f'[[bridge]]\nname = "up"\naddresses = ["127.0.0.1:{centre.port}"]\n'
+        'rules = ["up/# out 1", "down/# in 1"]\nreconnect_initial = 0.2\nreconnect_max = 1.0\n'
+    )
+    archive_dir = tmp_path / "archive"
+    ws = free_port()
+    every_direction = [a for d in ("in", "out", "bridge_in", "bridge_out") for a in ("--archive-direction", d)]
+    site = gateway_with(
+        "--config", str(config), "--archive", str(archive_dir), *every_direction,
+        "--ws", f"tcp:{ws}:interface=127.0.0.1", "--mqttsn", "127.0.0.1:0",
+    )
+    site.wait_for_log("bridge up: upstream accepted CONNECT")
+    # A persistent session away: what is routed to it is queued.
+    away = PahoClient(site.port, "away", "MQTTv311", clean_session=False)
+    away.connect()
+    away.subscribe("s/#", 1)
+    away.disconnect()
+    sub = PahoClient(site.port, "sub", "MQTTv311")
+    sub.connect()
+    sub.subscribe("s/#", 1)
+    sub.subscribe("down/#", 1)
+    centre_sub = PahoClient(centre.port, "centre-sub", "MQTTv311")
+    centre_sub.connect()
+    centre_sub.subscribe("up/#", 1)
+
+    pub = PahoClient(site.port, "pub", "MQTTv311")
+    pub.connect()
+    pub.publish("s/tcp", b"1", 1)
+    pub_ws = PahoClient(ws, "pub-ws", "MQTTv311", transport="websockets")
+    pub_ws.client.ws_set_options(path="/mqtt")
+    pub_ws.connect()
+    pub_ws.publish("s/ws", b"2", 1)
+    sn = RawSn(site.mqttsn_port)
+    assert sn.connect("pub-sn") == 0
+    sn.send(S.Register(0, 1, "s/sn"))
+    topic_id = sn.expect(S.Regack)[0].topic_id
+    sn.send(S.Publish(topic_id, b"3", 1, message_id=2))
+    assert sn.expect(S.Puback)[0].return_code == 0
+    # A will goes after its connection: it keeps its client's listener kind.
+    willer = PahoClient(site.port, "willer", "MQTTv311", will=("s/will", b"gone", 1))
+    willer.connect()
+    willer.drop()
+    assert sorted(m.topic for m in sub.receive(4)) == ["s/sn", "s/tcp", "s/will", "s/ws"]
+    pub.publish("up/x", b"4", 1)
+    assert centre_sub.receive()[0].topic == "up/x"
+    centre_pub = PahoClient(centre.port, "centre-pub", "MQTTv311")
+    centre_pub.connect()
+    centre_pub.publish("down/y", b"5", 1)
+    assert sub.receive()[0].topic == "down/y"
+    sn.close()
+    site.stop()
+
+    rows = {(r["direction"], r["client_id"], r["topic"], r["listener"]) for r in read(archive_dir).to_pylist()}
+    published = {("s/tcp", "pub", "tcp"), ("s/ws", "pub-ws", "ws"), ("s/sn", "pub-sn", "mqttsn"), ("s/will", "willer", "tcp")}
+    assert rows == (
+        {("in", client, topic, kind) for topic, client, kind in published}
+        | {("out", reader, topic, "tcp") for topic, _, _ in published for reader in ("sub", "away")}
+        | {("in", "pub", "up/x", "tcp"), ("bridge_out", "up", "up/x", "bridge")}
+        | {("bridge_in", "bridge/up", "down/y", "bridge"), ("out", "sub", "down/y", "tcp")}
+        # The gateway's own messages: the bridge's state, from no client.
+        | {("in", "", "mqttgw/bridge/up/state", "")}
+    )

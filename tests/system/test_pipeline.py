@@ -709,3 +709,63 @@ def test_field_gateways_bridging_to_an_archiving_central_give_per_site_rollups(t
         stats[r["topic"]][0] += r["count"]
         stats[r["topic"]][1] = max(r["max"], stats[r["topic"]][1] or r["max"])
     assert dict(stats) == {"field/site-a/sensors/t": [6, 5], "field/site-b/sensors/t": [4, 3]}
+
+
+def write_rows(archive, start, rows, old=False):
+    """One segment of (client, listener, topic) rows from ``start`` on; ``old``: without the listener column."""
+    import pyarrow.parquet as pq
+
+    from mqttgw.archive.segments import SCHEMA
+
+    now = [datetime.fromisoformat(start).replace(tzinfo=timezone.utc).timestamp()]
+
+    def clock():
+        now[0] += 1.5
+        return now[0]
+
+    before = set(archive.rglob("*.parquet"))
+    a = Archive(archive, ThreadClock(), "gw", clock=clock)
+    a.start()
+    for client_id, listener, topic in rows:
+        a.record("in", client_id, P.Publish(topic, b"v", 1, False), listener)
+    a.stop()
+    [segment] = set(archive.rglob("*.parquet")) - before
+    assert pq.read_schema(segment).names == SCHEMA.names
+    if old:
+        # As a gateway wrote it before the column.
+        pq.write_table(pq.read_table(segment).drop_columns(["listener"]), segment)
+
+
+def test_segments_without_the_listener_column_are_read_beside_new_ones(tmp_path):
+    import pyarrow.parquet as pq
+
+    archive, out, whole = tmp_path / "archive", tmp_path / "tables", tmp_path / "whole"
+    write_rows(archive, "2026-11-22T10:00:00", [("old-dev", "", "a"), ("old-dev", "", "old/only")], old=True)
+    write_rows(archive, "2026-11-22T10:30:00", [("ws-dev", "ws", "b")])
+    assert sorted(len(pq.read_schema(p).names) for p in archive.rglob("*.parquet")) == [10, 11]
+    tables = ["--tables", "topic_hour,client_hour,last_value"]
+    pipeline("batch", "--archive", str(archive), "--out", str(out), *tables, cwd=tmp_path)
+    # A last_value table as an earlier version wrote it, merged with the next hours.
+    previous = ds.dataset(out / "last_value", format="parquet").to_table()
+    assert previous.schema.names.index("last_listener") == previous.schema.names.index("last_client_id") + 1
+    for part in (out / "last_value").glob("*.parquet"):
+        part.unlink()
+    pq.write_table(previous.drop_columns(["last_listener"]), out / "last_value" / "part-earlier.parquet")
+    write_rows(archive, "2026-11-22T11:00:00", [("sn-dev", "mqttsn", "a"), ("sn-dev", "mqttsn", "new/only")])
+    pipeline("batch", "--archive", str(archive), "--out", str(out), *tables, "--since", "2026-11-22T11:00:00",
+             cwd=tmp_path)
+    pipeline("batch", "--archive", str(archive), "--out", str(whole), *tables, cwd=tmp_path)
+    expected = {
+        "a": ("sn-dev", "mqttsn"), "b": ("ws-dev", "ws"), "old/only": ("old-dev", None), "new/only": ("sn-dev", "mqttsn"),
+    }
+    # What the earlier table held is merged without a listener; the whole archive gives it again.
+    merged = dict(expected, b=("ws-dev", None))
+    for tables_dir, last_values in ((out, merged), (whole, expected)):
+        last = by(table(tables_dir / "last_value"), "topic")
+        assert {t: (r["last_client_id"], r["last_listener"]) for (t,), r in last.items()} == last_values, tables_dir
+        assert {(r["topic"], r["hour"]): r["messages"] for r in table(tables_dir / "topic_hour")} == {
+            ("a", 10): 1, ("old/only", 10): 1, ("b", 10): 1, ("a", 11): 1, ("new/only", 11): 1,
+        }
+        assert {(r["client_id"], r["hour"]): r["messages"] for r in table(tables_dir / "client_hour")} == {
+            ("old-dev", 10): 2, ("ws-dev", 10): 1, ("sn-dev", 11): 2,
+        }

@@ -28,8 +28,8 @@ class Recorder:
     def __init__(self):
         self.rows = []
 
-    def record(self, direction, client_id, message):
-        self.rows.append((direction, client_id, message.topic, message.payload, message.qos))
+    def record(self, direction, client_id, message, listener=""):
+        self.rows.append((direction, client_id, listener, message.topic, message.payload, message.qos))
 
 
 def relay(*rules, recorder=None):
@@ -79,11 +79,11 @@ def test_a_resend_is_not_counted_or_archived_again():
     r.write(message.frame(1, 5))
     r.write(message.frame(1, 5, dup=True))
     assert bridge.sent == 1
-    assert recorder.rows == [("bridge_out", "up", "r/a/1", b"v", 1)]
+    assert recorder.rows == [("bridge_out", "up", "bridge", "r/a/1", b"v", 1)]
     assert [p.dup for p in upstream.packets()] == [False, True]
     # QoS 0 has no message id before its payload; kept topics are archived too.
     r.write(P.Publish("l/a/2", b"w", 0).encode() + P.Publish("a/kept", b"x", 0).encode())
-    assert recorder.rows[1:] == [("bridge_out", "up", "r/a/2", b"w", 0)]
+    assert recorder.rows[1:] == [("bridge_out", "up", "bridge", "r/a/2", b"w", 0)]
 
 
 def test_routes_are_remembered_up_to_a_bound():
