@@ -21,6 +21,7 @@ from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 
 from mqttgw.broker.session import INTERNAL_PREFIX
+from mqttgw.broker.subscriptions import SHARE_PREFIX, SharedGroup
 from mqttgw.broker.topics import matches
 
 log = Logger()
@@ -157,7 +158,10 @@ class Archive:
             self.record("in", sender.client_id, message, sender.listener_kind)
         if "out" in self.directions:
             for session, _ in subscribers:
-                if not session.internal:
+                if type(session) is SharedGroup:
+                    # Its member is picked as it delivers: the row names the group.
+                    self.record("out", f"{SHARE_PREFIX}{session.name}", message, "")
+                elif not session.internal:
                     self.record("out", session.client_id, message, session.listener_kind)
 
     def _hand_off(self):

@@ -8,6 +8,10 @@ the meta rows that say which database it is and how far it was committed.
 # properties and expiry; 4: sessions.sent_seq; 5: sessions.owner; 6:
 # topic_ids (older stores are upgraded in place).
 SCHEMA_VERSION = 6
+# The oldest version a store that cannot be written may be read at: what
+# came after it only adds tables, read as empty (a gateway upgraded on a
+# full disk still starts, degraded, as on any full disk).
+READABLE_FROM = 5
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
@@ -87,6 +91,7 @@ DELIVERIES_ALL = (
 )
 PUBRELS_ALL = "SELECT client_id, message_id FROM awaiting_pubrel"
 TOPIC_IDS_ALL = "SELECT client_id, topic_id, topic FROM topic_ids"
+TABLE_EXISTS = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?"
 
 # Writes: sessions and subscriptions, executed in order (writes.SQL).
 SESSION_ADD = (

@@ -85,10 +85,14 @@ class StoreChecks:
             )
 
     def schema_current(self, db, unwritable):
-        """Read for reading only: its schema must be this version's, as no upgrade can be written."""
+        """
+        Read for reading only: its schema must be this version's, or one
+        whose upgrade only adds tables (sql.READABLE_FROM), as no upgrade
+        can be written.
+        """
         row = db.execute(sql.SCHEMA_READ).fetchone()
         version = row[0] if row is not None else None
-        if version == SCHEMA_VERSION:
+        if version is not None and sql.READABLE_FROM <= version <= SCHEMA_VERSION:
             return
         if version is not None and version > SCHEMA_VERSION:
             raise StoreError(

@@ -67,7 +67,9 @@ def load(db, path):
             )
         for cid, mid in db.execute(sql.PUBRELS_ALL):
             sessions[cid].awaiting_pubrel.add(mid)
-        for cid, topic_id, topic in db.execute(sql.TOPIC_IDS_ALL):
+        # (A version 5 store read for reading only has no such table.)
+        topic_ids = db.execute(sql.TABLE_EXISTS, ("topic_ids",)).fetchone() is not None
+        for cid, topic_id, topic in db.execute(sql.TOPIC_IDS_ALL) if topic_ids else ():
             # Only ids: one left of a session gone is of no use, and no harm.
             stored = sessions.get(cid)
             if stored is not None:

@@ -195,6 +195,23 @@ def test_the_router_hook_takes_each_row_s_listener_from_its_session(tmp_path):
     ]
 
 
+def test_a_shared_subscriptions_out_row_names_its_group_and_routing_goes_on(tmp_path):
+    from mqttgw.testing import FakeBroker, connected
+
+    broker = FakeBroker()
+    a = archive(tmp_path, directions=DIRECTIONS)
+    broker.router.recorder = a
+    member = connected(broker, "member")
+    member.send(P.Subscribe(1, [("$share/g/t", 0)]))
+    member.received()
+    connected(broker, "pub").send(P.Publish("t", b"1"))
+    assert [p.payload for p in member.received() if isinstance(p, P.Publish)] == [b"1"]
+    a.stop()
+    rows = read(tmp_path).sort_by("sequence").to_pylist()
+    assert [(r["direction"], r["client_id"]) for r in rows] == [("in", "pub"), ("out", "$share/g")]
+    assert rows[1]["listener"] == ""
+
+
 def test_the_gateway_records_what_it_carries_and_keeps_routing_when_it_cannot(tmp_path):
     archive_dir = tmp_path / "archive"
     gw = Gateway(tmp_path, "--archive", str(archive_dir), "--archive-direction", "in",

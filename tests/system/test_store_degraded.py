@@ -264,6 +264,26 @@ def test_a_schema_upgrade_that_cannot_be_written_stops_start_up_naming_it(tmp_pa
     )
 
 
+def test_a_version_5_store_that_cannot_be_upgraded_is_read_without_its_topic_ids(tmp_path, read_only):
+    # The upgrade to 6 only adds MQTT-SN's topic_ids: a gateway upgraded on
+    # a full disk (or a read-only store) still starts, its sessions served.
+    store = Store(tmp_path, None)
+    store.add_session("old", owner="")
+    store.add_topic_id("old", 3, "a/b")
+    store.run_pending()
+    store.stop()
+    db = sqlite3.connect(tmp_path / "mqttgw.db")
+    db.executescript("DROP TABLE topic_ids; UPDATE meta SET value = 5 WHERE key = 'schema';")
+    db.commit()
+    db.close()
+    read_only(tmp_path / "mqttgw.db")
+    store = Store(tmp_path, None)
+    assert store.file.unwritable
+    _, [session] = store.load()
+    assert (session.client_id, session.topic_ids) == ("old", {})
+    store.stop()
+
+
 def test_a_probe_finding_another_database_leaves_the_store_failed(tmp_path, read_only):
     crashed_store(tmp_path)
     read_only(tmp_path)
