@@ -26,7 +26,7 @@ from mqttgw.wire import packets as P
 from mqttgw.wire.mqttsn import constants as C
 from tests.mqttsn_raw import RawSn
 from tests.paho import PahoClient
-from tests.unit.test_mqttsn_units import Listener
+from tests.mqttsn_listener import Listener
 
 SEED = 56_003
 DATAGRAMS = 100_000

@@ -7,7 +7,6 @@ into the gateway as retained messages.
 
 import json
 import os
-import re
 import subprocess
 import sys
 import time
@@ -17,33 +16,18 @@ from pathlib import Path
 
 import pyarrow.dataset as ds
 import pytest
-from twisted.internet.task import Clock
 
 from mqttgw.archive.segments import Archive
 from mqttgw.wire import packets as P
 from tests.conftest import require_program
 from tests.gateway import REPO, Gateway, gateway_env
 from tests.paho import PahoClient
+from tests.pipeline_runs import ThreadClock, pipeline, said, snapshot, table, write_segment
 
 
 @pytest.fixture(autouse=True)
 def java():
     require_program("java")
-
-
-def pipeline(*args, cwd, env=None):
-    out = subprocess.run(
-        [sys.executable, "-m", "mqttgw.pipeline", *args],
-        capture_output=True, text=True, cwd=cwd, timeout=600, env=dict(gateway_env(), **(env or {})),
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    return out
-
-
-def table(path):
-    if not path.exists():
-        return []
-    return ds.dataset(path, format="parquet", partitioning="hive").to_table().to_pylist()
 
 
 def by(rows, *keys):
@@ -165,26 +149,6 @@ def test_batch_tables_match_what_was_published(tmp_path):
         assert total / count == pytest.approx(sum(values) / len(values))
 
 
-class ThreadClock(Clock):
-    def callFromThread(self, f, *args, **kwargs):
-        f(*args, **kwargs)
-
-
-def write_segment(archive, start, topics, count, gateway_id="gw", payload=lambda i: b"x" * (i % 7)):
-    """One archive segment of ``count`` rows from ``start`` (ISO, UTC) on."""
-    now = [datetime.fromisoformat(start).replace(tzinfo=timezone.utc).timestamp()]
-
-    def clock():
-        now[0] += 1.5
-        return now[0]
-
-    a = Archive(archive, ThreadClock(), gateway_id, clock=clock)
-    a.start()
-    for i in range(count):
-        a.record("in", f"c{i % 3}", P.Publish(topics[i % len(topics)], payload(i), i % 3, False))
-    a.stop()
-
-
 def test_dirty_values_are_counted_and_never_stop_a_run(tmp_path):
     archive = tmp_path / "archive"
     now = [datetime(2026, 11, 22, 10, 0, 5, tzinfo=timezone.utc).timestamp()]
@@ -290,14 +254,6 @@ def test_each_json_field_keeps_its_own_rows(tmp_path):
         assert not list((out / name).glob("*.parquet")) or name == "last_value", name  # partitions only
 
 
-def snapshot(out):
-    result = {}
-    for name in ("topic_minute", "topic_hour", "client_hour", "last_value"):
-        rows = table(out / name)
-        result[name] = sorted(json.dumps(r, default=str, sort_keys=True) for r in rows)
-    return result
-
-
 def test_streaming_equals_batch_with_a_late_segment(tmp_path):
     archive, out, checkpoint = tmp_path / "archive", tmp_path / "stream", tmp_path / "checkpoint"
     stream = ["stream", "--archive", str(archive), "--out", str(out), "--checkpoint", str(checkpoint)]
@@ -333,7 +289,7 @@ def test_rollups_are_published_back_as_retained_messages(tmp_path):
 
     from mqttgw.passwd import main as passwd
     from mqttgw.pipeline.publish import topic_of
-    from tests.system.test_transports import endpoint, free_port
+    from tests.network import endpoint, free_port
 
     archive = tmp_path / "archive"
     celsius = lambda i: json.dumps({"celsius": i, "sensors": {"t1": -i}}).encode()  # noqa: E731
@@ -508,11 +464,6 @@ def test_the_same_module_runs_under_spark_submit(tmp_path):
     assert run["master"] == "local[2]" and run["application"].startswith("local-")
     # (spark-submit passes the driver's stderr on to its stdout.)
     assert said(out.stdout)[0] == f"Spark master local[2], application {run['application']}"
-
-
-def said(stderr):
-    """The pipeline's own lines ("[12:00:00] ..."), without their time."""
-    return [line[11:] for line in stderr.splitlines() if re.match(r"\[\d\d:\d\d:\d\d\] ", line)]
 
 
 def hour_counts(archive_dirs):

@@ -23,8 +23,8 @@ import pytest
 
 from tests.conftest import require_program
 from tests.gateway import REPO
-from tests.system.test_pipeline import said, snapshot, write_segment
-from tests.system.test_transports import free_port
+from tests.network import free_port
+from tests.pipeline_runs import said, snapshot, write_segment
 
 LOCAL = "127.0.0.1"
 # Small: the machine is shared.  The worker's 1g is what spark-submit's

@@ -19,7 +19,7 @@ from mqttgw.wire.sparkplug.payload import DataType as T
 from tests.conftest import require_program
 from tests.gateway import REPO, Gateway
 from tests.paho import PahoClient
-from tests.system.test_pipeline import ThreadClock, pipeline, said, table
+from tests.pipeline_runs import ThreadClock, pipeline, said, table
 
 SPARKPLUG_TABLES = "sparkplug_metrics,sparkplug_minute,sparkplug_sessions"
 BASE_MS = 1_795_000_000_000

@@ -28,7 +28,7 @@ from mqttgw.transports.mqttsn.options import MqttSnOptions
 from mqttgw.wire import mqttsn as S
 from mqttgw.wire import packets as P
 from mqttgw.wire.mqttsn import constants as C
-from tests.unit.test_mqttsn_units import FakeDatagramTransport
+from tests.mqttsn_listener import FakeDatagramTransport
 
 CLIENT_IDS = ["s1", "s2"]
 ADDRESSES = [("127.0.0.1", 5001), ("127.0.0.1", 5002), ("127.0.0.2", 5001)]
@@ -508,7 +508,7 @@ def test_a_register_unanswered_as_the_client_fell_asleep_is_sent_again_when_it_w
     a new address) it was sent nothing at all, its QoS 0 message held for
     ever.  The REGISTER goes again, then the message, then PINGRESP.
     """
-    from tests.unit.test_mqttsn_units import Listener
+    from tests.mqttsn_listener import Listener
 
     listener = Listener()
     listener.connect("dozy", duration=60)

@@ -12,7 +12,7 @@ from mqttgw.transports.mqttsn.topics import LAST_TOPIC_ID, MAX_TOPIC_BYTES, MAX_
 from mqttgw.wire import mqttsn as S
 from mqttgw.wire import packets as P
 from mqttgw.wire.mqttsn import constants as C
-from tests.unit.test_mqttsn_units import FakeDatagramTransport, Listener
+from tests.mqttsn_listener import FakeDatagramTransport, Listener
 
 HERE = ("127.0.0.1", 5000)
 

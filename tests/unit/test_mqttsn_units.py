@@ -12,12 +12,10 @@ import pytest
 from zope.interface.verify import verifyObject
 
 from mqttgw.broker.interfaces import IClientConnection, IFrames
-from mqttgw.testing import FakeBroker
 from mqttgw.transports.mqttsn.client import ASLEEP, SnClient
 from mqttgw.transports.mqttsn.frames import SnFrames
 from mqttgw.transports.mqttsn.interfaces import ISnClient, ISnListener
-from mqttgw.transports.mqttsn.listener import MqttSnProtocol
-from mqttgw.transports.mqttsn.options import MqttSnOptions, parse_multicast
+from mqttgw.transports.mqttsn.options import parse_multicast
 from mqttgw.transports.mqttsn.publishing import ISnPublishing
 from mqttgw.transports.mqttsn.service import udp_address
 from mqttgw.transports.mqttsn.subscribing import ISnSubscribing
@@ -25,49 +23,7 @@ from mqttgw.transports.mqttsn.topics import LAST_TOPIC_ID, MAX_TOPICS, TopicRegi
 from mqttgw.wire import mqttsn as S
 from mqttgw.wire.mqttsn import constants as C
 from mqttgw.wire import packets as P
-
-
-class FakeDatagramTransport:
-    def __init__(self):
-        self.written = []
-
-    def write(self, data, addr):
-        self.written.append((data, addr))
-
-
-class Listener:
-    """A listener on a FakeBroker's router, its datagrams in and out."""
-
-    def __init__(self, acl=None, **options):
-        self.broker = FakeBroker(acl=acl)
-        self.protocol = MqttSnProtocol(self.broker.router, self.broker.clock, MqttSnOptions(**options))
-        self.transport = FakeDatagramTransport()
-        self.protocol.transport = self.transport
-
-    def send(self, message, addr=("127.0.0.1", 5000)):
-        data = message if isinstance(message, bytes) else message.encode()
-        self.protocol.datagramReceived(data, addr)
-
-    def out(self, addr=None):
-        got = [(S.decode(d), a) for d, a in self.transport.written if addr is None or a == addr]
-        self.transport.written = [(d, a) for d, a in self.transport.written if not (addr is None or a == addr)]
-        return [m for m, _ in got]
-
-    def connect(self, client_id, addr=("127.0.0.1", 5000), duration=10, will=None, clean=True):
-        self.send(S.Connect(client_id, duration, clean_session=clean, will=will is not None), addr)
-        if will is not None:
-            assert self.out(addr) == [S.WillTopicReq()]
-            self.send(S.WillTopic(will[0]), addr)
-            assert self.out(addr) == [S.WillMsgReq()]
-            self.send(S.WillMsg(will[1]), addr)
-        assert self.out(addr) == [S.Connack(0)]
-        return self.protocol.clients[(addr[0], addr[1], None)]
-
-    def mqtt_subscriber(self, topic_filter):
-        client = self.broker.client(client_id="watcher", keepalive=0)
-        client.send(P.Subscribe(1, [(topic_filter, 1)]))
-        client.received()
-        return client
+from tests.mqttsn_listener import Listener
 
 
 def test_the_listener_and_a_clients_parts_provide_their_interfaces():
