@@ -525,7 +525,7 @@ def test_item_9_hostile_input_is_dropped_counted_and_never_amplified(gateway_wit
 # 10. Routed, bridged and archived like any other
 
 
-def test_item_10_messages_from_mqtt_sn_clients_are_archived_with_their_client_id(tmp_path):
+def test_item_10_messages_from_mqtt_sn_clients_are_archived_with_their_client_id_and_listener(tmp_path):
     import pyarrow.dataset as ds
 
     archive_dir = tmp_path / "archive"
@@ -537,8 +537,8 @@ def test_item_10_messages_from_mqtt_sn_clients_are_archived_with_their_client_id
     finally:
         gw.stop()
     rows = ds.dataset(archive_dir, format="parquet", partitioning="hive", exclude_invalid_files=True).to_table()
-    found = [(r["direction"], r["client_id"], r["topic"], r["payload"]) for r in rows.to_pylist()]
-    assert ("in", "sn-meter", "archive/t", b"kept") in found
+    found = [(r["direction"], r["client_id"], r["listener"], r["topic"], r["payload"]) for r in rows.to_pylist()]
+    assert ("in", "sn-meter", "mqttsn", "archive/t", b"kept") in found
 
 
 def test_settings_a_bad_mqttsn_address_or_key_is_one_line_at_start_up(tmp_path):
