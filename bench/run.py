@@ -81,6 +81,8 @@ LOGINS = "logins"
 # publishers as fast as the broker takes them, then held at half of
 # mqttgw's top rate in that run.
 PROBED = {"latency qos1 saturated": None, "latency qos1 half": 0.5}
+# The same probe through an otherwise idle broker: one message's trip.
+IDLE_LATENCY = "latency idle"
 # A 100,000-message QoS 1 backlog delivered to a client (bench/drain.py);
 # for mqttgw also drained by a bridge into a real mosquitto, compared with
 # mosquitto delivering the same backlog to a client.
@@ -102,7 +104,7 @@ STORM = "storm"
 # Paho MQTT-SN Gateway's figures on this kind of machine (mqttsn.ANCHOR).
 MQTTSN = "mqtt-sn"
 ALL_SCENARIOS = (
-    list(THROUGHPUT) + ["latency"] + list(PROBED) + [BACKLOG, BRIDGE_DRAIN, "connections"]
+    list(THROUGHPUT) + ["latency", IDLE_LATENCY] + list(PROBED) + [BACKLOG, BRIDGE_DRAIN, "connections"]
     + list(NEIGHBOURS) + [RETAINED, LOGINS, FOOTPRINT, STORM, MQTTSN]
 )
 # Brokers that can run a scenario (amqtt has no mosquitto-format files).
@@ -221,7 +223,7 @@ def run_throughput(broker, publishers, subscribers, qos, duration, rate=None, pr
             p.kill()
     sent = sum(shared.sent)
     received = sum(shared.received)
-    last = max(shared.last) or started
+    last = max(shared.last, default=0) or started
     elapsed = (last - started) / 1e9
     wall = (time.perf_counter_ns() - started) / 1e9
     cpu = broker.cpu_seconds() - cpu_before
@@ -572,6 +574,9 @@ def _run_once(name, scenario, args, workdir, auth_files, broker_cpu, load_cpu, r
             )
             r["rate"] = rate
             print(f"p50 {r.get('p50_ms', 0):.2f} ms p99 {r.get('p99_ms', 0):.2f} ms at {rate:,.0f}/s", flush=True)
+        elif scenario == IDLE_LATENCY:
+            r = run_throughput(broker, 0, 0, 0, args.duration, probe_count=_probes(args), cpu=load_cpu)
+            print(f"p50 {r.get('p50_ms', 0):.2f} ms p99 {r.get('p99_ms', 0):.2f} ms, nothing beside", flush=True)
         elif scenario in PROBED:
             share = PROBED[scenario]
             rate = share * rates["qos1"] if share and rates.get("qos1") else None
@@ -719,7 +724,7 @@ def _figure(scenario, r):
     if scenario in NEIGHBOURS and not r.get("sent"):
         # The well-behaved clients could not send at all: no latency.
         return None
-    if scenario == "latency" or scenario in PROBED or scenario in NEIGHBOURS:
+    if scenario in ("latency", IDLE_LATENCY) or scenario in PROBED or scenario in NEIGHBOURS:
         return r.get("p99_ms")
     if scenario == RETAINED:
         return r["ret/7/+"]["ms"]
@@ -761,7 +766,7 @@ def table(results):
             "connections": " (KiB/conn)", RETAINED: " (ms, ret/7/+)", LOGINS: " (connects/s)",
             FOOTPRINT: " (MiB idle, TCP only)", STORM: " (connects/s)",
         }.get(
-            s, " (p99 ms)" if s == "latency" or s in PROBED or s in NEIGHBOURS else " (msg/s)"
+            s, " (p99 ms)" if s in ("latency", IDLE_LATENCY) or s in PROBED or s in NEIGHBOURS else " (msg/s)"
         )
         row = [s + unit]
         figures = {n: _figure(s, results[n].get(s)) for n in names}

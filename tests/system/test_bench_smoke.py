@@ -60,8 +60,10 @@ def test_benchmark_reports_every_figure_and_loses_nothing(tmp_path, monkeypatch)
             check_beside_the_load(broker, scenario, r)
         if broker == "mqttgw":
             assert 0 < results[run.DASHBOARD]["page_busy"] < 1.5
-        latency = results["latency"]
-        assert latency["probes"] > 0 and latency["p99_ms"] >= latency["p50_ms"] > 0
+        for scenario in ("latency", run.IDLE_LATENCY):
+            latency = results[scenario]
+            assert latency["probes"] > 0 and latency["p99_ms"] >= latency["p50_ms"] > 0, (broker, scenario)
+            assert latency["probes_lost"] == 0, (broker, scenario, latency)
         for scenario in run.PROBED:
             probed = results[scenario]
             assert probed["probes"] > 0 and probed["p99_ms"] >= probed["p50_ms"] > 0, (broker, scenario)
