@@ -46,6 +46,7 @@ from mqttgw.transports.publishing import Publishing
 from mqttgw.transports.reading import CONNECTION, HANDSHAKE, PUBLISHING, READING, Reading, receiver
 from mqttgw.transports.schedulers import Flusher
 from mqttgw.transports.subscribing import Subscribing
+from mqttgw.transports.tcpserver import Server
 from mqttgw.wire import packets as P
 from mqttgw.wire import reasons as R
 from mqttgw.wire.framing import ProtocolViolation
@@ -117,6 +118,15 @@ def _tls_reason(error):
 
 _NO_METHODS = MappingProxyType({})
 
+
+def _peer_host(transport):
+    """The peer's host: a listener's own TCP transport knows it without
+    making an address object; any other (TLS, a PROXY protocol header's)
+    is asked for its peer."""
+    if type(transport) is Server:
+        return transport.hostname
+    return getattr(transport.getPeer(), "host", None)
+
 # ``MQTTServerProtocol._out`` when the connection has no output this turn
 # and is not in the flusher's list; a list (empty, too) once it is.
 _UNMARKED = ()
@@ -136,7 +146,7 @@ class MQTTServerProtocol:
     # One per connection: slots, and IProtocol provided rather than
     # Protocol inherited (its instances carry a dictionary).
     __slots__ = (
-        "transport", "connected", "limits", "_flusher", "stats", "state",
+        "transport", "connected", "state",
         "host", "opening", "_out", "_out_size", "_close_grace",
         # The listener's MQTTServerFactory (its router, clock, portal,
         # throttle and 5.0 authentication methods) and kind (tcp, tls, ws
@@ -161,9 +171,6 @@ class MQTTServerProtocol:
         self.transport = None
         self.connected = 0
         self.factory = factory
-        self.limits = limits = factory.limits
-        self._flusher = flusher = factory.flusher
-        self.stats = factory.router.stats
         self.state = AWAITING_CONNECT
         self.host = None
         # Admitted and not yet read from (see Flusher.admit).
@@ -181,11 +188,14 @@ class MQTTServerProtocol:
         self.keepalive = 0
         self.login = self.handshake = self.publishing = self.subscribing = None
         self._may_write = None
-        self.reading = Reading(self, limits, factory.clock, flusher, self.stats, BEFORE_CONNECT)
+        self.reading = Reading(self, factory.limits, BEFORE_CONNECT)
 
     # The listener's (a slot each would cost every connection).
     router = property(lambda self: self.factory.router, doc="The router (the factory's).")
     clock = property(lambda self: self.factory.clock, doc="The clock (the factory's).")
+    limits = property(lambda self: self.factory.limits, doc="The ConnectionLimits (the factory's).")
+    stats = property(lambda self: self.factory.router.stats, doc="The router's counters.")
+    _flusher = property(lambda self: self.factory.flusher, doc="The listeners' Flusher (the factory's).")
 
     # Connection life
 
@@ -202,7 +212,7 @@ class MQTTServerProtocol:
         # Writes are already batched per reactor turn; Nagle would only delay.
         if hasattr(transport, "setTcpNoDelay"):
             transport.setTcpNoDelay(True)
-        self.host = getattr(transport.getPeer(), "host", None)
+        self.host = _peer_host(transport)
         stats = self.stats
         stats.connections += 1
         stats.connections_accepted += 1
@@ -303,7 +313,7 @@ class MQTTServerProtocol:
         if out is not _UNMARKED:
             out.append(data)
         else:
-            self._flusher.mark(self)
+            self.factory.flusher.mark(self)
             self._out = [data]
         self._out_size += len(data)
         if self._out_size > OUTPUT_HIGH_WATER:
@@ -314,7 +324,7 @@ class MQTTServerProtocol:
         self._out = _UNMARKED
         if out:
             # Counted per flush, not per packet: one write is one packet.
-            stats = self.stats
+            stats = self.factory.router.stats
             stats.packets_sent += len(out)
             stats.bytes_sent += self._out_size
             self._out_size = 0
@@ -469,7 +479,10 @@ class MQTTServerProtocol:
     def keep_alive(self, seconds):
         self.keepalive = seconds
         if seconds:
-            self._flusher.keepalives.add(self, self.clock.seconds() + seconds * 1.5)
+            now = self.clock.seconds()
+            # Heard from now (its CONNECT); Reading keeps the time from here on.
+            self.reading.last_received = now
+            self._flusher.keepalives.add(self, now + seconds * 1.5)
 
     def resume(self):
         self.reading.resume_put_off()
@@ -487,7 +500,7 @@ class MQTTServerProtocol:
         # Behind a PROXY protocol listener (haproxy:tcp:PORT) the client's
         # address is known only once the header before this packet was
         # read: the throttles count that address, not the load balancer's.
-        self.host = getattr(self.transport.getPeer(), "host", None)
+        self.host = _peer_host(self.transport)
         login = self.login = Login(self, self.router, self.clock, self.limits, self._flusher.connection_messages)
         return login.handle_CONNECT(packet)
 

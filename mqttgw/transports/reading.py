@@ -50,7 +50,7 @@ class Reading:
 
     # One per connection: slots, so an idle client costs no dictionary.
     __slots__ = (
-        "connection", "framer", "clock", "flusher", "stats", "handlers",
+        "connection", "framer", "handlers",
         "last_received", "paused", "awaiting_admission", "_put_off", "_held", "_work",
         # Whether the peer does not read what it is sent (its requests are
         # not read either: their answers would pile up).
@@ -66,7 +66,7 @@ class Reading:
     # the broker is busy, and fewer writes serve it better.
     FLUSH_EVERY = 8
 
-    def __init__(self, connection, limits, clock, flusher, stats, handlers):
+    def __init__(self, connection, limits, handlers):
         self.connection = connection
         self.framer = Framer(
             limits.max_packet_size,
@@ -75,14 +75,13 @@ class Reading:
             first_packet_size=min(limits.max_connect_size, limits.max_packet_size),
             strict_for_311=STRICT_TEXT if limits.reject_control_characters else STRICT,
         )
-        self.clock = clock
-        self.flusher = flusher
-        self.stats = stats
         # By packet type, (receiver, function): the handlers of the present
         # state (the receiver one of CONNECTION, READING, HANDSHAKE and
         # PUBLISHING); None where nothing is read (an answer is awaited, or
         # closing).
         self.handlers = handlers
+        # When the peer was last heard from (a whole packet), kept only
+        # while it has a keepalive: idle clients without one share this 0.0.
         self.last_received = 0.0
         self.paused = False
         self.output_full = False
@@ -93,6 +92,11 @@ class Reading:
         self._held = ()
         # What is left of a packet handled over several turns (see in_steps).
         self._work = None
+
+    # The listener's (a slot each would cost every connection).
+    clock = property(lambda self: self.connection.factory.clock, doc="The clock (the listener's).")
+    flusher = property(lambda self: self.connection.factory.flusher, doc="The listener's Flusher.")
+    stats = property(lambda self: self.connection.factory.router.stats, doc="The router's counters.")
 
     @property
     def unread(self):
@@ -112,7 +116,8 @@ class Reading:
             self.resume()
 
     def received(self, data):
-        self.stats.bytes_received += len(data)
+        factory = self.connection.factory
+        factory.router.stats.bytes_received += len(data)
         if self._put_off is not None:
             # Reading is paused; what was already on its way waits here.
             if self._held:
@@ -120,7 +125,7 @@ class Reading:
             else:
                 self._held = [data]
             return
-        flusher = self.flusher
+        flusher = factory.flusher
         if flusher.reading_held:
             # The store is behind: this connection waits its turn, its data
             # with it (see Flusher.hold_reading).
@@ -142,6 +147,7 @@ class Reading:
         budget = self.PACKETS_PER_TURN
         packet = None
         connection = self.connection
+        factory = connection.factory
         try:
             for packet in packets:
                 handlers = self.handlers
@@ -163,13 +169,14 @@ class Reading:
                     self.pause()
                     # After a login, its answer carries on.
                     if connection.state not in ANSWERING:
-                        self.clock.callLater(0, self._next_turn)
+                        factory.clock.callLater(0, self._next_turn)
                     break
             # Keepalive counts whole packets only: a peer dripping the bytes
             # of a packet it never finishes is not alive for MQTT.
             if packet is not None:
-                self.last_received = self.clock.seconds()
-                self.stats.packets_received += self.PACKETS_PER_TURN - budget
+                if connection.keepalive:
+                    self.last_received = factory.clock.seconds()
+                factory.router.stats.packets_received += self.PACKETS_PER_TURN - budget
         except ProtocolViolation as e:
             connection.protocol_error(str(e), e.reason_code)
         except Exception:

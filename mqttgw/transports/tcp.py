@@ -7,6 +7,7 @@ of each socket with no Python socket object around it.
 import errno
 import socket
 import sys
+from array import array
 from collections import deque
 
 from _socket import socket as raw_socket
@@ -17,6 +18,19 @@ from mqttgw.transports.tcpserver import Server
 
 # accept() errors for want of a descriptor or memory.
 _RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
+
+
+class PeerPorts(array):
+    """The ports of a listener's IPv4 peers, by the descriptor of their connection."""
+
+    def __new__(cls):
+        return super().__new__(cls, "H")
+
+    def keep(self, fd, port):
+        if fd >= len(self):
+            # Grown by half again at least: amortized, as a list.
+            self.frombytes(bytes(2 * max(fd + 1 - len(self), len(self) // 2)))
+        self[fd] = port
 
 
 class Port(tcp.Port):
@@ -53,6 +67,8 @@ class Port(tcp.Port):
     # before was made without it.
     no_delay = False
     _no_delay_coming = False
+    # See tcpserver.Server (a PeerPorts once serve_lean made the port lean).
+    peer_ports = None
 
     def doRead(self):
         try:
@@ -206,5 +222,6 @@ def serve_lean(port, admission=None, vacancies=None):
         port.__class__ = Port
         port.admission = admission
         port.vacancies = vacancies
+        port.peer_ports = PeerPorts()
         port.pass_no_delay()
     return port

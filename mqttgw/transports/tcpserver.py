@@ -66,7 +66,13 @@ class Server:
     it came from.  It starts reading at once, as ``tcp.Server`` does.
     """
 
-    __slots__ = ("socket", "protocol", "server", "client", "_flags", "_pending", "producer")
+    # The peer's host (a string its port shares with every peer at that
+    # address) and, apart, its port (IPv6: port, flow info and scope id),
+    # rather than a tuple of them: 48 bytes less a connection.  An IPv4
+    # peer's port is kept by the listening port, in its ``peer_ports`` by
+    # descriptor (two bytes, where an integer object costs 32), until the
+    # socket closes; ``_peer`` is None meanwhile.
+    __slots__ = ("socket", "protocol", "server", "hostname", "_peer", "_flags", "_pending", "producer")
 
     # Bytes read at once; and bytes waiting past which a streaming
     # producer is paused (as abstract.FileDescriptor's).
@@ -77,7 +83,13 @@ class Server:
         self.socket = skt
         self.protocol = protocol
         self.server = server
-        self.client = client
+        self.hostname = client[0]
+        ports = getattr(server, "peer_ports", None)
+        if len(client) == 2 and ports is not None:
+            ports.keep(skt.fileno(), client[1])
+            self._peer = None
+        else:
+            self._peer = client[1] if len(client) == 2 else client[1:]
         self.producer = None
         self._pending = None
         self._flags = CONNECTED | (NO_DELAY if getattr(server, "no_delay", False) else 0)
@@ -91,7 +103,16 @@ class Server:
     disconnected = property(lambda self: int(bool(self._flags & LOST)))
     streamingProducer = property(lambda self: bool(self._flags & STREAMING))
     producerPaused = property(lambda self: bool(self._flags & PRODUCER_PAUSED))
-    hostname = property(lambda self: self.client[0], doc="The peer's host.")
+
+    @property
+    def client(self):
+        """The peer's address as the socket gave it (tcp.Server's ``client``)."""
+        peer = self._peer_port()
+        return (self.hostname, peer) if type(peer) is int else (self.hostname, *peer)
+
+    def _peer_port(self):
+        peer = self._peer
+        return self.server.peer_ports[self.socket.fileno()] if peer is None else peer
 
     def fileno(self):
         skt = self.socket
@@ -101,10 +122,10 @@ class Server:
         return self.socket
 
     def getPeer(self):
-        client = self.client
-        if len(client) == 2:
-            return address.IPv4Address("TCP", client[0], client[1])
-        return address.IPv6Address("TCP", *client)
+        peer = self._peer_port()
+        if type(peer) is int:
+            return address.IPv4Address("TCP", self.hostname, peer)
+        return address.IPv6Address("TCP", self.hostname, *peer)
 
     def getHost(self):
         return self.server._addressType("TCP", *_getsockname(self.socket))
@@ -117,7 +138,7 @@ class Server:
             name = protocol.logPrefix()
         else:
             name = type(protocol).__name__
-        return f"{name},{self.fileno()},{self.client[0]}"
+        return f"{name},{self.fileno()},{self.hostname}"
 
     def __repr__(self):
         return f"<{self.logPrefix().split(',', 1)[0]} #{self.fileno()} on {self.server._realPortNumber}>"
@@ -332,6 +353,8 @@ class Server:
         protocol.connectionLost(reason)
 
     def _close(self, orderly):
+        # The peer's port outlives the socket (for log lines about it).
+        self._peer = self._peer_port()
         skt, self.socket = self.socket, None
         try:
             if orderly:

@@ -497,3 +497,33 @@ def test_connections_from_one_address_share_one_string_for_it():
         assert built[0].transport.hostname == "127.0.0.1"
     finally:
         _close_all(port, built, clients)
+
+
+def test_the_port_keeps_ipv4_peers_ports_and_the_transport_its_own_once_closed():
+    ours, theirs = socket.socketpair()
+    port = SimpleNamespace(**vars(PORT), peer_ports=lean.PeerPorts())
+    protocol = Recorded()
+    transport = Server(ours, protocol, ("127.0.0.1", 40001), port)
+    protocol.makeConnection(transport)
+    try:
+        assert transport._peer is None and port.peer_ports[ours.fileno()] == 40001
+        assert transport.getPeer() == address.IPv4Address("TCP", "127.0.0.1", 40001)
+        assert transport.client == ("127.0.0.1", 40001)
+        transport.connectionLost(Failure(ConnectionDone()))
+        # A line about the lost connection still names the peer.
+        assert transport.getPeer() == address.IPv4Address("TCP", "127.0.0.1", 40001)
+    finally:
+        close_pair(transport, theirs)
+
+
+def test_an_ipv6_peer_keeps_its_flow_info_and_scope():
+    ours, theirs = socket.socketpair()
+    port = SimpleNamespace(**vars(PORT), peer_ports=lean.PeerPorts())
+    protocol = Recorded()
+    transport = Server(ours, protocol, ("::1", 40002, 0, 0), port)
+    protocol.makeConnection(transport)
+    try:
+        assert transport.getPeer() == address.IPv6Address("TCP", "::1", 40002, 0, 0)
+        assert transport.client == ("::1", 40002, 0, 0)
+    finally:
+        close_pair(transport, theirs)
