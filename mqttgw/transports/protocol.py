@@ -195,7 +195,6 @@ class MQTTServerProtocol:
     clock = property(lambda self: self.factory.clock, doc="The clock (the factory's).")
     limits = property(lambda self: self.factory.limits, doc="The ConnectionLimits (the factory's).")
     stats = property(lambda self: self.factory.router.stats, doc="The router's counters.")
-    _flusher = property(lambda self: self.factory.flusher, doc="The listeners' Flusher (the factory's).")
 
     # Connection life
 
@@ -213,7 +212,8 @@ class MQTTServerProtocol:
         if hasattr(transport, "setTcpNoDelay"):
             transport.setTcpNoDelay(True)
         self.host = _peer_host(transport)
-        stats = self.stats
+        factory = self.factory
+        stats = factory.router.stats
         stats.connections += 1
         stats.connections_accepted += 1
         if stats.connections > stats.clients_maximum:
@@ -221,10 +221,11 @@ class MQTTServerProtocol:
         # We are the producer of the bytes the transport sends: it tells us
         # when its buffer is full so a slow reader can't grow it without end.
         transport.registerProducer(self, True)
-        if not self._flusher.admit(self):
+        flusher = factory.flusher
+        if not flusher.admit(self):
             # Many new connections not yet read from: this one waits its turn.
             self.reading.wait_for_admission()
-        self._flusher.connects.add(self, self.limits.connect_timeout)
+        flusher.connects.add(self, factory.limits.connect_timeout)
 
     @property
     def peer(self):
@@ -239,15 +240,16 @@ class MQTTServerProtocol:
 
     def dataReceived(self, data):
         if self.opening:
-            self._flusher.opened(self)
+            self.factory.flusher.opened(self)
         # Closing: whatever the peer still sends is ignored.
         if self.state is not CLOSED:
             self.reading.received(data)
 
     def connectionLost(self, reason):
+        flusher = self.factory.flusher
         if self.opening:
-            self._flusher.opened(self)
-        self.stats.connections -= 1
+            flusher.opened(self)
+        self.factory.router.stats.connections -= 1
         if self.state is not CLOSED:
             self._lost(reason)
             self._closed(publish_will=True)
@@ -262,15 +264,15 @@ class MQTTServerProtocol:
                 reason=_tls_reason(reason.value),
             )
         if self.session is not None and self.limits.connection_messages:
-            self._flusher.connection_messages.lost(self.log_id, reason.getErrorMessage())
+            self.factory.flusher.connection_messages.lost(self.log_id, reason.getErrorMessage())
 
     def _closed(self, publish_will):
         """What closing leaves behind, once, whichever side closed first."""
         self.state = CLOSED
         self.reading.handlers = None
-        self._flusher.connects.closed()
+        self.factory.flusher.connects.closed()
         if self.keepalive:
-            self._flusher.keepalives.closed()
+            self.factory.flusher.keepalives.closed()
         if self.handshake is not None:
             self.handshake.ended()
         if self.login is not None:
@@ -339,7 +341,7 @@ class MQTTServerProtocol:
         (see Reading.FLUSH_EVERY); it stays in the flusher's list for what
         comes next.
         """
-        if self._out and self._flusher.alone(self):
+        if self._out and self.factory.flusher.alone(self):
             self.flush()
             if self.state is not CLOSED:
                 self._out = []
@@ -479,10 +481,9 @@ class MQTTServerProtocol:
     def keep_alive(self, seconds):
         self.keepalive = seconds
         if seconds:
-            now = self.clock.seconds()
             # Heard from now (its CONNECT); Reading keeps the time from here on.
-            self.reading.last_received = now
-            self._flusher.keepalives.add(self, now + seconds * 1.5)
+            now = self.reading.last_received = self.clock.seconds()
+            self.factory.flusher.keepalives.add(self, now + seconds * 1.5)
 
     def resume(self):
         self.reading.resume_put_off()
@@ -501,7 +502,8 @@ class MQTTServerProtocol:
         # address is known only once the header before this packet was
         # read: the throttles count that address, not the load balancer's.
         self.host = _peer_host(self.transport)
-        login = self.login = Login(self, self.router, self.clock, self.limits, self._flusher.connection_messages)
+        f = self.factory
+        login = self.login = Login(self, f.router, f.clock, f.limits, f.flusher.connection_messages)
         return login.handle_CONNECT(packet)
 
     def handle_AUTH(self, packet):
@@ -531,7 +533,7 @@ class MQTTServerProtocol:
         except ProtocolViolation as e:
             return self.protocol_error(str(e), e.reason_code)
         if self.limits.connection_messages:
-            self._flusher.connection_messages.disconnected(self.log_id, packet.reason_code)
+            self.factory.flusher.connection_messages.disconnected(self.log_id, packet.reason_code)
         # A clean DISCONNECT discards the will; anything after it is ignored.
         self.close(publish_will=publish_will, graceful=True)
 

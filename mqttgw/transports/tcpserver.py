@@ -28,7 +28,6 @@ from twisted.internet.interfaces import (
     ISystemHandle,
     ITCPTransport,
 )
-from twisted.internet.tcp import _getsockname
 from twisted.python import failure, log
 from zope.interface import implementer
 
@@ -52,6 +51,17 @@ LOST = 1024
 _NOT_AT_ONCE = DISCONNECTING | WRITE_DISCONNECTED | ABORTING | LOST
 
 _LINGER_NONE = struct.pack("ii", 1, 0)
+
+
+def _local_address(skt):
+    """The socket's own address as tcp.Server's getHost gives it (IPv6
+    with its scope).  Not imported from twisted.internet.tcp: importing
+    that before the reactor would load pyOpenSSL (see service.footprint)."""
+    addr = skt.getsockname()
+    if len(addr) == 4:
+        host = socket.getnameinfo(addr, socket.NI_NUMERICHOST | socket.NI_NUMERICSERV)[0]
+        return (host, *addr[1:])
+    return addr[:2]
 
 
 @implementer(
@@ -128,7 +138,7 @@ class Server:
         return address.IPv6Address("TCP", self.hostname, *peer)
 
     def getHost(self):
-        return self.server._addressType("TCP", *_getsockname(self.socket))
+        return self.server._addressType("TCP", *_local_address(self.socket))
 
     def logPrefix(self):
         protocol = self.protocol

@@ -216,7 +216,7 @@ def test_footprint_reports_memory_idle_and_per_connection_and_start_up(tmp_path,
     assert cost["connections"] == 200 and cost["failed"] == 0, cost
     assert cost["bytes_per_connection"] > 0
     kinds = cost["by_kind"]
-    assert {"connection (MQTTServerProtocol)", "session", "transport (tcp.Server)", "framer"} <= set(kinds), kinds
+    assert {"connection (MQTTServerProtocol)", "session", "transport (tcpserver.Server)", "framer"} <= set(kinds), kinds
     # The kinds account for what the heap grew by (to a byte a connection for rounding).
     assert abs(sum(kinds.values()) - cost["bytes_per_connection"]) < len(kinds) + 1, cost
     assert "per_connection" not in results["mosquitto"][run.FOOTPRINT]
