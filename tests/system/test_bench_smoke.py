@@ -175,8 +175,14 @@ def test_storm_reports_connacks_rate_and_syn_retries_beside_mosquitto(tmp_path, 
         check_storm(results[broker][run.STORM], 500, 2)
     # mqttgw answers every one of them.
     assert results["mqttgw"][run.STORM]["connacks"] == 500
+    # Where a connect's CPU goes, by part of the gateway.
+    cost = results["mqttgw"][run.STORM]["per_connect"]
+    assert cost["connections"] == 500 and cost["calls_per_connect"] > 0, cost
+    assert {"accept and transport", "connection (MQTTServerProtocol)", "reading and framing"} <= set(cost["by_part"])
+    assert "per_connect" not in results["mosquitto"][run.STORM]
     table = run.table(results)
     assert "storm (connects/s)" in table and "mqttgw: storm 500 of 500 CONNACKs" in table
+    assert "Python calls per connect (500 at once)" in table
 
 
 def test_a_storm_the_open_file_limit_cannot_hold_is_skipped_not_tried():
