@@ -146,7 +146,7 @@ class MQTTServerProtocol:
     # One per connection: slots, and IProtocol provided rather than
     # Protocol inherited (its instances carry a dictionary).
     __slots__ = (
-        "transport", "connected", "state",
+        "transport", "state",
         "host", "opening", "_out", "_out_size", "_close_grace",
         # The listener's MQTTServerFactory (its router, clock, portal,
         # throttle and 5.0 authentication methods) and kind (tcp, tls, ws
@@ -169,7 +169,6 @@ class MQTTServerProtocol:
 
     def __init__(self, factory):
         self.transport = None
-        self.connected = 0
         self.factory = factory
         self.state = AWAITING_CONNECT
         self.host = None
@@ -195,11 +194,12 @@ class MQTTServerProtocol:
     clock = property(lambda self: self.factory.clock, doc="The clock (the factory's).")
     limits = property(lambda self: self.factory.limits, doc="The ConnectionLimits (the factory's).")
     stats = property(lambda self: self.factory.router.stats, doc="The router's counters.")
+    # As Twisted's Protocol: 1 once made (and after), a slot's worth less.
+    connected = property(lambda self: int(self.transport is not None), doc="Whether it was connected.")
 
     # Connection life
 
     def makeConnection(self, transport):
-        self.connected = 1
         self.transport = transport
         self.connectionMade()
 

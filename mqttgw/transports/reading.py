@@ -30,6 +30,18 @@ _NOTHING = ()
 CONNECTION, READING, HANDSHAKE, PUBLISHING = range(4)
 
 
+_PAUSED, _OUTPUT_FULL, _AWAITING_ADMISSION = 1, 2, 4
+
+
+def _flag(bit, doc):
+    """A flag of ``Reading._flags`` as a boolean attribute."""
+
+    def set_flag(reading, value):
+        reading._flags = reading._flags | bit if value else reading._flags & ~bit
+
+    return property(lambda reading: bool(reading._flags & bit), set_flag, doc=doc)
+
+
 def receiver(connection, which):
     """The one of ``connection`` and its parts that a handler table names ``which``."""
     if which == PUBLISHING:
@@ -51,10 +63,7 @@ class Reading:
     # One per connection: slots, so an idle client costs no dictionary.
     __slots__ = (
         "connection", "framer", "handlers",
-        "last_received", "paused", "awaiting_admission", "_put_off", "_held", "_work",
-        # Whether the peer does not read what it is sent (its requests are
-        # not read either: their answers would pile up).
-        "output_full",
+        "last_received", "_flags", "_put_off", "_held", "_work",
     )
     # Packets handled per reactor turn before the rest wait for the next.
     PACKETS_PER_TURN = 256
@@ -83,15 +92,21 @@ class Reading:
         # When the peer was last heard from (a whole packet), kept only
         # while it has a keepalive: idle clients without one share this 0.0.
         self.last_received = 0.0
-        self.paused = False
-        self.output_full = False
-        self.awaiting_admission = False
+        # paused, output_full and awaiting_admission (see below), in one
+        # small integer rather than a slot each.
+        self._flags = 0
         # Packets put off to a later turn (an iterator), or None.
         self._put_off = None
         # Data read while reading was paused (a list, once there is some).
         self._held = ()
         # What is left of a packet handled over several turns (see in_steps).
         self._work = None
+
+    paused = _flag(_PAUSED, "Whether the transport is not read from.")
+    # Whether the peer does not read what it is sent (its requests are not
+    # read either: their answers would pile up).
+    output_full = _flag(_OUTPUT_FULL, "Whether the peer does not read what it is sent.")
+    awaiting_admission = _flag(_AWAITING_ADMISSION, "Whether it waits for its turn to be read from (see Flusher).")
 
     # The listener's (a slot each would cost every connection).
     clock = property(lambda self: self.connection.factory.clock, doc="The clock (the listener's).")
@@ -240,7 +255,7 @@ class Reading:
             self.connection.transport.pauseProducing()
 
     def resume(self):
-        if self.paused and not self.output_full and self._put_off is None and not self.awaiting_admission:
+        if self._flags == _PAUSED and self._put_off is None:
             self.paused = False
             connection = self.connection
             if connection.state is not CLOSED:
