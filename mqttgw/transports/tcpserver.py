@@ -279,6 +279,11 @@ class Server:
         if self._flags & (CONNECTED | DISCONNECTING) == CONNECTED | DISCONNECTING:
             self.startWriting()
 
+    def stopConsuming(self):
+        # As abstract.FileDescriptor's (a ProtocolWrapper passes it on).
+        self.unregisterProducer()
+        self.loseConnection()
+
     # Being a producer of what is read (IPushProducer).
 
     def pauseProducing(self):

@@ -220,6 +220,10 @@ def test_a_streaming_producer_is_paused_past_the_buffer_and_resumed_once_it_drai
             transport.registerProducer(protocol, True)
         transport.unregisterProducer()
         assert transport.producer is None
+        # A producer's end: unregistered, and the connection closes once written.
+        transport.registerProducer(protocol, True)
+        transport.stopConsuming()
+        assert transport.producer is None and transport.disconnecting
     finally:
         close_pair(transport, theirs)
 
