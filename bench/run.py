@@ -24,7 +24,7 @@ import threading
 import time
 from pathlib import Path
 
-from bench import burst, connection_cost, drain, footprint, loadgen, logins, mqttsn, neighbours, retained
+from bench import burst, connect_cost, connection_cost, drain, footprint, loadgen, logins, mqttsn, neighbours, retained
 from bench.brokers import BROKERS, DEFAULT_BROKERS, MAX_INFLIGHT, MAX_QUEUED, free_port
 from bench.reactor_alone import ReactorAlone
 from bench.percentile import nearest_rank
@@ -98,7 +98,9 @@ WINDOWED_QUEUED = 1_000_000
 # connections (bench/connection_cost.py: tracemalloc slows the gateway).
 FOOTPRINT = "footprint"
 BREAKDOWN_CONNECTIONS = 2000
-# --storm clients connecting at once, --repeats runs (bench/burst.py).
+# --storm clients connecting at once, --repeats runs (bench/burst.py); for
+# mqttgw, where a connect's CPU goes, over at most BREAKDOWN_CONNECTIONS
+# (bench/connect_cost.py).
 STORM = "storm"
 # mqttgw only: MQTT-SN clients over UDP (bench/mqttsn.py), against the
 # Paho MQTT-SN Gateway's figures on this kind of machine (mqttsn.ANCHOR).
@@ -372,6 +374,11 @@ def main(argv=None):
             for name in order:
                 if runs[name]:
                     results[name][scenario] = _median(scenario, runs[name])
+            if scenario == STORM and "mqttgw" in results and STORM in results["mqttgw"]:
+                # Where a connect's CPU goes, by part (bench/connect_cost.py).
+                cost = connect_cost.run(min(args.storm, BREAKDOWN_CONNECTIONS))
+                results["mqttgw"][STORM]["per_connect"] = cost
+                print(f"{'mqttgw':10} {STORM}: {connect_cost.summary(cost)}", flush=True)
             if scenario == "fan-in qos0" and scenario in results.get("mqttgw", {}):
                 # The latency scenario runs at half mqttgw's top QoS 0 rate.
                 rates["latency"] = results["mqttgw"][scenario]["per_second"] / 2
@@ -821,6 +828,7 @@ def table(results):
             out.append(
                 f"{n}: storm {burst.summary(r)}; connects/s of each run: {runs};"
                 f" slow connects/listen overflows of each run: {retries}"
+                + (f"; {connect_cost.summary(r['per_connect'])}" if "per_connect" in r else "")
             )
     if MQTTSN in results.get("mqttgw", {}):
         # The anchor: the Paho MQTT-SN Gateway in front of mosquitto (mqttsn.ANCHOR).
