@@ -633,37 +633,61 @@ class Framer:
                 if self._first is not None:
                     self._first = None
                     max_packet_size = self.max_packet_size
-                packet_type = first >> 4
-                flags = first & 0x0F
-                # The version is looked at per packet, as the CONNECT just
-                # handled may make the rest of a read 5.0.
-                if packet_type == P.PUBLISH:
-                    if self.v5:
-                        packet = _decode_publish5_plain(
-                            flags, data, offset, pos, end, self.strict, self.from_client
-                        )
-                    else:
-                        packet = _decode_publish(flags, data, offset, pos, end, self.strict)
-                elif packet_type == 0 or packet_type == P.AUTH and not self.v5:
-                    raise ProtocolViolation(f"reserved packet type {packet_type}")
+                packet_type, flags = first >> 4, first & 0x0F
+                # The version is looked at per packet: a CONNECT may make the rest 5.0.
+                if packet_type != P.PUBLISH:
+                    packet = self._decode(packet_type, flags, data, pos, end)
                 else:
-                    if self.strict and flags != _REQUIRED_FLAGS[packet_type]:
-                        raise _reserved_flags(packet_type, flags)
-                    if packet_type == P.CONNECT:
-                        packet = _decode_connect(flags, data, pos, end, self.strict_for_311)
+                    tend = pos + 2 + ((data[pos] << 8) | data[pos + 1])
+                    if flags & 0xD or self.v5 or tend + flags > end:
+                        # 5.0, retained, DUP, QoS 2, or short: decoded in full.
+                        packet = self._decode_publish(flags, data, offset, pos, end)
                     else:
-                        decoders = _DECODERS5 if self.v5 else _DECODERS
-                        packet = decoders[packet_type](flags, data, pos, end, self.strict)
+                        # QoS 0 or 1 without flags, nearly every PUBLISH: read here.
+                        topic = data[pos + 2 : tend].decode("utf-8")
+                        if flags:
+                            mid = (data[tend] << 8) | data[tend + 1]
+                            if not mid:
+                                raise ProtocolViolation("message id 0 is reserved")
+                            packet = Publish(topic, data[tend + 2 : end], 1, False, False, mid)
+                            packet.topic_wire = data[pos:tend]
+                        else:
+                            packet = Publish(topic, data[tend:end], 0, False)
+                            packet.frame0 = data[offset:end]
+                        if self.strict and not (topic.isascii() and topic.isprintable()):
+                            check_text(topic, self.strict)
                 offset = end
                 yield packet
+        except UnicodeDecodeError:
+            raise ProtocolViolation("string is not valid UTF-8") from None
         except (IndexError, ValueError, struct.error) as e:
             raise ProtocolViolation(f"malformed packet: {e}") from None
         finally:
-            rest = self._buffer = data[offset:] if offset else data
-            if need > len(rest):
-                self._chunks = [rest]
-                self._have = len(rest)
-                self._need = need
+            self._keep(data, offset, need)
+
+    def _keep(self, data, offset, need):
+        """What is left of ``data`` from ``offset``: a packet ``need`` bytes long begun, or the start of one."""
+        rest = self._buffer = data[offset:] if offset else data
+        if need > len(rest):
+            self._chunks = [rest]
+            self._have = len(rest)
+            self._need = need
+
+    def _decode_publish(self, flags, data, offset, start, end):
+        if self.v5:
+            return _decode_publish5_plain(flags, data, offset, start, end, self.strict, self.from_client)
+        return _decode_publish(flags, data, offset, start, end, self.strict)
+
+    def _decode(self, packet_type, flags, data, start, end):
+        """A packet other than PUBLISH from ``start`` (its variable header) to ``end``."""
+        if packet_type == 0 or packet_type == P.AUTH and not self.v5:
+            raise ProtocolViolation(f"reserved packet type {packet_type}")
+        if self.strict and flags != _REQUIRED_FLAGS[packet_type]:
+            raise _reserved_flags(packet_type, flags)
+        if packet_type == P.CONNECT:
+            return _decode_connect(flags, data, start, end, self.strict_for_311)
+        decoders = _DECODERS5 if self.v5 else _DECODERS
+        return decoders[packet_type](flags, data, start, end, self.strict)
 
     def _first_packet_size(self, first):
         """The first packet's size bound, once its first byte ``first`` shows it of the type expected."""
