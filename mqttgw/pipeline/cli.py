@@ -410,7 +410,8 @@ def _observed(frame, name):
     metrics = [F.count(F.lit(1)).alias("rows")]
     if name == "json_minute":
         metrics.append(F.sum("invalid").alias("invalid"))
-    observation = Observation(f"{name}-written")
+    # Named apart from every other of the session (a stream's micro-batches share one).
+    observation = Observation(f"{name}-written-{uuid.uuid4().hex[:8]}")
     try:
         observed = frame.observe(observation, *metrics)
     except NotImplementedError:
