@@ -201,6 +201,10 @@ def _spark(args):
         # every reader takes for what it is, rather than legacy INT96.
         .config("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
         .config("spark.sql.shuffle.partitions", "8")
+        # A task writes the hours it holds through a writer each (up to
+        # 32, then it sorts the rest) rather than sorting all its rows by
+        # hour first: about a tenth of topic_minute's work at 10 M rows.
+        .config("spark.sql.maxConcurrentOutputFileWriters", "32")
     )
     if kind != "remote":
         # A core setting: a Connect server's is its own.
