@@ -203,7 +203,7 @@ def _spark(args):
         .config("spark.sql.shuffle.partitions", "8")
         # A task writes the hours it holds through a writer each (up to
         # 32, then it sorts the rest) rather than sorting all its rows by
-        # hour first: about a tenth of topic_minute's work at 10 M rows.
+        # hour first: topic_minute at 10 M rows took 7% less CPU.
         .config("spark.sql.maxConcurrentOutputFileWriters", "32")
     )
     if kind != "remote":
