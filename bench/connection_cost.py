@@ -39,12 +39,15 @@ BY_CALL = (
     ("Window(", "session's window part"),
     ("Outbox(", "session's outbox part"),
     ("Session(", "session"),
+    ("raw_socket(", "socket object and peer address"),
+    ("addr = (", "socket object and peer address"),
 )
 BY_FILE = (
     ("/socket.py", "socket object and peer address"),
     ("/epollreactor.py", "reactor's tables of descriptors"),
     ("/twisted/internet/tcp.py", "transport (tcp.Server)"),
-    ("/mqttgw/transports/tcp.py", "transport (tcp.Server)"),
+    ("/mqttgw/transports/tcp.py", "transport (tcpserver.Server)"),
+    ("/mqttgw/transports/tcpserver.py", "transport (tcpserver.Server)"),
     ("/mqttgw/wire/framing.py", "client id"),
     ("/mqttgw/broker/sessions.py", "router's table of sessions"),
     ("/mqttgw/broker/session.py", "session"),
@@ -102,7 +105,6 @@ def measure(count):
     router = Router(reactor, SessionLimits())
     factory = MQTTServerFactory(router, ConnectionLimits(max_connections=count + 100), reactor)
     factory.kind = "tcp"
-    tcp.share()
     leanreactor.poll_lean(reactor)
     port = tcp.serve_lean(
         reactor.listenTCP(0, factory, interface="127.0.0.1"), factory.flusher, factory.vacancies

@@ -24,7 +24,7 @@ import threading
 import time
 from pathlib import Path
 
-from bench import burst, connection_cost, drain, footprint, loadgen, logins, mqttsn, neighbours, retained
+from bench import burst, connect_cost, connection_cost, drain, footprint, loadgen, logins, mqttsn, neighbours, retained
 from bench.brokers import BROKERS, DEFAULT_BROKERS, MAX_INFLIGHT, MAX_QUEUED, free_port
 from bench.reactor_alone import ReactorAlone
 from bench.percentile import nearest_rank
@@ -81,6 +81,8 @@ LOGINS = "logins"
 # publishers as fast as the broker takes them, then held at half of
 # mqttgw's top rate in that run.
 PROBED = {"latency qos1 saturated": None, "latency qos1 half": 0.5}
+# The same probe through an otherwise idle broker: one message's trip.
+IDLE_LATENCY = "latency idle"
 # A 100,000-message QoS 1 backlog delivered to a client (bench/drain.py);
 # for mqttgw also drained by a bridge into a real mosquitto, compared with
 # mosquitto delivering the same backlog to a client.
@@ -96,13 +98,15 @@ WINDOWED_QUEUED = 1_000_000
 # connections (bench/connection_cost.py: tracemalloc slows the gateway).
 FOOTPRINT = "footprint"
 BREAKDOWN_CONNECTIONS = 2000
-# --storm clients connecting at once, --repeats runs (bench/burst.py).
+# --storm clients connecting at once, --repeats runs (bench/burst.py); for
+# mqttgw, where a connect's CPU goes, over at most BREAKDOWN_CONNECTIONS
+# (bench/connect_cost.py).
 STORM = "storm"
 # mqttgw only: MQTT-SN clients over UDP (bench/mqttsn.py), against the
 # Paho MQTT-SN Gateway's figures on this kind of machine (mqttsn.ANCHOR).
 MQTTSN = "mqtt-sn"
 ALL_SCENARIOS = (
-    list(THROUGHPUT) + ["latency"] + list(PROBED) + [BACKLOG, BRIDGE_DRAIN, "connections"]
+    list(THROUGHPUT) + ["latency", IDLE_LATENCY] + list(PROBED) + [BACKLOG, BRIDGE_DRAIN, "connections"]
     + list(NEIGHBOURS) + [RETAINED, LOGINS, FOOTPRINT, STORM, MQTTSN]
 )
 # Brokers that can run a scenario (amqtt has no mosquitto-format files).
@@ -221,7 +225,7 @@ def run_throughput(broker, publishers, subscribers, qos, duration, rate=None, pr
             p.kill()
     sent = sum(shared.sent)
     received = sum(shared.received)
-    last = max(shared.last) or started
+    last = max(shared.last, default=0) or started
     elapsed = (last - started) / 1e9
     wall = (time.perf_counter_ns() - started) / 1e9
     cpu = broker.cpu_seconds() - cpu_before
@@ -370,6 +374,11 @@ def main(argv=None):
             for name in order:
                 if runs[name]:
                     results[name][scenario] = _median(scenario, runs[name])
+            if scenario == STORM and "mqttgw" in results and STORM in results["mqttgw"]:
+                # Where a connect's CPU goes, by part (bench/connect_cost.py).
+                cost = connect_cost.run(min(args.storm, BREAKDOWN_CONNECTIONS))
+                results["mqttgw"][STORM]["per_connect"] = cost
+                print(f"{'mqttgw':10} {STORM}: {connect_cost.summary(cost)}", flush=True)
             if scenario == "fan-in qos0" and scenario in results.get("mqttgw", {}):
                 # The latency scenario runs at half mqttgw's top QoS 0 rate.
                 rates["latency"] = results["mqttgw"][scenario]["per_second"] / 2
@@ -572,6 +581,9 @@ def _run_once(name, scenario, args, workdir, auth_files, broker_cpu, load_cpu, r
             )
             r["rate"] = rate
             print(f"p50 {r.get('p50_ms', 0):.2f} ms p99 {r.get('p99_ms', 0):.2f} ms at {rate:,.0f}/s", flush=True)
+        elif scenario == IDLE_LATENCY:
+            r = run_throughput(broker, 0, 0, 0, args.duration, probe_count=_probes(args), cpu=load_cpu)
+            print(f"p50 {r.get('p50_ms', 0):.2f} ms p99 {r.get('p99_ms', 0):.2f} ms, nothing beside", flush=True)
         elif scenario in PROBED:
             share = PROBED[scenario]
             rate = share * rates["qos1"] if share and rates.get("qos1") else None
@@ -719,7 +731,7 @@ def _figure(scenario, r):
     if scenario in NEIGHBOURS and not r.get("sent"):
         # The well-behaved clients could not send at all: no latency.
         return None
-    if scenario == "latency" or scenario in PROBED or scenario in NEIGHBOURS:
+    if scenario in ("latency", IDLE_LATENCY) or scenario in PROBED or scenario in NEIGHBOURS:
         return r.get("p99_ms")
     if scenario == RETAINED:
         return r["ret/7/+"]["ms"]
@@ -761,7 +773,7 @@ def table(results):
             "connections": " (KiB/conn)", RETAINED: " (ms, ret/7/+)", LOGINS: " (connects/s)",
             FOOTPRINT: " (MiB idle, TCP only)", STORM: " (connects/s)",
         }.get(
-            s, " (p99 ms)" if s == "latency" or s in PROBED or s in NEIGHBOURS else " (msg/s)"
+            s, " (p99 ms)" if s in ("latency", IDLE_LATENCY) or s in PROBED or s in NEIGHBOURS else " (msg/s)"
         )
         row = [s + unit]
         figures = {n: _figure(s, results[n].get(s)) for n in names}
@@ -816,6 +828,7 @@ def table(results):
             out.append(
                 f"{n}: storm {burst.summary(r)}; connects/s of each run: {runs};"
                 f" slow connects/listen overflows of each run: {retries}"
+                + (f"; {connect_cost.summary(r['per_connect'])}" if "per_connect" in r else "")
             )
     if MQTTSN in results.get("mqttgw", {}):
         # The anchor: the Paho MQTT-SN Gateway in front of mosquitto (mqttsn.ANCHOR).

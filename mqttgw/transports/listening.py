@@ -79,8 +79,7 @@ class ListenerService(StreamServerEndpointService):
         self._raiseSynchronously = True
 
     def privilegedStartService(self):
-        # Before the first connection: see transports.tcp and .leanreactor.
-        tcp.share()
+        # Before the first connection: see transports.leanreactor.
         leanreactor.poll_lean(self.reactor)
         # A Unix socket is made with no permission for others from the
         # start, not only once its mode is set just after.

@@ -46,6 +46,7 @@ from mqttgw.transports.publishing import Publishing
 from mqttgw.transports.reading import CONNECTION, HANDSHAKE, PUBLISHING, READING, Reading, receiver
 from mqttgw.transports.schedulers import Flusher
 from mqttgw.transports.subscribing import Subscribing
+from mqttgw.transports.tcpserver import Server
 from mqttgw.wire import packets as P
 from mqttgw.wire import reasons as R
 from mqttgw.wire.framing import ProtocolViolation
@@ -117,6 +118,15 @@ def _tls_reason(error):
 
 _NO_METHODS = MappingProxyType({})
 
+
+def _peer_host(transport):
+    """The peer's host: a listener's own TCP transport knows it without
+    making an address object; any other (TLS, a PROXY protocol header's)
+    is asked for its peer."""
+    if type(transport) is Server:
+        return transport.hostname
+    return getattr(transport.getPeer(), "host", None)
+
 # ``MQTTServerProtocol._out`` when the connection has no output this turn
 # and is not in the flusher's list; a list (empty, too) once it is.
 _UNMARKED = ()
@@ -136,7 +146,7 @@ class MQTTServerProtocol:
     # One per connection: slots, and IProtocol provided rather than
     # Protocol inherited (its instances carry a dictionary).
     __slots__ = (
-        "transport", "connected", "limits", "_flusher", "stats", "state",
+        "transport", "state",
         "host", "opening", "_out", "_out_size", "_close_grace",
         # The listener's MQTTServerFactory (its router, clock, portal,
         # throttle and 5.0 authentication methods) and kind (tcp, tls, ws
@@ -159,11 +169,7 @@ class MQTTServerProtocol:
 
     def __init__(self, factory):
         self.transport = None
-        self.connected = 0
         self.factory = factory
-        self.limits = limits = factory.limits
-        self._flusher = flusher = factory.flusher
-        self.stats = factory.router.stats
         self.state = AWAITING_CONNECT
         self.host = None
         # Admitted and not yet read from (see Flusher.admit).
@@ -181,16 +187,19 @@ class MQTTServerProtocol:
         self.keepalive = 0
         self.login = self.handshake = self.publishing = self.subscribing = None
         self._may_write = None
-        self.reading = Reading(self, limits, factory.clock, flusher, self.stats, BEFORE_CONNECT)
+        self.reading = Reading(self, factory.limits, BEFORE_CONNECT)
 
     # The listener's (a slot each would cost every connection).
     router = property(lambda self: self.factory.router, doc="The router (the factory's).")
     clock = property(lambda self: self.factory.clock, doc="The clock (the factory's).")
+    limits = property(lambda self: self.factory.limits, doc="The ConnectionLimits (the factory's).")
+    stats = property(lambda self: self.factory.router.stats, doc="The router's counters.")
+    # As Twisted's Protocol: 1 once made (and after), a slot's worth less.
+    connected = property(lambda self: int(self.transport is not None), doc="Whether it was connected.")
 
     # Connection life
 
     def makeConnection(self, transport):
-        self.connected = 1
         self.transport = transport
         self.connectionMade()
 
@@ -202,8 +211,9 @@ class MQTTServerProtocol:
         # Writes are already batched per reactor turn; Nagle would only delay.
         if hasattr(transport, "setTcpNoDelay"):
             transport.setTcpNoDelay(True)
-        self.host = getattr(transport.getPeer(), "host", None)
-        stats = self.stats
+        self.host = _peer_host(transport)
+        factory = self.factory
+        stats = factory.router.stats
         stats.connections += 1
         stats.connections_accepted += 1
         if stats.connections > stats.clients_maximum:
@@ -211,10 +221,11 @@ class MQTTServerProtocol:
         # We are the producer of the bytes the transport sends: it tells us
         # when its buffer is full so a slow reader can't grow it without end.
         transport.registerProducer(self, True)
-        if not self._flusher.admit(self):
+        flusher = factory.flusher
+        if not flusher.admit(self):
             # Many new connections not yet read from: this one waits its turn.
             self.reading.wait_for_admission()
-        self._flusher.connects.add(self, self.limits.connect_timeout)
+        flusher.connects.add(self, factory.limits.connect_timeout)
 
     @property
     def peer(self):
@@ -229,15 +240,16 @@ class MQTTServerProtocol:
 
     def dataReceived(self, data):
         if self.opening:
-            self._flusher.opened(self)
+            self.factory.flusher.opened(self)
         # Closing: whatever the peer still sends is ignored.
         if self.state is not CLOSED:
             self.reading.received(data)
 
     def connectionLost(self, reason):
+        flusher = self.factory.flusher
         if self.opening:
-            self._flusher.opened(self)
-        self.stats.connections -= 1
+            flusher.opened(self)
+        self.factory.router.stats.connections -= 1
         if self.state is not CLOSED:
             self._lost(reason)
             self._closed(publish_will=True)
@@ -252,15 +264,15 @@ class MQTTServerProtocol:
                 reason=_tls_reason(reason.value),
             )
         if self.session is not None and self.limits.connection_messages:
-            self._flusher.connection_messages.lost(self.log_id, reason.getErrorMessage())
+            self.factory.flusher.connection_messages.lost(self.log_id, reason.getErrorMessage())
 
     def _closed(self, publish_will):
         """What closing leaves behind, once, whichever side closed first."""
         self.state = CLOSED
         self.reading.handlers = None
-        self._flusher.connects.closed()
+        self.factory.flusher.connects.closed()
         if self.keepalive:
-            self._flusher.keepalives.closed()
+            self.factory.flusher.keepalives.closed()
         if self.handshake is not None:
             self.handshake.ended()
         if self.login is not None:
@@ -303,7 +315,7 @@ class MQTTServerProtocol:
         if out is not _UNMARKED:
             out.append(data)
         else:
-            self._flusher.mark(self)
+            self.factory.flusher.mark(self)
             self._out = [data]
         self._out_size += len(data)
         if self._out_size > OUTPUT_HIGH_WATER:
@@ -314,7 +326,7 @@ class MQTTServerProtocol:
         self._out = _UNMARKED
         if out:
             # Counted per flush, not per packet: one write is one packet.
-            stats = self.stats
+            stats = self.factory.router.stats
             stats.packets_sent += len(out)
             stats.bytes_sent += self._out_size
             self._out_size = 0
@@ -329,7 +341,7 @@ class MQTTServerProtocol:
         (see Reading.FLUSH_EVERY); it stays in the flusher's list for what
         comes next.
         """
-        if self._out and self._flusher.alone(self):
+        if self._out and self.factory.flusher.alone(self):
             self.flush()
             if self.state is not CLOSED:
                 self._out = []
@@ -469,7 +481,9 @@ class MQTTServerProtocol:
     def keep_alive(self, seconds):
         self.keepalive = seconds
         if seconds:
-            self._flusher.keepalives.add(self, self.clock.seconds() + seconds * 1.5)
+            # Heard from now (its CONNECT); Reading keeps the time from here on.
+            now = self.reading.last_received = self.clock.seconds()
+            self.factory.flusher.keepalives.add(self, now + seconds * 1.5)
 
     def resume(self):
         self.reading.resume_put_off()
@@ -487,8 +501,9 @@ class MQTTServerProtocol:
         # Behind a PROXY protocol listener (haproxy:tcp:PORT) the client's
         # address is known only once the header before this packet was
         # read: the throttles count that address, not the load balancer's.
-        self.host = getattr(self.transport.getPeer(), "host", None)
-        login = self.login = Login(self, self.router, self.clock, self.limits, self._flusher.connection_messages)
+        self.host = _peer_host(self.transport)
+        f = self.factory
+        login = self.login = Login(self, f.router, f.clock, f.limits, f.flusher.connection_messages)
         return login.handle_CONNECT(packet)
 
     def handle_AUTH(self, packet):
@@ -518,7 +533,7 @@ class MQTTServerProtocol:
         except ProtocolViolation as e:
             return self.protocol_error(str(e), e.reason_code)
         if self.limits.connection_messages:
-            self._flusher.connection_messages.disconnected(self.log_id, packet.reason_code)
+            self.factory.flusher.connection_messages.disconnected(self.log_id, packet.reason_code)
         # A clean DISCONNECT discards the will; anything after it is ignored.
         self.close(publish_will=publish_will, graceful=True)
 

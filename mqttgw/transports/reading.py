@@ -30,6 +30,18 @@ _NOTHING = ()
 CONNECTION, READING, HANDSHAKE, PUBLISHING = range(4)
 
 
+_PAUSED, _OUTPUT_FULL, _AWAITING_ADMISSION = 1, 2, 4
+
+
+def _flag(bit, doc):
+    """A flag of ``Reading._flags`` as a boolean attribute."""
+
+    def set_flag(reading, value):
+        reading._flags = reading._flags | bit if value else reading._flags & ~bit
+
+    return property(lambda reading: bool(reading._flags & bit), set_flag, doc=doc)
+
+
 def receiver(connection, which):
     """The one of ``connection`` and its parts that a handler table names ``which``."""
     if which == PUBLISHING:
@@ -50,11 +62,8 @@ class Reading:
 
     # One per connection: slots, so an idle client costs no dictionary.
     __slots__ = (
-        "connection", "framer", "clock", "flusher", "stats", "handlers",
-        "last_received", "paused", "awaiting_admission", "_put_off", "_held", "_work",
-        # Whether the peer does not read what it is sent (its requests are
-        # not read either: their answers would pile up).
-        "output_full",
+        "connection", "framer", "handlers",
+        "last_received", "_flags", "_put_off", "_held", "_work",
     )
     # Packets handled per reactor turn before the rest wait for the next.
     PACKETS_PER_TURN = 256
@@ -66,7 +75,7 @@ class Reading:
     # the broker is busy, and fewer writes serve it better.
     FLUSH_EVERY = 8
 
-    def __init__(self, connection, limits, clock, flusher, stats, handlers):
+    def __init__(self, connection, limits, handlers):
         self.connection = connection
         self.framer = Framer(
             limits.max_packet_size,
@@ -75,24 +84,34 @@ class Reading:
             first_packet_size=min(limits.max_connect_size, limits.max_packet_size),
             strict_for_311=STRICT_TEXT if limits.reject_control_characters else STRICT,
         )
-        self.clock = clock
-        self.flusher = flusher
-        self.stats = stats
         # By packet type, (receiver, function): the handlers of the present
         # state (the receiver one of CONNECTION, READING, HANDSHAKE and
         # PUBLISHING); None where nothing is read (an answer is awaited, or
         # closing).
         self.handlers = handlers
+        # When the peer was last heard from (a whole packet), kept only
+        # while it has a keepalive: idle clients without one share this 0.0.
         self.last_received = 0.0
-        self.paused = False
-        self.output_full = False
-        self.awaiting_admission = False
+        # paused, output_full and awaiting_admission (see below), in one
+        # small integer rather than a slot each.
+        self._flags = 0
         # Packets put off to a later turn (an iterator), or None.
         self._put_off = None
         # Data read while reading was paused (a list, once there is some).
         self._held = ()
         # What is left of a packet handled over several turns (see in_steps).
         self._work = None
+
+    paused = _flag(_PAUSED, "Whether the transport is not read from.")
+    # Whether the peer does not read what it is sent (its requests are not
+    # read either: their answers would pile up).
+    output_full = _flag(_OUTPUT_FULL, "Whether the peer does not read what it is sent.")
+    awaiting_admission = _flag(_AWAITING_ADMISSION, "Whether it waits for its turn to be read from (see Flusher).")
+
+    # The listener's (a slot each would cost every connection).
+    clock = property(lambda self: self.connection.factory.clock, doc="The clock (the listener's).")
+    flusher = property(lambda self: self.connection.factory.flusher, doc="The listener's Flusher.")
+    stats = property(lambda self: self.connection.factory.router.stats, doc="The router's counters.")
 
     @property
     def unread(self):
@@ -112,7 +131,8 @@ class Reading:
             self.resume()
 
     def received(self, data):
-        self.stats.bytes_received += len(data)
+        factory = self.connection.factory
+        factory.router.stats.bytes_received += len(data)
         if self._put_off is not None:
             # Reading is paused; what was already on its way waits here.
             if self._held:
@@ -120,7 +140,7 @@ class Reading:
             else:
                 self._held = [data]
             return
-        flusher = self.flusher
+        flusher = factory.flusher
         if flusher.reading_held:
             # The store is behind: this connection waits its turn, its data
             # with it (see Flusher.hold_reading).
@@ -142,6 +162,7 @@ class Reading:
         budget = self.PACKETS_PER_TURN
         packet = None
         connection = self.connection
+        factory = connection.factory
         try:
             for packet in packets:
                 handlers = self.handlers
@@ -163,13 +184,14 @@ class Reading:
                     self.pause()
                     # After a login, its answer carries on.
                     if connection.state not in ANSWERING:
-                        self.clock.callLater(0, self._next_turn)
+                        factory.clock.callLater(0, self._next_turn)
                     break
             # Keepalive counts whole packets only: a peer dripping the bytes
             # of a packet it never finishes is not alive for MQTT.
             if packet is not None:
-                self.last_received = self.clock.seconds()
-                self.stats.packets_received += self.PACKETS_PER_TURN - budget
+                if connection.keepalive:
+                    self.last_received = factory.clock.seconds()
+                factory.router.stats.packets_received += self.PACKETS_PER_TURN - budget
         except ProtocolViolation as e:
             connection.protocol_error(str(e), e.reason_code)
         except Exception:
@@ -233,7 +255,7 @@ class Reading:
             self.connection.transport.pauseProducing()
 
     def resume(self):
-        if self.paused and not self.output_full and self._put_off is None and not self.awaiting_admission:
+        if self._flags == _PAUSED and self._put_off is None:
             self.paused = False
             connection = self.connection
             if connection.state is not CLOSED:

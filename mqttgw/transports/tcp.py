@@ -1,152 +1,36 @@
 """
-The listeners' TCP ports and connections: Twisted's, leaner and quicker.
-
-CPython 3.11 keeps an instance's attributes in a small array laid out by
-keys its class shares; a name the shared keys do not hold yet gives that
-instance a dictionary of its own.  The room for new names
-shrinks by one with every instance made, so a burst of connections at
-start-up leaves no room for the names Twisted sets only on the first write
-(``dataBuffer``, ``offset``), and every later connection pays for a
-dictionary.  :func:`share` sets every name a live connection uses on one
-throwaway instance, before the first connection, which puts them all in
-the shared keys.
-
-:class:`Server` keeps no log prefix, representation string or bound
-``fileno`` method per connection: it makes them when they are asked
-for; nor a list for bytes waiting to be written while none wait; nor a
-second reference to the peer's host.  Peers at one address (behind a NAT
-or a load balancer, or many clients on one host) share one string for
-it, not one each.  It sends what it is given at once when nothing waits
-before it, as mosquitto does, rather than on the reactor's next turn.
-:class:`Port` accepts connections in bounded batches.
+The listeners' TCP ports: Twisted's, accepting in bounded batches, making
+the gateway's own transport (:class:`~mqttgw.transports.tcpserver.Server`)
+of each socket with no Python socket object around it.
 """
 
 import errno
 import socket
 import sys
+from array import array
 from collections import deque
 
+from _socket import socket as raw_socket
 from twisted.internet import tcp
+from twisted.python import log
 
-# What tcp.Server and its bases set on a connection that is open: its
-# constructor, registerProducer, write and doWrite, pauseProducing.
-LIVE_ATTRIBUTES = (
-    "reactor", "_tempDataBuffer", "_tempDataLen", "socket", "fileno", "protocol",
-    "server", "client", "sessionno", "hostname", "logstr", "repstr", "connected",
-    "producer", "streamingProducer", "dataBuffer", "offset", "producerPaused",
-)
+from mqttgw.transports.tcpserver import Server
+
+# accept() errors for want of a descriptor or memory.
+_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 
-def _discard(*_):
-    pass
+class PeerPorts(array):
+    """The ports of a listener's IPv4 peers, by the descriptor of their connection."""
 
+    def __new__(cls):
+        return super().__new__(cls, "H")
 
-def _closed():
-    # As abstract.FileDescriptor.fileno: no socket any more.
-    return -1
-
-
-class _SocketFileno:
-    """``fileno``, looked up on the socket when asked for; tcp.Connection
-    sets it and deletes it, both of which change nothing."""
-
-    def __get__(self, transport, cls=None):
-        if transport is None:
-            return self
-        try:
-            return transport.socket.fileno
-        except AttributeError:
-            return _closed
-
-    __set__ = __delete__ = _discard
-
-
-class _NothingWaits(list):
-    """
-    An empty write buffer shared by every connection with nothing waiting,
-    in place of the empty list Twisted gives each; a connection gets a
-    list of its own when bytes must wait.  It refuses to hold any.
-    """
-
-    def _refuse(self, *_):
-        raise TypeError("the shared empty write buffer holds nothing")
-
-    append = extend = insert = __setitem__ = __iadd__ = _refuse
-
-
-_NOTHING_WAITS = _NothingWaits()
-
-
-class Server(tcp.Server):
-    """A server-side TCP transport that writes eagerly and makes its strings
-    for logs and its write buffer on demand."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._tempDataBuffer = _NOTHING_WAITS
-
-    def _idle(self):
-        """Whether bytes written now may go straight to the socket."""
-        return (
-            not self.TLS
-            and not self._tempDataLen
-            and self.offset == len(self.dataBuffer)
-            and self.connected
-            and not self.disconnecting
-            and not self._writeDisconnected
-        )
-
-    def write(self, data):
-        # With nothing buffered, waiting for the socket to be writable
-        # costs two epoll_ctl calls and a doWrite for bytes it takes now.
-        if data and self._idle():
-            try:
-                sent = self.socket.send(data)
-            except OSError:
-                # Full (EAGAIN), or broken: doWrite meets the error and
-                # reports the connection lost, as it would have.
-                sent = 0
-            if sent == len(data):
-                return
-            data = data[sent:]
-        if self._tempDataBuffer is _NOTHING_WAITS:
-            self._tempDataBuffer = []
-        super().write(data)
-
-    def writeSequence(self, iovec):
-        # A WebSocket frame's header and payload: joined only to go now.
-        if self._idle():
-            self.write(b"".join(iovec))
-        else:
-            if self._tempDataBuffer is _NOTHING_WAITS:
-                self._tempDataBuffer = []
-            super().writeSequence(iovec)
-
-    def doWrite(self):
-        # Twisted leaves a fresh empty list after moving what waited.
-        result = super().doWrite()
-        if not self._tempDataBuffer:
-            self._tempDataBuffer = _NOTHING_WAITS
-        return result
-
-    def logPrefix(self):
-        # Asked for when a line is logged about the connection.
-        return f"{self._protocol_name()},{self.sessionno},{self.hostname}"
-
-    def __repr__(self):
-        port = self.server._realPortNumber if self.server is not None else self.client[1]
-        return f"<{self._protocol_name()} #{self.sessionno} on {port}>"
-
-    def _protocol_name(self):
-        # tcp.Connection forgets its protocol once the connection is lost.
-        protocol = getattr(self, "protocol", None)
-        return "Closed" if protocol is None else self._getLogPrefix(protocol)
-
-    # tcp.Server's constructor sets them; nothing is kept.
-    logstr = property(logPrefix, _discard)
-    repstr = property(__repr__, _discard)
-    fileno = _SocketFileno()
-    hostname = property(lambda self: self.client[0], _discard)
+    def keep(self, fd, port):
+        if fd >= len(self):
+            # Grown by half again at least: amortized, as a list.
+            self.frombytes(bytes(2 * max(fd + 1 - len(self), len(self) // 2)))
+        self[fd] = port
 
 
 class Port(tcp.Port):
@@ -176,13 +60,28 @@ class Port(tcp.Port):
     admission = None
     vacancies = None
     held = ()
+    # Whether accepted sockets have TCP_NODELAY set: the listening
+    # socket's, which Linux passes on to the sockets it accepts (its
+    # transports then need no system call to set it).  Known once the
+    # kernel's queue was found empty after it was set: what waited there
+    # before was made without it.
+    no_delay = False
+    _no_delay_coming = False
+    # See tcpserver.Server (a PeerPorts once serve_lean made the port lean).
+    peer_ports = None
 
     def doRead(self):
-        if self.numberAccepts > self.ACCEPTS_PER_READ:
-            self.numberAccepts = self.ACCEPTS_PER_READ
+        try:
+            self._read()
+        except BaseException:
+            # As tcp.Port's: a protocol that cannot be made is logged; the
+            # port goes on listening.
+            log.deferr()
+
+    def _read(self):
         admission = self.admission
         if admission is None:
-            return super().doRead()
+            return self._accept_now(self.ACCEPTS_PER_READ)
         if self.vacancies is None:
             room = admission.room()
             if room <= 0:
@@ -190,15 +89,13 @@ class Port(tcp.Port):
                 self.stopReading()
                 admission.wait_for_room(self)
                 return None
-            if self.numberAccepts > room:
-                self.numberAccepts = room
-            return super().doRead()
+            return self._accept_now(min(room, self.ACCEPTS_PER_READ))
         if not self.held and self.vacancies() <= 0:
             # Full: connects are refused as they come (accepted, refused
             # by the factory, which logs and counts them, and closed), as
             # tcp.Port does; left in the kernel's queue, they would keep
             # the port readable and the reactor spinning.
-            return super().doRead()
+            return self._accept_now(self.ACCEPTS_PER_READ)
         self._take_in()
         held = self.held
         if held:
@@ -212,31 +109,57 @@ class Port(tcp.Port):
                 admission.wait_for_room(self)
         return None
 
+    def _accepted(self):
+        """A socket from the kernel's queue and its peer's address; OSError when none can be had."""
+        fd, addr = self.socket._accept()
+        skt = raw_socket(self.addressFamily, self.socketType, 0, fd)
+        if len(addr) == 4:
+            # IPv6: the scope id kept, as tcp.Port does.
+            host = socket.getnameinfo(addr, socket.NI_NUMERICHOST | socket.NI_NUMERICSERV)
+            addr = (sys.intern(host[0]),) + tuple(addr[1:])
+        else:
+            addr = (sys.intern(addr[0]), addr[1])
+        return skt, addr
+
+    def _accept_now(self, count):
+        """At most ``count`` connections made as they are accepted."""
+        while count > 0:
+            count -= 1
+            try:
+                skt, addr = self._accepted()
+            except OSError as e:
+                if e.errno == errno.ECONNABORTED:
+                    continue
+                if e.errno == errno.EAGAIN:
+                    self._queue_empty()
+                elif e.errno in _RESOURCES:
+                    # tcp.Port's answer: a line, and a descriptor kept in
+                    # reserve to refuse the connection with.
+                    self.numberAccepts = 1
+                    super().doRead()
+                return None
+            self._connect(skt, addr)
+        return None
+
     def _take_in(self):
         """Sockets from the kernel's queue into ``held``, as many as there are vacancies for."""
         held = self.held
         if not held:
             held = self.held = deque()
         room = min(self.TAKE_IN_PER_READ, self.vacancies() - len(held))
-        accept = self.socket.accept
         while room > 0:
             room -= 1
             try:
-                skt, addr = accept()
+                held.append(self._accepted())
             except OSError as e:
                 if e.errno == errno.ECONNABORTED:
                     # Gone before it was taken in.
                     continue
+                if e.errno == errno.EAGAIN:
+                    self._queue_empty()
                 # Nothing more waits (EAGAIN), or no descriptor or memory
                 # for it: what waits stays in the kernel's queue.
                 return
-            if len(addr) == 4:
-                # IPv6: the scope id kept, as tcp.Port does.
-                host = socket.getnameinfo(addr, socket.NI_NUMERICHOST | socket.NI_NUMERICSERV)
-                addr = (sys.intern(host[0]),) + tuple(addr[1:])
-            else:
-                addr = (sys.intern(addr[0]), addr[1])
-            held.append((skt, addr))
 
     def _make(self, count):
         """
@@ -244,17 +167,19 @@ class Port(tcp.Port):
         factory refuses (over a limit) are closed and take no room.
         """
         held = self.held
-        factory = self.factory
         while held and count > 0:
-            skt, addr = held.popleft()
-            protocol = factory.buildProtocol(self._buildAddr(addr))
-            if protocol is None:
-                skt.close()
-                continue
-            count -= 1
-            s = self.sessionno
-            self.sessionno = s + 1
-            protocol.makeConnection(self.transport(skt, protocol, addr, self, s, self.reactor))
+            if self._connect(*held.popleft()):
+                count -= 1
+
+    def _connect(self, skt, addr):
+        """A connection of ``skt``, unless the factory refuses it (then closed): whether it was made."""
+        protocol = self.factory.buildProtocol(self._buildAddr(addr))
+        if protocol is None:
+            skt.close()
+            return False
+        self.sessionno += 1
+        protocol.makeConnection(self.transport(skt, protocol, addr, self))
+        return True
 
     def startReading(self):
         # Room again (Flusher): held sockets go before the kernel's queue.
@@ -267,6 +192,21 @@ class Port(tcp.Port):
             skt.close()
         self.held = ()
         return super().connectionLost(reason)
+
+    def pass_no_delay(self):
+        """Set TCP_NODELAY on the listening socket, for its connections to have it from the start."""
+        if self.addressFamily not in (socket.AF_INET, socket.AF_INET6) or not sys.platform.startswith("linux"):
+            return
+        try:
+            self.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:
+            return
+        self._no_delay_coming = True
+
+    def _queue_empty(self):
+        if self._no_delay_coming:
+            self._no_delay_coming = False
+            self.no_delay = True
 
     def listening(self):
         """Whether the port still listens (it may be told to read again after it stopped)."""
@@ -282,11 +222,6 @@ def serve_lean(port, admission=None, vacancies=None):
         port.__class__ = Port
         port.admission = admission
         port.vacancies = vacancies
+        port.peer_ports = PeerPorts()
+        port.pass_no_delay()
     return port
-
-
-def share(cls=Server, names=LIVE_ATTRIBUTES):
-    """Put ``names`` in the shared keys of ``cls``'s instances."""
-    template = cls.__new__(cls)
-    for name in names:
-        setattr(template, name, None)

@@ -154,10 +154,17 @@ def _decode_connack(flags, data, start, end, strict):
 
 
 def _id_only(cls):
+    # Every QoS 1 and 2 message has one of these: the id is read here
+    # rather than through _message_id.
     def decode(flags, data, start, end, strict):
-        if end - start != 2 and strict:
-            raise ProtocolViolation(f"{cls.__name__.upper()} must be 2 bytes")
-        return cls(_message_id(data, start, end))
+        if end - start != 2 and (strict or end - start < 2):
+            if strict:
+                raise ProtocolViolation(f"{cls.__name__.upper()} must be 2 bytes")
+            raise ProtocolViolation("packet truncated")
+        mid = (data[start] << 8) | data[start + 1]
+        if not mid:
+            raise ProtocolViolation("message id 0 is reserved")
+        return cls(mid)
 
     return decode
 

@@ -76,6 +76,9 @@ _EXPIRY, _SUBSCRIPTION_ID, _TOPIC_ALIAS = (
 
 # The Remaining Length is a variable byte integer.
 encode_remaining_length = encode_varint
+# A PUBLISH's first byte by its flags, and a Remaining Length of one byte.
+_FIRST_BYTES = [bytes((0x30 | flags,)) for flags in range(16)]
+_SMALL_VARINTS = [encode_varint(n) for n in range(128)]
 
 
 def decode_remaining_length(data, offset):
@@ -213,7 +216,18 @@ class Publish:
             if frame is None:
                 frame = self.frame0 = self._encode(0, None, False, False)
             return frame
-        return self._encode(qos, message_id, retain, dup)
+        topic_wire = self.topic_wire
+        if not qos or topic_wire is None:
+            return self._encode(qos, message_id, retain, dup)
+        # A QoS 1 or 2 copy of a message that came in over the wire: one a
+        # subscriber, so built here rather than through _encode.
+        payload = self.payload
+        length = len(topic_wire) + 2 + len(payload)
+        return b"".join((
+            _FIRST_BYTES[(qos << 1) | (1 if retain else 0) | (8 if dup else 0)],
+            _SMALL_VARINTS[length] if length < 128 else encode_remaining_length(length),
+            topic_wire, _pack_u16(message_id), payload,
+        ))
 
     def _encode(self, qos, message_id, retain, dup):
         topic_wire = self.topic_wire
@@ -312,6 +326,9 @@ class WatchedPublish(Publish):
     __slots__ = ("copied",)
 
     frame0 = property(lambda self: None, lambda self, frame: None)
+    # Nor its topic's bytes: Publish.frame builds a copy without _encode
+    # only from those.
+    topic_wire = property(lambda self: None, lambda self, wire: None)
 
     def _encode(self, qos, message_id, retain, dup):
         self.copied()

@@ -60,8 +60,10 @@ def test_benchmark_reports_every_figure_and_loses_nothing(tmp_path, monkeypatch)
             check_beside_the_load(broker, scenario, r)
         if broker == "mqttgw":
             assert 0 < results[run.DASHBOARD]["page_busy"] < 1.5
-        latency = results["latency"]
-        assert latency["probes"] > 0 and latency["p99_ms"] >= latency["p50_ms"] > 0
+        for scenario in ("latency", run.IDLE_LATENCY):
+            latency = results[scenario]
+            assert latency["probes"] > 0 and latency["p99_ms"] >= latency["p50_ms"] > 0, (broker, scenario)
+            assert latency["probes_lost"] == 0, (broker, scenario, latency)
         for scenario in run.PROBED:
             probed = results[scenario]
             assert probed["probes"] > 0 and probed["p99_ms"] >= probed["p50_ms"] > 0, (broker, scenario)
@@ -175,8 +177,14 @@ def test_storm_reports_connacks_rate_and_syn_retries_beside_mosquitto(tmp_path, 
         check_storm(results[broker][run.STORM], 500, 2)
     # mqttgw answers every one of them.
     assert results["mqttgw"][run.STORM]["connacks"] == 500
+    # Where a connect's CPU goes, by part of the gateway.
+    cost = results["mqttgw"][run.STORM]["per_connect"]
+    assert cost["connections"] == 500 and cost["calls_per_connect"] > 0, cost
+    assert {"accept and transport", "connection (MQTTServerProtocol)", "reading and framing"} <= set(cost["by_part"])
+    assert "per_connect" not in results["mosquitto"][run.STORM]
     table = run.table(results)
     assert "storm (connects/s)" in table and "mqttgw: storm 500 of 500 CONNACKs" in table
+    assert "Python calls per connect (500 at once)" in table
 
 
 def test_a_storm_the_open_file_limit_cannot_hold_is_skipped_not_tried():
@@ -216,7 +224,7 @@ def test_footprint_reports_memory_idle_and_per_connection_and_start_up(tmp_path,
     assert cost["connections"] == 200 and cost["failed"] == 0, cost
     assert cost["bytes_per_connection"] > 0
     kinds = cost["by_kind"]
-    assert {"connection (MQTTServerProtocol)", "session", "transport (tcp.Server)", "framer"} <= set(kinds), kinds
+    assert {"connection (MQTTServerProtocol)", "session", "transport (tcpserver.Server)", "framer"} <= set(kinds), kinds
     # The kinds account for what the heap grew by (to a byte a connection for rounding).
     assert abs(sum(kinds.values()) - cost["bytes_per_connection"]) < len(kinds) + 1, cost
     assert "per_connection" not in results["mosquitto"][run.FOOTPRINT]

@@ -15,6 +15,7 @@ from twisted.internet.testing import StringTransport
 import mqttgw
 from mqttgw.broker.session import NO_SUBSCRIPTIONS, made
 from mqttgw.testing import FakeBroker, publishes
+from mqttgw.transports.handshake import CLOSED
 from mqttgw.wire import packets as P
 
 CONNECTIONS = 1000
@@ -89,3 +90,42 @@ def test_the_parts_are_made_when_a_client_first_subscribes_and_publishes():
     subscriber.send(P.Unsubscribe(2, ["t"]))
     assert subscriber.received() == [P.Unsuback(2)]
     assert session.subscriptions is NO_SUBSCRIPTIONS
+
+
+
+def client_without_keepalive(broker, n):
+    transport = StringTransport(peerAddress=IPv4Address("TCP", "127.0.0.1", 20000 + n))
+    protocol = broker.factory.buildProtocol(transport.getPeer())
+    protocol.makeConnection(transport)
+    protocol.dataReceived(P.Connect(client_id=f"no-keepalive-{n}", keepalive=0).encode())
+    broker.clock.advance(0)
+    return transport, protocol
+
+
+def test_clients_without_keepalive_keep_no_time_of_their_last_packet():
+    broker = FakeBroker()
+    clients = [client_without_keepalive(broker, n) for n in range(2)]
+    broker.clock.advance(5)
+    for transport, protocol in clients:
+        transport.clear()
+        protocol.dataReceived(P.Pingreq().encode())
+        broker.clock.advance(0)
+        assert transport.value() == P.PINGRESP_WIRE
+    first, second = (protocol.reading.last_received for _, protocol in clients)
+    # One 0.0 they share, not a float each.
+    assert first == 0.0 and first is second
+
+
+def test_a_client_with_keepalive_keeps_the_time_it_was_last_heard_from():
+    broker = FakeBroker()
+    transport, protocol = idle_connection(broker, 2)
+    # Heard from at its CONNECT.
+    assert protocol.reading.last_received == broker.clock.seconds()
+    broker.clock.advance(30)
+    protocol.dataReceived(P.Pingreq().encode())
+    assert protocol.reading.last_received == broker.clock.seconds()
+    # 1.5 times its keepalive (60 s) from then, not from its CONNECT.
+    broker.clock.advance(60)
+    assert protocol.state is not CLOSED
+    broker.clock.advance(31)
+    assert protocol.state is CLOSED
