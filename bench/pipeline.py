@@ -16,9 +16,15 @@ including Spark's start:
 - ``stream``: a first ``stream`` run over the archive, then one new hour
   of ``--hour-rows`` rows is added and the next ``stream`` run timed: the
   incremental step, whose cost should follow that hour, not the archive
-  (``--no-stream`` to leave it out).
+  (``--no-stream`` to leave it out);
+- ``warm``: the same two batches, ``batch --remote`` through a resident
+  Spark Connect server (``mqttgw-pipeline connect-server`` on 127.0.0.1,
+  started once, then warmed by one run over a small archive), as hourly
+  runs find it, each followed by DuckDB's again for its ratio; the
+  server's start and that first run are reported apart (``--no-warm`` to
+  leave it out, ``--warm-only`` for these rows and DuckDB's alone).
 
-    python -m bench.pipeline [--rows 2000000 10000000] [--hour-rows 100000]
+    python -m bench.pipeline [--rows 2000000 10000000] [--hour-rows 100000] [--warm-only]
 
 Results go to bench/results/pipeline.json and a table on stdout.
 """
@@ -99,9 +105,11 @@ SPARK_MEMORY = "4g"
 
 
 def pipeline(*args, driver_memory=SPARK_MEMORY):
+    """The pipeline's own command, timed; ``driver_memory`` None for a driver it does not start."""
     started = time.monotonic()
+    memory = ["--conf", f"spark.driver.memory={driver_memory}"] if driver_memory else []
     out = subprocess.run(
-        [sys.executable, "-m", "mqttgw.pipeline", *args, "--conf", f"spark.driver.memory={driver_memory}"],
+        [sys.executable, "-m", "mqttgw.pipeline", *args, *memory],
         capture_output=True, text=True, cwd=REPO,
     )
     if out.returncode:
@@ -237,31 +245,109 @@ class Cluster:
                 process.wait(10)
 
 
+class ConnectServer:
+    """``mqttgw-pipeline connect-server`` on 127.0.0.1, as an operator keeps it running."""
+
+    def __init__(self, workdir, memory=SPARK_MEMORY):
+        port = free_port()
+        self.url = f"sc://127.0.0.1:{port}"
+        self.log = workdir / "connect-server.log"
+        started = time.monotonic()
+        with open(self.log, "wb") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "mqttgw.pipeline", "connect-server", "--port", str(port), "--",
+                 "--driver-memory", memory, "--conf", f"spark.ui.port={free_port()}"],
+                cwd=REPO, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+            )
+        deadline = time.monotonic() + 180
+        while "Spark Connect server started" not in self.log.read_text(errors="replace"):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise SystemExit(f"bench: the Connect server did not start (log in {self.log})")
+            time.sleep(0.2)
+        self.start_s = time.monotonic() - started
+
+    def stop(self):
+        try:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            self.process.wait(30)
+        except ProcessLookupError:
+            pass
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(10)
+
+
+WARMUP_ROWS = 20_000
+
+
+def warm(workdir, archive, result):
+    """The batches through a resident Connect server, after its start and one warm-up run."""
+    server = ConnectServer(workdir)
+    try:
+        result["warm_server_start_s"] = server.start_s
+        write_archive(workdir / "warmup-archive", WARMUP_ROWS, seed=3)
+        remote = ["--remote", server.url]
+        result["warm_warmup_s"] = pipeline(
+            "batch", "--archive", str(workdir / "warmup-archive"), "--out", str(workdir / "warmup"),
+            "--json-field", "celsius", *remote, driver_memory=None,
+        )
+        print(f"  connect server started in {result['warm_server_start_s']:.1f}s,"
+              f" warm-up run ({WARMUP_ROWS:,} rows) {result['warm_warmup_s']:.1f}s", flush=True)
+        batch = ["batch", "--archive", str(archive), *remote]
+        # DuckDB again right after each: on a shared machine, the load
+        # each ratio is taken under is the same for both.
+        result["warm_batch_s"] = pipeline(
+            *batch, "--out", str(workdir / "warm"), "--json-field", "celsius", driver_memory=None,
+        )
+        result["duckdb_beside_warm_batch_s"] = duckdb_batch(archive, workdir / "duck-warm")
+        result["warm_topic_minute_s"] = pipeline(
+            *batch, "--out", str(workdir / "warm-tm"), "--tables", "topic_minute", driver_memory=None,
+        )
+        result["duckdb_beside_warm_topic_minute_s"] = duckdb_batch(archive, workdir / "duck-warm-tm", ("topic_minute",))
+    finally:
+        server.stop()
+    print(f"  warm: all {result['warm_batch_s']:.1f}s (duckdb right after {result['duckdb_beside_warm_batch_s']:.1f}s),"
+          f" topic_minute {result['warm_topic_minute_s']:.1f}s"
+          f" (duckdb right after {result['duckdb_beside_warm_topic_minute_s']:.1f}s)", flush=True)
+    return row_counts(workdir / "warm")
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def one_size(workdir, rows, hour_rows, cluster, stream):
+def loadavg():
+    with open("/proc/loadavg") as f:
+        return float(f.read().split()[0])
+
+
+def one_size(workdir, rows, hour_rows, cluster, stream, local=True, warm_rows=True):
     archive, tables = workdir / "archive", workdir / "tables"
     t = time.monotonic()
     write_archive(archive, rows)
     made = time.monotonic() - t
     print(f"  {rows:,} rows written in {made:.1f}s", flush=True)
-    result = {"rows": rows, "hour_rows": hour_rows}
+    result = {"rows": rows, "hour_rows": hour_rows, "load_before": loadavg()}
     batch = ["batch", "--archive", str(archive)]
-    result["spark_batch_s"] = pipeline(*batch, "--out", str(tables), "--json-field", "celsius")
-    print(f"  spark batch {result['spark_batch_s']:.1f}s", flush=True)
+    if local:
+        result["spark_batch_s"] = pipeline(*batch, "--out", str(tables), "--json-field", "celsius")
+        print(f"  spark batch {result['spark_batch_s']:.1f}s", flush=True)
     result["duckdb_batch_s"] = duckdb_batch(archive, workdir / "duck")
     print(f"  duckdb {result['duckdb_batch_s']:.1f}s", flush=True)
-    spark_counts, duck_counts = row_counts(tables), row_counts(workdir / "duck")
+    duck_counts = row_counts(workdir / "duck")
+    spark_counts = row_counts(tables) if local else duck_counts
     if spark_counts != duck_counts:
         raise SystemExit(f"bench: Spark's and DuckDB's tables differ: {spark_counts} != {duck_counts}")
-    result["spark_topic_minute_s"] = pipeline(*batch, "--out", str(workdir / "tm"), "--tables", "topic_minute")
+    if local:
+        result["spark_topic_minute_s"] = pipeline(*batch, "--out", str(workdir / "tm"), "--tables", "topic_minute")
     result["duckdb_topic_minute_s"] = duckdb_batch(archive, workdir / "duck-tm", ("topic_minute",))
-    print(f"  topic_minute alone: spark {result['spark_topic_minute_s']:.1f}s,"
+    print(f"  topic_minute alone: spark {result.get('spark_topic_minute_s', 0):.1f}s,"
           f" duckdb {result['duckdb_topic_minute_s']:.1f}s", flush=True)
+    if warm_rows and warm(workdir, archive, result) != duck_counts:
+        raise SystemExit("bench: the tables through the Connect server differ from DuckDB's")
     if cluster:
         c = Cluster(workdir)
         try:
@@ -284,9 +370,46 @@ def one_size(workdir, rows, hour_rows, cluster, stream):
         result["stream_idle_s"] = pipeline(*stream)
         print(f"  stream first {result['stream_first_s']:.1f}s, one new hour {result['stream_step_s']:.1f}s,"
               f" nothing new {result['stream_idle_s']:.1f}s", flush=True)
+    result["load_after"] = loadavg()
     for key in [k for k in result if k.endswith("_s")]:
         result[key[:-2] + "_rows_per_s"] = rows / result[key]
     return result
+
+
+COLUMNS = [
+    ("spark_batch_s", "spark all"), ("duckdb_batch_s", "duckdb all"), ("spark_topic_minute_s", "spark t_m"),
+    ("duckdb_topic_minute_s", "duckdb t_m"), ("warm_batch_s", "warm all"), ("warm_topic_minute_s", "warm t_m"),
+    ("cluster_batch_s", "cluster all"), ("stream_step_s", "stream step"),
+]
+# (title, Spark's time, DuckDB's time)
+RATIOS = [
+    ("all ratio", "spark_batch_s", "duckdb_batch_s"), ("t_m ratio", "spark_topic_minute_s", "duckdb_topic_minute_s"),
+    ("warm all", "warm_batch_s", "duckdb_beside_warm_batch_s"),
+    ("warm t_m", "warm_topic_minute_s", "duckdb_beside_warm_topic_minute_s"),
+]
+
+
+def print_table(results):
+    def cell(r, key, text):
+        return text if key in r else f"{'-':>12}"
+
+    print()
+    print(f"{'rows':>12} " + " ".join(f"{title:>12}" for _, title in COLUMNS)
+          + " " + " ".join(f"{title:>10}" for title, _, _ in RATIOS))
+    for r in results:
+        print(
+            f"{r['rows']:>12,} " + " ".join(cell(r, key, f"{r.get(key, 0):>11.1f}s") for key, _ in COLUMNS)
+            + " " + " ".join(f"{r[a] / r[b]:>9.2f}x" if a in r else f"{'-':>10}" for _, a, b in RATIOS)
+        )
+    print(f"\n{'rows':>12} " + " ".join(f"{title:>12}" for _, title in COLUMNS[:-1]) + "  (rows per second)")
+    for r in results:
+        print(f"{r['rows']:>12,} " + " ".join(
+            cell(r, key, f"{r.get(key[:-2] + '_rows_per_s', 0):>12,.0f}") for key, _ in COLUMNS[:-1]
+        ))
+    for r in results:
+        if "warm_server_start_s" in r:
+            print(f"{r['rows']:>12,} warm: server start {r['warm_server_start_s']:.1f}s, warm-up run"
+                  f" {r['warm_warmup_s']:.1f}s (apart); load average {r['load_before']:.2f} before, {r['load_after']:.2f} after")
 
 
 def main(argv=None):
@@ -295,36 +418,29 @@ def main(argv=None):
     parser.add_argument("--hour-rows", type=int, default=100_000)
     parser.add_argument("--no-cluster", dest="cluster", action="store_false", help="leave the 2-worker cluster out")
     parser.add_argument("--no-stream", dest="stream", action="store_false", help="leave the streaming steps out")
+    parser.add_argument("--no-warm", dest="warm", action="store_false", help="leave the resident Connect server out")
+    parser.add_argument(
+        "--warm-only", action="store_true", help="only the resident Connect server's rows and DuckDB's",
+    )
     parser.add_argument("--results", default=str(BENCH / "results" / "pipeline.json"))
     args = parser.parse_args(argv)
+    if args.warm_only and not args.warm:
+        parser.error("--warm-only and --no-warm exclude each other")
+    if args.warm_only:
+        args.cluster = args.stream = False
     results = []
     for rows in map(int, args.rows):
-        print(f"{rows:,} rows", flush=True)
+        print(f"{rows:,} rows (load average {loadavg():.2f})", flush=True)
         workdir = Path(tempfile.mkdtemp(prefix="bench-pipeline-"))
         try:
-            results.append(one_size(workdir, rows, args.hour_rows, args.cluster, args.stream))
+            results.append(one_size(
+                workdir, rows, args.hour_rows, args.cluster, args.stream, not args.warm_only, args.warm,
+            ))
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
     Path(args.results).parent.mkdir(parents=True, exist_ok=True)
     Path(args.results).write_text(json.dumps(results, indent=2) + "\n")
-    print()
-    columns = [
-        ("spark_batch_s", "spark all"), ("duckdb_batch_s", "duckdb all"), ("spark_topic_minute_s", "spark t_m"),
-        ("duckdb_topic_minute_s", "duckdb t_m"), ("cluster_batch_s", "cluster all"), ("stream_step_s", "stream step"),
-    ]
-    print(f"{'rows':>12} " + " ".join(f"{title:>12}" for _, title in columns) + f" {'all ratio':>10} {'t_m ratio':>10}")
-    for r in results:
-        cells = [f"{r[key]:>11.1f}s" if key in r else f"{'-':>12}" for key, _ in columns]
-        print(
-            f"{r['rows']:>12,} " + " ".join(cells)
-            + f" {r['spark_batch_s'] / r['duckdb_batch_s']:>9.2f}x"
-            + f" {r['spark_topic_minute_s'] / r['duckdb_topic_minute_s']:>9.2f}x"
-        )
-    print(f"\n{'rows':>12} " + " ".join(f"{title:>12}" for _, title in columns[:-1]) + "  (rows per second)")
-    for r in results:
-        print(f"{r['rows']:>12,} " + " ".join(
-            f"{r[key[:-2] + '_rows_per_s']:>12,.0f}" if key in r else f"{'-':>12}" for key, _ in columns[:-1]
-        ))
+    print_table(results)
     return results
 
 

@@ -1,7 +1,8 @@
 """
 ``mqttgw-pipeline`` (and ``python -m mqttgw.pipeline``): ``batch`` and
 ``stream`` run the jobs here; ``submit`` runs them through spark-submit,
-from the installed package::
+from the installed package; ``connect-server`` keeps a Spark Connect
+server running for them (mqttgw.pipeline.connect_server)::
 
     mqttgw-pipeline submit [--dry-run] [--zip FILE] [SPARK-SUBMIT OPTIONS] -- batch|stream OPTIONS
 
@@ -13,7 +14,6 @@ hand is needed.
 """
 
 import argparse
-import importlib.util
 import os
 import shlex
 import subprocess
@@ -23,7 +23,9 @@ import zipfile
 from pathlib import Path
 
 import mqttgw
+from mqttgw.pipeline import connect_server
 from mqttgw.pipeline.cli import main as run
+from mqttgw.pipeline.spark_home import spark_submit
 
 # What the driver imports: nothing of the gateway but its wire format
 # (setup.cfg's import-linter contract).
@@ -41,17 +43,6 @@ def package_zip(path):
         for file in files:
             archive.write(file, f"mqttgw/{file.relative_to(root).as_posix()}")
     return path
-
-
-def spark_submit():
-    """$SPARK_HOME's spark-submit, else the one the installed pyspark brings."""
-    home = os.environ.get("SPARK_HOME")
-    if not home:
-        spec = importlib.util.find_spec("pyspark")
-        if spec is None:
-            raise SystemExit("pipeline: no pyspark installed and no SPARK_HOME: pip install 'mqttgw[pipeline]'")
-        home = spec.submodule_search_locations[0]
-    return str(Path(home) / "bin" / "spark-submit")
 
 
 def submit_line(zip_path, spark_options, pipeline_args):
@@ -98,4 +89,6 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["submit"]:
         return submit(argv[1:])
+    if argv[:1] == ["connect-server"]:
+        return connect_server.main(argv[1:])
     return run(argv)

@@ -164,7 +164,9 @@ def _argparse_options(parser):
     [
         ("man/mqttgw-ctl.html", ["mqttgw.ctl:build_parser"]),
         ("man/mqttgw-passwd.html", ["mqttgw.passwd:build_parser"]),
-        ("reference/pipeline.html", ["mqttgw.pipeline.cli:_parser", "mqttgw.pipeline.command:submit_parser"]),
+        ("reference/pipeline.html", [
+            "mqttgw.pipeline.cli:_parser", "mqttgw.pipeline.command:submit_parser", "mqttgw.pipeline.connect_server:parser",
+        ]),
     ],
 )
 def test_each_commands_options_are_listed_and_no_other(built, page, parsers):
