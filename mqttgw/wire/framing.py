@@ -609,12 +609,10 @@ class Framer:
         offset = 0
         size = len(data)
         need = 0
-        max_packet_size = self.max_packet_size
         try:
             while size - offset >= 1:
                 first = data[offset]
-                if self._first is not None:
-                    max_packet_size = self._first_packet_size(first)
+                max_packet_size = self.max_packet_size if self._first is None else self._first_packet_size(first)
                 if size - offset < 2:
                     break
                 length = data[offset + 1]
@@ -630,18 +628,17 @@ class Framer:
                 if end > size:
                     need = end - offset
                     return
-                if self._first is not None:
-                    self._first = None
-                    max_packet_size = self.max_packet_size
                 packet_type, flags = first >> 4, first & 0x0F
                 # The version is looked at per packet: a CONNECT may make the rest 5.0.
                 if packet_type != P.PUBLISH:
                     packet = self._decode(packet_type, flags, data, pos, end)
                 else:
                     tend = pos + 2 + ((data[pos] << 8) | data[pos + 1])
-                    if flags & 0xD or self.v5 or tend + flags > end:
-                        # 5.0, retained, DUP, QoS 2, or short: decoded in full.
-                        packet = self._decode_publish(flags, data, offset, pos, end)
+                    if self.v5:
+                        packet = _decode_publish5_plain(flags, data, offset, pos, end, self.strict, self.from_client)
+                    elif flags & 0xD or tend + flags > end:
+                        # Retained, DUP, QoS 2, or short: decoded in full.
+                        packet = _decode_publish(flags, data, offset, pos, end, self.strict)
                     else:
                         # QoS 0 or 1 without flags, nearly every PUBLISH: read here.
                         topic = data[pos + 2 : tend].decode("utf-8")
@@ -673,13 +670,13 @@ class Framer:
             self._have = len(rest)
             self._need = need
 
-    def _decode_publish(self, flags, data, offset, start, end):
-        if self.v5:
-            return _decode_publish5_plain(flags, data, offset, start, end, self.strict, self.from_client)
-        return _decode_publish(flags, data, offset, start, end, self.strict)
-
     def _decode(self, packet_type, flags, data, start, end):
-        """A packet other than PUBLISH from ``start`` (its variable header) to ``end``."""
+        """
+        A packet other than PUBLISH from ``start`` (its variable header) to
+        ``end``.  The first packet (of the type the stream must begin
+        with, never a PUBLISH) comes here, and ends that bound.
+        """
+        self._first = None
         if packet_type == 0 or packet_type == P.AUTH and not self.v5:
             raise ProtocolViolation(f"reserved packet type {packet_type}")
         if self.strict and flags != _REQUIRED_FLAGS[packet_type]:
