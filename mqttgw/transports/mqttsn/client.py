@@ -291,6 +291,10 @@ class SnClient:
         topics = self.topics
         known = topics.ids.get(name)
         if known is not None:
+            if known in topics.pending:
+                # The gateway's own REGISTER of it is unanswered, but the
+                # client now knows the id: it outlives a restart too.
+                self.listener.kept.added(self.session, self.client_id, known, name)
             return known
         topic_id = topics.register(name)
         if topic_id is not None:
