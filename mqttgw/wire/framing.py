@@ -307,6 +307,10 @@ _DECODERS = {
     P.DISCONNECT: _empty(P.Disconnect),
 }
 
+# The packets the loop hands straight to their version's table (those of
+# a session under way); the others are checked first (Framer._decode).
+_TABLED = frozenset(range(P.PUBACK, P.DISCONNECT + 1))
+
 # MQTT 5.0: reason codes and properties after the message id.
 
 
@@ -631,7 +635,10 @@ class Framer:
                 packet_type, flags = first >> 4, first & 0x0F
                 # The version is looked at per packet: a CONNECT may make the rest 5.0.
                 if packet_type != P.PUBLISH:
-                    packet = self._decode(packet_type, flags, data, pos, end)
+                    if packet_type in _TABLED and self._first is None and (not self.strict or flags == _REQUIRED_FLAGS[packet_type]):
+                        packet = (_DECODERS5 if self.v5 else _DECODERS)[packet_type](flags, data, pos, end, self.strict)
+                    else:
+                        packet = self._decode(packet_type, flags, data, pos, end)
                 else:
                     tend = pos + 2 + ((data[pos] << 8) | data[pos + 1])
                     if self.v5:
