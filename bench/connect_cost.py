@@ -15,9 +15,7 @@ import argparse
 import cProfile
 import json
 import multiprocessing
-import os
 import pstats
-import sys
 import time
 from collections import Counter
 
@@ -153,17 +151,9 @@ def measure(count):
 
 def run(count, repo=None):
     """:func:`measure` in a fresh interpreter (the reactor is its own), with ``repo``'s mqttgw."""
-    import subprocess
+    from bench.connection_cost import run_module
 
-    repo = repo or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.connect_cost", "--connections", str(count), "--json"],
-        cwd=repo, env=dict(os.environ, PYTHONPATH=repo), capture_output=True, text=True,
-        timeout=3 * STEP_TIMEOUT,
-    )
-    if done.returncode:
-        raise RuntimeError(f"bench.connect_cost failed: {done.stderr[-2000:]}")
-    return json.loads(done.stdout)
+    return run_module("bench.connect_cost", count, repo, 3 * STEP_TIMEOUT)
 
 
 def summary(r):

@@ -165,16 +165,21 @@ def measure(count):
 
 def run(count, repo=None):
     """:func:`measure` in a fresh interpreter (the reactor is its own), with ``repo``'s mqttgw."""
+    return run_module("bench.connection_cost", count, repo, 3 * STEP_TIMEOUT)
+
+
+def run_module(module, count, repo, timeout):
+    """``python -m module --connections count --json`` with ``repo``'s mqttgw: its figures."""
     import subprocess
 
     repo = repo or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     done = subprocess.run(
-        [sys.executable, "-m", "bench.connection_cost", "--connections", str(count), "--json"],
+        [sys.executable, "-m", module, "--connections", str(count), "--json"],
         cwd=repo, env=dict(os.environ, PYTHONPATH=repo), capture_output=True, text=True,
-        timeout=3 * STEP_TIMEOUT,
+        timeout=timeout,
     )
     if done.returncode:
-        raise RuntimeError(f"bench.connection_cost failed: {done.stderr[-2000:]}")
+        raise RuntimeError(f"{module} failed: {done.stderr[-2000:]}")
     return json.loads(done.stdout)
 
 
