@@ -297,6 +297,20 @@ class Amqtt(Broker):
         return [str(ensure_amqtt()), "-c", str(conf)]
 
 
-BROKERS = {b.name: b for b in (Mqttgw, MqttgwMemory, MqttgwBaseline, Mosquitto, Amqtt)}
-# What a run takes unless told: all but the baseline, which needs a checkout.
-DEFAULT_BROKERS = [name for name in BROKERS if name != MqttgwBaseline.name]
+class PythonFloor(Broker):
+    """
+    Not a broker: the least a Python server does per connect
+    (bench/floor.py), for the storm scenario only, to show how much of a
+    connect's cost is Python's and the kernel's before any MQTT.
+    """
+
+    name = "python-floor"
+
+    def command(self):
+        return [sys.executable, "-m", "bench.floor"] + [str(p) for p in self.ports()]
+
+
+BROKERS = {b.name: b for b in (Mqttgw, MqttgwMemory, MqttgwBaseline, Mosquitto, Amqtt, PythonFloor)}
+# What a run takes unless told: all but the baseline, which needs a
+# checkout, and the floor, which is asked for by name.
+DEFAULT_BROKERS = [name for name in BROKERS if name not in (MqttgwBaseline.name, PythonFloor.name)]

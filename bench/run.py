@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from bench import burst, connect_cost, connection_cost, drain, footprint, loadgen, logins, mqttsn, neighbours, retained
-from bench.brokers import BROKERS, DEFAULT_BROKERS, MAX_INFLIGHT, MAX_QUEUED, free_port
+from bench.brokers import BROKERS, DEFAULT_BROKERS, MAX_INFLIGHT, MAX_QUEUED, PythonFloor, free_port
 from bench.reactor_alone import ReactorAlone
 from bench.percentile import nearest_rank
 
@@ -495,6 +495,9 @@ def _run_once(name, scenario, args, workdir, auth_files, broker_cpu, load_cpu, r
     None where that broker cannot run it.  ``rates`` carries mqttgw's top
     rates to the scenarios held at a share of them.
     """
+    if name == PythonFloor.name and scenario != STORM:
+        # It answers a CONNECT and nothing else.
+        return None
     options = ["--durability", args.durability] if args.durability and name == "mqttgw" else []
     auth = None
     # Where the load generator's window bounds what is outstanding (at

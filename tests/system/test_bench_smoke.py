@@ -169,19 +169,22 @@ def test_storm_reports_connacks_rate_and_syn_retries_beside_mosquitto(tmp_path, 
     require_program("mosquitto")
     out = tmp_path / "storm.json"
     run.main(
-        ["--brokers", "mqttgw", "mosquitto", "--scenarios", run.STORM,
-         "--storm", "500", "--repeats", "2", "--json", str(out)]
+        ["--brokers", "mqttgw", "mosquitto", "python-floor", "--scenarios", run.STORM, "fan-in qos0",
+         "--storm", "500", "--repeats", "2", "--duration", "0.5", "--json", str(out)]
     )
     results = json.loads(out.read_text())["results"]
-    for broker in ("mqttgw", "mosquitto"):
+    for broker in ("mqttgw", "mosquitto", "python-floor"):
         check_storm(results[broker][run.STORM], 500, 2)
-    # mqttgw answers every one of them.
-    assert results["mqttgw"][run.STORM]["connacks"] == 500
+    # mqttgw, and the bare Python server beside it, answer every one of them.
+    assert results["mqttgw"][run.STORM]["connacks"] == results["python-floor"][run.STORM]["connacks"] == 500
+    # The floor answers CONNECTs and nothing else: it runs the storm alone.
+    assert "fan-in qos0" in results["mqttgw"] and set(results["python-floor"]) == {run.STORM}
     # Where a connect's CPU goes, by part of the gateway.
     cost = results["mqttgw"][run.STORM]["per_connect"]
     assert cost["connections"] == 500 and cost["calls_per_connect"] > 0, cost
     assert {"accept and transport", "connection (MQTTServerProtocol)", "reading and framing"} <= set(cost["by_part"])
     assert "per_connect" not in results["mosquitto"][run.STORM]
+    assert "per_connect" not in results["python-floor"][run.STORM]
     table = run.table(results)
     assert "storm (connects/s)" in table and "mqttgw: storm 500 of 500 CONNACKs" in table
     assert "Python calls per connect (500 at once)" in table
