@@ -15,6 +15,7 @@ No routes join them, so a site reaches the centre only by its uplink.
 
 import os
 import shutil
+import signal
 import subprocess
 import uuid
 
@@ -75,11 +76,40 @@ class Site(Namespace):
         self._centre_end = uplink_centre_end
 
 
+def sweep_stale():
+    """
+    Remove the namespaces a killed run left (named for a process that is
+    gone), and the programs still running in them: their management links
+    hold the same addresses as the next run's, which would then reach them.
+    Returns the names removed.
+    """
+    removed = []
+    for line in _ip("netns", "list").splitlines():
+        name = line.split()[0] if line.split() else ""
+        parts = name.split("-")
+        if parts[0] != "mqgw":
+            continue
+        owner = int(parts[1]) if len(parts) == 4 and parts[1].isdigit() else None
+        if owner is not None and os.path.exists(f"/proc/{owner}"):
+            continue
+        pids = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True, timeout=30).stdout
+        for pid in pids.split():
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        # The namespace goes with its last process, and its veth pairs with it.
+        subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30)
+        removed.append(name)
+    return removed
+
+
 class Topology:
     """Namespaces for a centre and ``sites`` field sites; ``close`` removes them."""
 
     def __init__(self, sites):
         require_namespaces()
+        sweep_stale()
         self.tag = uuid.uuid4().hex[:6]
         self._made = []
         self._links = []
@@ -91,7 +121,8 @@ class Topology:
             raise
 
     def _namespace(self, role, address, ours):
-        name = f"mqgw-{self.tag}-{role}"
+        # Named for this process, so that a later run knows it is left over.
+        name = f"mqgw-{os.getpid()}-{self.tag}-{role}"
         _ip("netns", "add", name)
         self._made.append(name)
         _ip("link", "set", "lo", "up", ns=name)
