@@ -76,32 +76,55 @@ class Site(Namespace):
         self._centre_end = uplink_centre_end
 
 
+def _owner():
+    """This process as namespace names carry it: its pid and start time
+    (so that a pid used again by another process is not taken for it)."""
+    return f"{os.getpid()}.{_started(os.getpid())}"
+
+
+def _started(pid):
+    """When process ``pid`` started (clock ticks after boot), or None if there is none."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
 def sweep_stale():
     """
     Remove the namespaces a killed run left (named for a process that is
-    gone), and the programs still running in them: their management links
-    hold the same addresses as the next run's, which would then reach them.
-    Returns the names removed.
+    gone), the programs still running in them and their management links:
+    those hold the same addresses as the next run's, which would then reach
+    them.  Returns the names removed.
     """
     removed = []
     for line in _ip("netns", "list").splitlines():
         name = line.split()[0] if line.split() else ""
         parts = name.split("-")
-        if parts[0] != "mqgw":
+        if len(parts) != 4 or parts[0] != "mqgw":
             continue
-        owner = int(parts[1]) if len(parts) == 4 and parts[1].isdigit() else None
-        if owner is not None and os.path.exists(f"/proc/{owner}"):
+        pid, _, started = parts[1].partition(".")
+        if not pid.isdecimal() or _started(int(pid)) == started:
             continue
-        pids = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True, timeout=30).stdout
+        pids = subprocess.run(
+            ["ip", "netns", "pids", name], capture_output=True, text=True, timeout=30, env=_env(),
+        ).stdout
         for pid in pids.split():
             try:
                 os.kill(int(pid), signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        # The namespace goes with its last process, and its veth pairs with it.
-        subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30)
-        removed.append(name)
+        # Deleting our end of the management link takes the pair at once;
+        # the namespace itself goes only once its last process has.
+        subprocess.run(["ip", "link", "del", f"m{parts[2]}{parts[3]}"], capture_output=True, timeout=30, env=_env())
+        if subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30, env=_env()).returncode == 0:
+            removed.append(name)
     return removed
+
+
+def _env():
+    return dict(os.environ, PATH=os.environ["PATH"] + ":/usr/sbin:/sbin")
 
 
 class Topology:
@@ -122,7 +145,7 @@ class Topology:
 
     def _namespace(self, role, address, ours):
         # Named for this process, so that a later run knows it is left over.
-        name = f"mqgw-{os.getpid()}-{self.tag}-{role}"
+        name = f"mqgw-{_owner()}-{self.tag}-{role}"
         _ip("netns", "add", name)
         self._made.append(name)
         _ip("link", "set", "lo", "up", ns=name)
