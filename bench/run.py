@@ -398,7 +398,10 @@ def main(argv=None):
     path.write_text(json.dumps(report, indent=2))
     text = rst(report, argv)
     path.with_suffix(".rst").write_text(text)
-    if path.with_suffix(".rst").resolve() == RESULTS:
+    if path.with_suffix(".rst").resolve() == RESULTS and PythonFloor.name in args.brokers:
+        # Not a broker: its column of dashes has no place in the README.
+        print(f"README not updated: {PythonFloor.name} is among the brokers", flush=True)
+    elif path.with_suffix(".rst").resolve() == RESULTS:
         # The README shows the rates table of the manual's performance page.
         README.write_text(with_results(README.read_text(), headline(text)))
     print()

@@ -190,6 +190,28 @@ def test_storm_reports_connacks_rate_and_syn_retries_beside_mosquitto(tmp_path, 
     assert "Python calls per connect (500 at once)" in table
 
 
+def test_a_run_with_the_python_floor_leaves_the_readme_as_it_was(tmp_path, monkeypatch):
+    require_program("mosquitto")
+    results = tmp_path / "latest.rst"
+    readme = tmp_path / "README.rst"
+    before = run.README.read_text()
+    readme.write_text(before)
+    monkeypatch.setattr(run, "RESULTS", results)
+    monkeypatch.setattr(run, "README", readme)
+    run.main(
+        ["--brokers", "mqttgw", "python-floor", "--scenarios", run.STORM,
+         "--storm", "200", "--repeats", "1", "--json", str(results.with_suffix(".json"))]
+    )
+    assert "python-floor" in results.read_text()
+    assert readme.read_text() == before
+    # Without it, the same run writes its table there.
+    run.main(
+        ["--brokers", "mqttgw", "--scenarios", run.STORM,
+         "--storm", "200", "--repeats", "1", "--json", str(results.with_suffix(".json"))]
+    )
+    assert readme.read_text() != before and "storm (connects/s)" in run.readme_results(readme.read_text())
+
+
 def test_a_storm_the_open_file_limit_cannot_hold_is_skipped_not_tried():
     import resource
 
