@@ -299,9 +299,9 @@ class Amqtt(Broker):
 
 class PythonFloor(Broker):
     """
-    Not a broker: the least a Python server does per connect
-    (bench/floor.py), for the storm scenario only, to show how much of a
-    connect's cost is Python's and the kernel's before any MQTT.
+    Not a broker: a minimal epoll server in plain Python (bench/floor.py),
+    for the storm scenario only, to show how much of a connect's cost is
+    Python's and the kernel's before any MQTT.
     """
 
     name = "python-floor"

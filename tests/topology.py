@@ -35,11 +35,16 @@ def require_namespaces():
         pytest.skip(why)
 
 
+def _env():
+    """The environment iproute2 and tc are run in: sbin on the path."""
+    return dict(os.environ, PATH=os.environ["PATH"] + ":/usr/sbin:/sbin")
+
+
 def _ip(*args, ns=None):
     command = ["ip"] + (["netns", "exec", ns, "ip"] if ns else []) + list(args)
     result = subprocess.run(
         command, capture_output=True, text=True, timeout=30,
-        env=dict(os.environ, PATH=os.environ["PATH"] + ":/usr/sbin:/sbin"),
+        env=_env(),
     )
     if result.returncode:
         raise RuntimeError(f"{' '.join(command)}: {result.stderr.strip()}")
@@ -50,7 +55,7 @@ def _tc(*args, ns=None):
     command = (["ip", "netns", "exec", ns] if ns else []) + ["tc"] + list(args)
     result = subprocess.run(
         command, capture_output=True, text=True, timeout=30,
-        env=dict(os.environ, PATH=os.environ["PATH"] + ":/usr/sbin:/sbin"),
+        env=_env(),
     )
     if result.returncode:
         raise RuntimeError(f"{' '.join(command)}: {result.stderr.strip()}")
@@ -121,10 +126,6 @@ def sweep_stale():
         if subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30, env=_env()).returncode == 0:
             removed.append(name)
     return removed
-
-
-def _env():
-    return dict(os.environ, PATH=os.environ["PATH"] + ":/usr/sbin:/sbin")
 
 
 class Topology:
