@@ -531,3 +531,47 @@ def test_a_decoded_publish_is_delivered_under_its_own_topic(topic, qos, retain, 
         mid = delivery_qos and 7
         assert decoded.frame(delivery_qos, mid, retain) == fresh.frame(delivery_qos, mid, retain)
         assert decoded.frame5(delivery_qos, mid, retain) == fresh.frame5(delivery_qos, mid, retain)
+
+
+def _outcome(decode):
+    try:
+        packet = decode()
+    except (ProtocolViolation, IndexError, ValueError):
+        # The framer turns a decoder's IndexError or ValueError into a violation.
+        return "violation"
+    return packet, getattr(packet, "frame0", None), getattr(packet, "topic_wire", None)
+
+
+def _topic_bytes(raw):
+    return len(raw).to_bytes(2, "big") + raw
+
+
+@settings(max_examples=1500, deadline=None)
+@given(
+    st.sampled_from([0, 2, 1, 3, 4, 8, 10]),
+    st.one_of(
+        # A topic (valid UTF-8, NUL and control characters included, or
+        # not UTF-8 at all), a message id (0 among them) and a payload ...
+        st.tuples(
+            st.one_of(st.text(max_size=12).map(str.encode), st.binary(max_size=12)),
+            st.one_of(st.just(0), st.integers(0, 65535)),
+            st.binary(max_size=8),
+        ).map(lambda t: _topic_bytes(t[0]) + t[1].to_bytes(2, "big") + t[2]),
+        # ... a topic alone, the message id missing or cut short ...
+        st.tuples(st.text(max_size=12).map(str.encode), st.binary(max_size=1)).map(
+            lambda t: _topic_bytes(t[0]) + t[1]
+        ),
+        # ... or any body at all (a topic length past the end).
+        st.binary(max_size=20),
+    ),
+    st.booleans(),
+)
+def test_the_framers_own_reading_of_a_publish_agrees_with_the_full_decoder(flags, body, strict):
+    # Framer._packets reads a QoS 0/1 PUBLISH without flags itself rather
+    # than through _decode_publish: the same packet, or the same refusal.
+    from mqttgw.wire.framing import _decode_publish
+
+    wire = bytes([0x30 | flags, len(body)]) + body
+    framed = _outcome(lambda: feed_whole(wire, strict)[0])
+    full = _outcome(lambda: _decode_publish(flags, wire, 0, 2, len(wire), strict))
+    assert framed == full
